@@ -1,0 +1,1 @@
+"""The embedded RL engine: pure PyTorch over Hugging Face causal LMs. Imports nothing from the CLI side."""

@@ -1,0 +1,1 @@
+"""Per-recipe math: selection, baselines, advantages and losses, as pure functions."""

@@ -1,0 +1,1 @@
+"""Launchers: one module per backend behind one interface."""
