@@ -1,0 +1,78 @@
+"""The rollout batch: what generation produces and every algorithm consumes.
+
+Layout: each row is prompt tokens followed by response tokens, right-padded with the pad id.
+Log-probs are indexed by the position of the *predicted* token minus one, so a [B, T-1]
+log-prob tensor lines up with `response_mask()`: entry t scores token t+1.
+Groups are explicit prompt ids, never equal padded tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    tokens: torch.Tensor  # [B, T] long: prompt + response, right-padded with pad_id
+    prompt_lengths: torch.Tensor  # [B] long
+    response_lengths: torch.Tensor  # [B] long: generated tokens, EOS included when ended
+    is_end: torch.Tensor  # [B] bool: the response ended with EOS (not truncated)
+    prompt_ids: list[str]  # [B] explicit prompt id: the group key
+    prompt_texts: list[str]  # [B] the rendered prompt the policy saw
+    response_texts: list[str]  # [B] decoded response, special tokens skipped
+    pad_id: int
+    gen_logprobs: torch.Tensor | None = None  # [B, T-1] fp32 sampler log-probs on response positions
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row tensors added by the loop
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def sequence_lengths(self) -> torch.Tensor:  # [B]
+        return self.prompt_lengths + self.response_lengths
+
+    def attention_mask(self) -> torch.Tensor:  # [B, T] long
+        positions = torch.arange(self.tokens.shape[1])
+        return (positions[None, :] < self.sequence_lengths[:, None]).long()
+
+    def response_mask(self) -> torch.Tensor:  # [B, T-1] float
+        """1.0 where the predicted token (t+1) is a response token, EOS included."""
+        predicted = torch.arange(1, self.tokens.shape[1])[None, :]
+        start = self.prompt_lengths[:, None]
+        end = self.sequence_lengths[:, None]
+        return ((predicted >= start) & (predicted < end)).float()
+
+    def group_index(self) -> tuple[torch.Tensor, int]:
+        """Dense group number per row (in order of first appearance) and the number of groups."""
+        first_seen: dict[str, int] = {}
+        index = [first_seen.setdefault(pid, len(first_seen)) for pid in self.prompt_ids]
+        return torch.tensor(index, dtype=torch.long), len(first_seen)
+
+    def select(self, rows: torch.Tensor | list[int]) -> RolloutBatch:
+        """A new batch of the given rows, trimmed to its longest sequence."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        width = int(self.sequence_lengths[rows].max()) if len(rows) else 1
+        pick = rows.tolist()
+        return RolloutBatch(
+            tokens=self.tokens[rows, :width],
+            prompt_lengths=self.prompt_lengths[rows],
+            response_lengths=self.response_lengths[rows],
+            is_end=self.is_end[rows],
+            prompt_ids=[self.prompt_ids[i] for i in pick],
+            prompt_texts=[self.prompt_texts[i] for i in pick],
+            response_texts=[self.response_texts[i] for i in pick],
+            pad_id=self.pad_id,
+            gen_logprobs=None if self.gen_logprobs is None else self.gen_logprobs[rows, : width - 1],
+            extras={k: _select_rows(v, rows, width) for k, v in self.extras.items()},
+        )
+
+    def micro_batches(self, size: int) -> list[RolloutBatch]:
+        return [self.select(list(range(i, min(i + size, len(self))))) for i in range(0, len(self), size)]
+
+
+def _select_rows(value: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tensor:
+    """Per-row extras: [B] tensors keep their shape; [B, T-1] token tensors are trimmed to the new width."""
+    picked = value[rows]
+    return picked[:, : width - 1] if picked.dim() == 2 else picked
