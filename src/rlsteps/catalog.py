@@ -1,0 +1,231 @@
+"""Step manifests -> typed Step objects, the artifact type graph, and step lookup."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from rlsteps.errors import UsageError
+
+ROOT_ENV = "RLSTEPS_ROOT"
+
+
+@dataclass(frozen=True)
+class ArtifactType:
+    name: str
+    description: str
+    is_a: tuple[str, ...] = ()
+    convert_to: tuple[tuple[str, str], ...] = ()
+    abstract: bool = False
+    detect: str | None = None
+
+
+@dataclass(frozen=True)
+class ArtifactSpec:
+    """One input or output of a step, bound to the config key that holds its reference."""
+
+    name: str
+    type: str
+    key: str
+    description: str = ""
+    required: bool = True
+    required_unless: str | None = None  # a config key that, when set, makes this input unnecessary
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    description: str
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class Step:
+    id: str
+    name: str
+    category: str
+    description: str
+    algorithm: str
+    manifest_path: Path
+    config_dir: Path
+    tags: tuple[str, ...] = ()
+    configs: tuple[str, ...] = ()
+    consumes: tuple[ArtifactSpec, ...] = ()
+    produces: tuple[ArtifactSpec, ...] = ()
+    parameters: tuple[Parameter, ...] = ()
+    strategies: tuple[dict[str, str], ...] = ()
+    errors: tuple[dict[str, str], ...] = ()
+    resources: dict[str, Any] = field(default_factory=dict)
+    reference: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def slug(self) -> str:
+        """The id as a file-name-safe word: rl/rs -> rl_rs."""
+        return self.id.replace("/", "_")
+
+    def config_path(self, name: str) -> Path:
+        return self.config_dir / f"{name}.yaml"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "category": self.category,
+            "description": self.description,
+            "algorithm": self.algorithm,
+            "tags": list(self.tags),
+            "configs": list(self.configs),
+            "consumes": [vars(a) for a in self.consumes],
+            "produces": [vars(a) for a in self.produces],
+            "parameters": [vars(p) for p in self.parameters],
+            "strategies": list(self.strategies),
+            "errors": list(self.errors),
+            "resources": self.resources,
+            "reference": self.reference,
+            "manifest": str(self.manifest_path),
+        }
+
+
+@dataclass(frozen=True)
+class Catalog:
+    root: Path
+    steps: dict[str, Step]
+    types: dict[str, ArtifactType]
+
+    def find(self, ref: str) -> Step:
+        """A full id (rl/rs) or a unique suffix (rs); unknown ids suggest the closest."""
+        if ref in self.steps:
+            return self.steps[ref]
+        matches = [s for sid, s in self.steps.items() if sid.endswith("/" + ref.strip("/"))]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            ids = ", ".join(sorted(s.id for s in matches))
+            raise UsageError(f"step '{ref}' is ambiguous: {ids}", fix="give the full id")
+        close = difflib.get_close_matches(ref, list(self.steps) + [s.rsplit("/", 1)[-1] for s in self.steps], n=3, cutoff=0.4)
+        hint = f"did you mean {', '.join(sorted(set(close)))}?" if close else "run `rlsteps list` to see the steps"
+        raise UsageError(f"unknown step '{ref}'", fix=hint)
+
+    def ancestors(self, type_name: str) -> set[str]:
+        """The type itself and every type it is_a, transitively."""
+        seen, todo = set(), [type_name]
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(self.types[name].is_a if name in self.types else ())
+        return seen
+
+    def is_a(self, type_name: str, required: str) -> bool:
+        return required in self.ancestors(type_name)
+
+    def subtypes(self, type_name: str) -> list[str]:
+        """Every type that may stand where type_name is required, itself first."""
+        return [type_name] + sorted(t for t in self.types if t != type_name and self.is_a(t, type_name))
+
+    def filter(self, consumes: str | None = None, produces: str | None = None, tag: str | None = None) -> list[Step]:
+        def accepts(specs: tuple[ArtifactSpec, ...], wanted: str | None) -> bool:
+            return wanted is None or any(self.is_a(wanted, s.type) or self.is_a(s.type, wanted) for s in specs)
+
+        return [
+            s for s in sorted(self.steps.values(), key=lambda s: s.id)
+            if accepts(s.consumes, consumes) and accepts(s.produces, produces) and (tag is None or tag in s.tags)
+        ]
+
+
+def project_root() -> Path:
+    """Where manifests/ and steps/ live: $RLSTEPS_ROOT, else the nearest parent of the cwd or of this package."""
+    if env := os.environ.get(ROOT_ENV):
+        return Path(env).expanduser().resolve()
+    for start in (Path.cwd(), Path(__file__).resolve().parent):
+        for folder in (start, *start.parents):
+            if (folder / "manifests" / "types.toml").is_file() and (folder / "steps").is_dir():
+                return folder
+    raise UsageError("cannot find the rlsteps manifests/ and steps/ folders", fix=f"set {ROOT_ENV} to the rlsteps checkout")
+
+
+def load_catalog(root: Path | None = None) -> Catalog:
+    root = root or project_root()
+    types = _load_types(root / "manifests" / "types.toml")
+    steps: dict[str, Step] = {}
+    for path in sorted((root / "manifests").rglob("*.toml")):
+        if path.name == "types.toml":
+            continue
+        step = _load_step(path, root)
+        if step.id in steps:
+            raise UsageError(f"duplicate step id '{step.id}' in {path} and {steps[step.id].manifest_path}")
+        steps[step.id] = step
+    catalog = Catalog(root=root, steps=steps, types=types)
+    _check(catalog)
+    return catalog
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"{path}: invalid TOML: {err}") from err
+
+
+def _load_types(path: Path) -> dict[str, ArtifactType]:
+    raw = _read_toml(path).get("types", {})
+    return {
+        name: ArtifactType(
+            name=name,
+            description=spec.get("description", ""),
+            is_a=tuple(spec.get("is_a", ())),
+            convert_to=tuple(tuple(pair) for pair in spec.get("convert_to", ())),
+            abstract=spec.get("abstract", False),
+            detect=spec.get("detect"),
+        )
+        for name, spec in raw.items()
+    }
+
+
+def _load_step(path: Path, root: Path) -> Step:
+    raw = _read_toml(path)
+    head = raw.get("step") or {}
+    missing = [k for k in ("id", "name", "category", "description", "algorithm") if k not in head]
+    if missing:
+        raise UsageError(f"{path}: [step] lacks {', '.join(missing)}")
+    return Step(
+        id=head["id"],
+        name=head["name"],
+        category=head["category"],
+        description=" ".join(head["description"].split()),
+        algorithm=head["algorithm"],
+        manifest_path=path,
+        config_dir=root / "steps" / head["id"],
+        tags=tuple(head.get("tags", ())),
+        configs=tuple(head.get("configs", ())),
+        consumes=tuple(ArtifactSpec(**spec) for spec in raw.get("consumes", ())),
+        produces=tuple(ArtifactSpec(**spec) for spec in raw.get("produces", ())),
+        parameters=tuple(Parameter(**p) for p in raw.get("parameters", ())),
+        strategies=tuple(raw.get("strategies", ())),
+        errors=tuple(raw.get("errors", ())),
+        resources=raw.get("resources", {}),
+        reference=raw.get("reference", {}),
+    )
+
+
+def _check(catalog: Catalog) -> None:
+    """Every type named exists, every is_a/convert_to target exists, every listed config file exists."""
+    for t in catalog.types.values():
+        for parent in t.is_a:
+            if parent not in catalog.types:
+                raise UsageError(f"types.toml: {t.name} is_a unknown type '{parent}'")
+        for target, step_id in t.convert_to:
+            if target not in catalog.types:
+                raise UsageError(f"types.toml: {t.name} converts to unknown type '{target}' (via {step_id})")
+    for step in catalog.steps.values():
+        for spec in step.consumes + step.produces:
+            if spec.type not in catalog.types:
+                raise UsageError(f"{step.manifest_path}: {spec.name} has unknown artifact type '{spec.type}'")
+        for name in step.configs:
+            if not step.config_path(name).is_file():
+                raise UsageError(f"{step.manifest_path}: config '{name}' not found at {step.config_path(name)}")

@@ -1,0 +1,139 @@
+"""The rlsteps command line: parses, calls, prints. No logic lives here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from rlsteps.errors import RlstepsError, UsageError
+
+out = Console()
+err = Console(stderr=True)
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+                  help="Step-based online RL post-training: rejection sampling, REINFORCE/RLOO, GRPO-RLHF.")
+steps_app = typer.Typer(no_args_is_help=True, help="The step commands (the same as the top-level list/show/run).")
+serve_app = typer.Typer(no_args_is_help=True, help="Serve a reward model or a judge over HTTP.")
+app.add_typer(steps_app, name="steps")
+app.add_typer(serve_app, name="serve")
+
+RUN_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": False}
+
+
+def _catalog():
+    from rlsteps.catalog import load_catalog
+
+    return load_catalog()
+
+
+def list_steps(
+    consumes: Optional[str] = typer.Option(None, "--consumes", help="Only steps that consume this artifact type."),
+    produces: Optional[str] = typer.Option(None, "--produces", help="Only steps that produce this artifact type."),
+    tag: Optional[str] = typer.Option(None, "--tag", help="Only steps with this tag."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List the steps."""
+    from rlsteps import render
+
+    catalog = _catalog()
+    for wanted in (consumes, produces):
+        if wanted is not None and wanted not in catalog.types:
+            raise UsageError(f"unknown artifact type '{wanted}'", fix=f"known types: {', '.join(sorted(catalog.types))}")
+    steps = catalog.filter(consumes=consumes, produces=produces, tag=tag)
+    if as_json:
+        out.print_json(json.dumps([s.as_dict() for s in steps], default=str))
+    else:
+        out.print(render.steps_table(steps))
+
+
+def show_step(step: str = typer.Argument(..., help="A step id (rl/rs) or a unique suffix (rs)."),
+              as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Show a step: its artifacts, parameters, strategies and errors."""
+    from rlsteps import render
+
+    found = _catalog().find(step)
+    if as_json:
+        out.print_json(json.dumps(found.as_dict(), default=str))
+    else:
+        out.print(render.step_panel(found))
+
+
+def run_step(
+    ctx: typer.Context,
+    step: str = typer.Argument(..., help="A step id (rl/rs) or a unique suffix (rs)."),
+    overrides: Optional[list[str]] = typer.Argument(None, help="key=value config overrides (+key=value adds a key)."),
+    config: str = typer.Option("default", "-c", "--config", help="A config name under steps/<step>/ or a YAML path."),
+    run_profile: Optional[str] = typer.Option(None, "-r", "--run", help="Run attached on this profile."),
+    batch_profile: Optional[str] = typer.Option(None, "-b", "--batch", help="Submit a detached batch job on this profile."),
+    dry_run: bool = typer.Option(False, "-d", "--dry-run", help="Print the merged config and the launch; do nothing."),
+    force_squash: bool = typer.Option(False, "--force-squash", help="Rebuild the squashed container image."),
+) -> None:
+    """Run a step: here, attached (-r PROFILE) or as a batch job (-b PROFILE). Worker arguments go after --."""
+    from rlsteps import render
+    from rlsteps.runner import RunRequest, compile_request, execute
+
+    words = list(overrides or []) + list(ctx.args)
+    stray = [w for w in words if "=" not in w]
+    if stray:
+        raise UsageError(f"unexpected argument '{stray[0]}'", fix="overrides are key=value; put worker arguments after --")
+    request = RunRequest(
+        step=step, config=config, run_profile=run_profile, batch_profile=batch_profile, dry_run=dry_run,
+        force_squash=force_squash, overrides=tuple(words), passthrough=tuple((ctx.obj or {}).get("passthrough", ())),
+        argv=tuple((ctx.obj or {}).get("argv", ())),
+    )
+    catalog = _catalog()
+    if dry_run:
+        out.print(render.dry_run(compile_request(catalog, request)))
+        return
+    submission = execute(catalog, request, say=lambda line: err.print(f"[bold]rlsteps[/] {line}"))
+    if submission.exit_code is None:
+        out.print(f"submitted job {submission.job_id} ({submission.job_dir})")
+
+
+for group in (app, steps_app):
+    group.command("list")(list_steps)
+    group.command("show")(show_step)
+    group.command("run", context_settings=RUN_CONTEXT)(run_step)
+
+
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Arguments after the first `--` go to the worker unchanged."""
+    if "--" in argv:
+        at = argv.index("--")
+        return argv[:at], argv[at + 1:]
+    return argv, []
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, passthrough = split_passthrough(argv)
+    try:
+        app(args=args, obj={"passthrough": passthrough, "argv": ["rlsteps", *argv]}, standalone_mode=False)
+    except RlstepsError as error:
+        err.print(f"[bold red]error:[/] {error.message}" + (f"\n[bold]fix:[/] {error.fix}" if error.fix else ""), highlight=False, soft_wrap=True)
+        return error.exit_code
+    except typer.Exit as done:
+        return done.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("aborted")
+        return 130
+    except Exception as error:  # click usage errors arrive here with standalone_mode=False
+        import click
+
+        if isinstance(error, click.ClickException):
+            error.show()
+            return 2
+        raise
+    return 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

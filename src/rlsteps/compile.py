@@ -1,0 +1,183 @@
+"""Config chain + profile + overrides -> one validated, frozen Job.
+
+Order: the step config and the files it names under `defaults:` (each extends the previous, the
+step's own keys on top); then the profile's `config:` overlay; then `key=value` overrides, which win.
+An override of a key that does not exist is an error naming the closest key; `+key=value` adds one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import ValidationError
+
+from rlsteps.catalog import Step
+from rlsteps.errors import UsageError
+from rlsteps.job import Job, Mode, sanitise_name
+from rlsteps.profiles import Profile
+from rlsteps import resolvers
+
+resolvers.register()
+
+
+def config_source(step: Step, ref: str) -> Path:
+    """-c NAME (a file under the step's folder) or -c PATH (any YAML file)."""
+    as_path = Path(ref).expanduser()
+    if ref.endswith((".yaml", ".yml")) or as_path.is_file():
+        if not as_path.is_file():
+            raise UsageError(f"config file {ref} not found")
+        return as_path.resolve()
+    candidate = step.config_path(ref)
+    if not candidate.is_file():
+        names = sorted(p.stem for p in step.config_dir.glob("*.yaml"))
+        close = difflib.get_close_matches(ref, names, n=2)
+        hint = f"did you mean {', '.join(close)}?" if close else f"{step.id} has configs: {', '.join(names)}"
+        raise UsageError(f"config '{ref}' not found for {step.id}", fix=hint)
+    return candidate
+
+
+def load_config_chain(path: Path, _seen: tuple[Path, ...] = ()) -> DictConfig:
+    """A YAML file merged over the files its `defaults:` names, depth first, cycle-checked."""
+    path = path.resolve()
+    if path in _seen:
+        raise UsageError(f"config defaults form a cycle: {' -> '.join(str(p) for p in (*_seen, path))}")
+    try:
+        own = OmegaConf.load(path)
+    except (OmegaConfBaseException, OSError, ValueError) as err:
+        raise UsageError(f"{path}: cannot read config: {err}") from err
+    if not isinstance(own, DictConfig):
+        raise UsageError(f"{path}: a config file must be a mapping")
+    bases = own.pop("defaults", None)
+    base_list = [bases] if isinstance(bases, str) else list(bases or [])
+    merged = OmegaConf.create({})
+    for base in base_list:
+        merged = OmegaConf.merge(merged, load_config_chain(path.parent / str(base), (*_seen, path)))
+    return OmegaConf.merge(merged, own)
+
+
+def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip("+"):
+            raise UsageError(f"override '{item}' is not key=value", fix="write e.g. train.lr=1e-5")
+        adding = key.startswith("+")
+        key = key.lstrip("+")
+        if not adding and not _has_key(cfg, key):
+            raise UsageError(f"unknown config key '{key}'", fix=_closest_key_hint(cfg, key))
+        try:
+            value = OmegaConf.from_dotlist([f"{key}={item.split('=', 1)[1]}"])
+        except OmegaConfBaseException as err:
+            raise UsageError(f"override '{item}': {err}") from err
+        cfg = OmegaConf.merge(cfg, value)
+    return cfg
+
+
+def compile_job(
+    step: Step,
+    config_ref: str,
+    *,
+    mode: Mode = "local",
+    profile: Profile | None = None,
+    overrides: list[str] = (),
+    passthrough: list[str] = (),
+    force_squash: bool = False,
+    argv: list[str] = (),
+) -> Job:
+    source = config_source(step, config_ref)
+    cfg = load_config_chain(source)
+    if profile is not None and profile.config_overlay:
+        cfg = OmegaConf.merge(cfg, profile.config_overlay)
+    cfg = apply_overrides(cfg, list(overrides))
+    resolved = _resolve(cfg)
+    _validate(step, resolved)
+    created = time.strftime("%Y%m%d-%H%M%S")
+    return Job(
+        name=f"{created}-{sanitise_name(step.slug)}",
+        step_id=step.id,
+        algorithm=step.algorithm,
+        config_name=Path(config_ref).stem,
+        config_source=str(source),
+        mode=mode,
+        executor=profile.executor if profile else "local",
+        profile_name=profile.name if profile else None,
+        profile_source=profile.source if profile else None,
+        launcher_settings=profile.launcher_settings if profile else {"executor": "local"},
+        config=resolved,
+        overrides=list(overrides),
+        passthrough=list(passthrough),
+        force_squash=force_squash,
+        argv=list(argv),
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+
+
+def _resolve(cfg: DictConfig) -> dict[str, Any]:
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "?"
+        if "Missing mandatory value" in str(err):
+            raise UsageError(f"config key '{key}' is required and has no value", fix=f"pass {key}=VALUE") from err
+        raise UsageError(f"config key '{key}': {str(err).splitlines()[0]}") from err
+
+
+def _validate(step: Step, cfg: dict[str, Any]) -> None:
+    from rlsteps.engine.config import RECIPE_SCHEMAS  # torch-free
+
+    algorithm = cfg.get("algorithm", step.algorithm)
+    if algorithm != step.algorithm:
+        raise UsageError(f"config says algorithm '{algorithm}' but {step.id} runs '{step.algorithm}'")
+    schema = RECIPE_SCHEMAS.get(step.algorithm)
+    if schema is None:
+        raise UsageError(f"{step.id}: no recipe schema for algorithm '{step.algorithm}'")
+    try:
+        schema.model_validate(cfg)
+    except ValidationError as err:
+        raise UsageError("invalid config: " + "; ".join(_describe(e) for e in err.errors())) from None
+
+
+def _describe(error: dict[str, Any]) -> str:
+    key = ".".join(str(part) for part in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        return f"unknown key '{key}'"
+    if error["type"] == "value_error":  # cross-field checks name their keys themselves
+        return message
+    return f"{key}: {message} (got {error.get('input')!r})"
+
+
+def _has_key(cfg: Any, dotted: str) -> bool:
+    node = cfg
+    for part in dotted.split("."):
+        if isinstance(node, DictConfig) and part in node.keys():  # keys() also lists ??? values
+            node = node._get_node(part)
+        elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
+            node = node._get_node(int(part))
+        else:
+            return False
+    return True
+
+
+def flat_keys(cfg: Any, prefix: str = "") -> list[str]:
+    if not isinstance(cfg, DictConfig):
+        return [prefix] if prefix else []
+    keys: list[str] = []
+    for k in cfg.keys():
+        path = f"{prefix}.{k}" if prefix else str(k)
+        child = cfg._get_node(k)
+        keys.extend(flat_keys(child, path) if isinstance(child, DictConfig) else [path])
+    return keys
+
+
+def _closest_key_hint(cfg: DictConfig, key: str) -> str:
+    keys = flat_keys(cfg)
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
+    if not close:  # a right leaf under a wrong section: match on the last part
+        leaf = key.rsplit(".", 1)[-1]
+        close = [k for k in keys if k.rsplit(".", 1)[-1] == leaf][:1]
+    return f"did you mean '{close[0]}'? (use +{key}=... to add a new key)" if close else f"use +{key}=... to add a new key"

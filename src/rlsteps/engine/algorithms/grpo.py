@@ -1,0 +1,122 @@
+"""GRPO: group-relative advantages, the clipped ratio objective and the k3 KL penalty (NeMo-RL semantics).
+
+    A_i   = (r_i - b_i) / std_g      b = group mean or leave-one-out mean; / std only when std > floor
+    ratio = exp(logp - logp_old)
+    L_t   = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)) + beta * k3_t
+    loss  = sum_t L_t * mask_t / normaliser    (token mean over the whole global batch)
+
+The std floor (1e-3) keeps a group whose rewards differ only by noise from being blown up to
+unit-scale advantages (NeMo-RL issue #1518); a zero-variance group gets zero advantage.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlsteps.engine.algorithms.reinforce import group_totals
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_index: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    leave_one_out: bool,
+    normalize_std: bool,
+    std_floor: float = 1e-3,
+) -> torch.Tensor:
+    """Advantages [B] from rewards [B], groups [B] and the rows that count, valid [B] bool.
+
+    Baseline and std use the group's valid rows only; invalid rows get advantage 0, and so do
+    the rows of a group with at most one valid row.
+    """
+    r = rewards.float()
+    v = valid.float()  # [B]
+    count = group_totals(v, group_index)  # [B] valid rows in the row's group
+    total = group_totals(r * v, group_index)
+    mean = total / count.clamp(min=1.0)
+    if leave_one_out:
+        baseline = (total - r * v) / (count - v).clamp(min=1.0)
+    else:
+        baseline = mean
+    baseline = torch.where(count <= 1, r, baseline)
+    advantages = r - baseline
+    if normalize_std:
+        squares = group_totals((r - mean) ** 2 * v, group_index)
+        std = (squares / (count - 1).clamp(min=1.0)).sqrt()  # unbiased, over the valid rows
+        advantages = torch.where(std > std_floor, advantages / std.clamp(min=std_floor), advantages)
+    return torch.where(valid, advantages, torch.zeros_like(advantages))
+
+
+def zero_variance_groups(rewards: torch.Tensor, group_index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[B] bool: the row's group has no two different valid rewards (dynamic sampling drops these)."""
+    num_groups = int(group_index.max()) + 1 if len(group_index) else 0
+    r, g = rewards.float()[valid], group_index[valid]
+    highest = torch.full((num_groups,), -torch.inf, device=r.device).scatter_reduce(0, g, r, "amax")
+    lowest = torch.full((num_groups,), torch.inf, device=r.device).scatter_reduce(0, g, r, "amin")
+    no_valid_rows = torch.isinf(highest)
+    return ((highest == lowest) | no_valid_rows)[group_index]
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(policy || reference) per token: [B, T-1], clamped to [-10, 10]."""
+    logr = (ref_logprobs - logprobs).clamp(-clamp, clamp)
+    kl = torch.exp(logr) - 1 - logr
+    return kl.clamp(-10.0, 10.0)
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    normaliser: float,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped surrogate plus beta * k3 KL, summed over masked tokens and divided by `normaliser`.
+
+    logprobs, old_logprobs, ref_logprobs, mask: [b, T-1]; advantages: [b].
+    """
+    if kl_beta and ref_logprobs is None:
+        raise ValueError("kl_beta > 0 needs ref_logprobs: compute the reference policy's log-probs or set kl_beta=0")
+    a = advantages.detach()[:, None]  # [b, 1]
+    ratio = torch.exp(logprobs - old_logprobs.detach())  # [b, T-1]
+    clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
+    unclipped_loss, clipped_loss = -a * ratio, -a * clipped
+    token_loss = torch.maximum(unclipped_loss, clipped_loss)
+    kl = k3_kl(logprobs, ref_logprobs.detach()) if ref_logprobs is not None else torch.zeros_like(logprobs)
+    token_loss = token_loss + kl_beta * kl
+    loss = (token_loss * mask).sum() / max(normaliser, 1.0)
+    return loss, _policy_stats(loss, ratio, clipped_loss > unclipped_loss, kl, logprobs, mask)
+
+
+def _policy_stats(
+    loss: torch.Tensor,
+    ratio: torch.Tensor,
+    clip_active: torch.Tensor,
+    kl: torch.Tensor,
+    logprobs: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, float]:
+    """Means over the masked tokens of this micro-batch; the clip fraction counts tokens whose gradient the clip cut."""
+    on = mask > 0
+    tokens = float(on.sum())
+
+    def masked_mean(x: torch.Tensor) -> float:
+        return float((x.detach().float() * on).sum()) / max(tokens, 1.0)
+
+    ratios = ratio.detach()[on]
+    return {
+        "loss": loss.item(),
+        "tokens": tokens,
+        "ratio_mean": masked_mean(ratio),
+        "ratio_min": float(ratios.min()) if tokens else 1.0,
+        "ratio_max": float(ratios.max()) if tokens else 1.0,
+        "clip_fraction": masked_mean(clip_active),
+        "kl_mean": masked_mean(kl),
+        "entropy_proxy": masked_mean(-logprobs),
+    }

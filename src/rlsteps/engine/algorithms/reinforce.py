@@ -1,0 +1,69 @@
+"""REINFORCE with the RLOO (leave-one-out) baseline, as in NeMo-Aligner, with two fixes.
+
+    kl_t = logp_t - logp_init_t              (|.| when absolute)
+    R    = r - beta * mean_t(kl_t)           (KL to the initial policy folded into the reward)
+    b_i  = mean of R_j over the ended j != i of i's group
+    loss = sum_t -logp_t * (R - b) * mask_t / normaliser
+
+Fixes over NeMo-Aligner:
+- A sample that did not end gets the mean of its group's ended samples as baseline. NeMo-Aligner
+  divides by (number ended - 1) for every sample, so with rewards [2, 7, -1, 0] and ended
+  [1, 1, 1, 0] it gives the last sample 8/2 = 4; the mean of its ended peers is 8/3.
+- The advantage is broadcast per sequence as [b, 1], which is right for any micro-batch size
+  (NeMo-Aligner's [mbs] against [mbs, S-1] broadcast is right only for mbs = 1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sequence_kl(
+    logprobs: torch.Tensor, init_logprobs: torch.Tensor, mask: torch.Tensor, absolute: bool
+) -> torch.Tensor:
+    """Mean per-token KL estimate to the initial policy over each row's masked tokens: [B] (0 if empty)."""
+    kl = logprobs - init_logprobs  # [B, T-1]
+    if absolute:
+        kl = kl.abs()
+    return (kl * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+
+
+def kl_penalised_rewards(rewards: torch.Tensor, seq_kl: torch.Tensor, beta: float) -> torch.Tensor:
+    """R = r - beta * kl: [B]."""
+    return rewards - beta * seq_kl
+
+
+def group_totals(values: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """Each row's group sum of `values`: [B] (values, group_index: [B])."""
+    num_groups = int(group_index.max()) + 1 if len(group_index) else 0
+    sums = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
+    return sums.index_add_(0, group_index, values)[group_index]
+
+
+def rloo_baseline(rewards: torch.Tensor, group_index: torch.Tensor, is_end: torch.Tensor) -> torch.Tensor:
+    """Leave-one-out baseline over each group's ended samples: [B].
+
+    A group with at most one ended sample gets b_i = R_i on all its rows (zero advantage).
+    """
+    rewards = rewards.float()
+    ended = is_end.float()  # [B]
+    ended_in_group = group_totals(ended, group_index)  # [B]
+    others_sum = group_totals(rewards * ended, group_index) - rewards * ended  # an ended row leaves itself out
+    others_count = ended_in_group - ended
+    baseline = others_sum / others_count.clamp(min=1.0)
+    return torch.where(ended_in_group <= 1, rewards, baseline)
+
+
+def reinforce_loss(
+    logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, normaliser: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Policy-gradient loss -logp_t * A over masked tokens, summed and divided by `normaliser`.
+
+    logprobs, mask: [b, T-1]; advantages: [b] (R - b, treated as a constant). To count only the
+    samples that ended, the caller multiplies `mask` by is_end[:, None].
+    """
+    advantages = advantages.detach()[:, None]  # [b, 1]: one advantage per sequence
+    token_loss = -logprobs * advantages * mask  # [b, T-1]
+    loss = token_loss.sum() / max(normaliser, 1.0)
+    stats = {"loss": loss.item(), "tokens": float(mask.sum()), "advantage_mean": float(advantages.mean())}
+    return loss, stats

@@ -1,0 +1,48 @@
+"""Rejection sampling: keep the best rollouts of each prompt and fine-tune on them.
+
+Selection follows NeMo-Aligner: per prompt, a stable ascending sort by reward and the last
+`top_n` rows, so on a tie the later rollout wins. Groups are the explicit prompt ids of the
+batch (`RolloutBatch.group_index()`), never rows with equal padded tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def select_topk(rewards: torch.Tensor, group_index: torch.Tensor, top_n: int) -> torch.Tensor:
+    """Row indices of the `top_n` best rollouts of every group, in ascending row order.
+
+    rewards: [B] float, group_index: [B] long (dense group number per row).
+    """
+    if top_n < 1:
+        raise ValueError(f"top_n must be at least 1, got {top_n}; set top_n_rollouts to 1 or more")
+    selected = []
+    for group in torch.unique(group_index):
+        rows = torch.nonzero(group_index == group).squeeze(1)  # [N] ascending rollout order
+        if top_n > len(rows):
+            raise ValueError(
+                f"top_n={top_n} exceeds the {len(rows)} rollouts of group {int(group)}; "
+                "set top_n_rollouts <= num_rollouts_per_prompt"
+            )
+        ascending = torch.sort(rewards[rows], stable=True).indices  # ties keep rollout order
+        selected.append(rows[ascending[len(rows) - top_n :]])
+    if not selected:
+        return torch.empty(0, dtype=torch.long)
+    return torch.sort(torch.cat(selected)).values
+
+
+def masked_nll_loss(
+    logprobs: torch.Tensor, mask: torch.Tensor, normaliser: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Negative log-likelihood of the response tokens (EOS included), summed and divided by `normaliser`.
+
+    logprobs, mask: [b, T-1]. `normaliser` is the number of valid tokens of the whole global
+    batch, so the losses of its micro-batches add up to the global token mean. A global batch
+    without any valid token gives a zero loss.
+    """
+    token_nll = -logprobs * mask  # [b, T-1]
+    loss = token_nll.sum() / max(normaliser, 1.0)
+    tokens = float(mask.sum())
+    stats = {"loss": loss.item(), "nll_mean": token_nll.sum().item() / max(tokens, 1.0), "tokens": tokens}
+    return loss, stats

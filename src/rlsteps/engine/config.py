@@ -1,0 +1,203 @@
+"""Typed configuration of the RL recipes: one pydantic schema per algorithm.
+
+The compiler validates a merged config against these before anything is launched, and the worker
+reads its config back through them. Torch-free on purpose: `rlsteps run --dry-run` imports this.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+NonNegativeFloat = Annotated[float, Field(ge=0.0)]
+PositiveFloat = Annotated[float, Field(gt=0.0)]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunConfig(Section):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    num_threads: PositiveInt | None = None
+
+
+class Inputs(Section):
+    model_config = ConfigDict(extra="allow", frozen=True)  # each step declares its own inputs
+    prompts: str
+    val_prompts: str | None = None
+    policy: str
+
+
+class DataConfig(Section):
+    max_prompt_tokens: PositiveInt = 1024
+
+
+class SamplingConfig(Section):
+    max_new_tokens: PositiveInt = 512
+    temperature: NonNegativeFloat = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: NonNegativeInt = 0
+
+
+class RolloutConfig(Section):
+    prompts_per_step: PositiveInt = 64
+    num_rollouts_per_prompt: PositiveInt = 4
+    top_n_rollouts: PositiveInt | None = None  # rejection sampling only
+    generation_batch_size: PositiveInt = 64
+    logprob_micro_batch_size: PositiveInt = 8
+    sampling: SamplingConfig = SamplingConfig()
+
+    @model_validator(mode="after")
+    def _top_n_within_rollouts(self) -> RolloutConfig:
+        if self.top_n_rollouts is not None and self.top_n_rollouts > self.num_rollouts_per_prompt:
+            raise ValueError(
+                f"rollout.top_n_rollouts ({self.top_n_rollouts}) exceeds rollout.num_rollouts_per_prompt "
+                f"({self.num_rollouts_per_prompt}): a prompt cannot keep more rollouts than it has"
+            )
+        return self
+
+
+class TrainConfig(Section):
+    max_steps: PositiveInt = 100
+    max_epochs: PositiveInt = 1
+    global_batch_size: PositiveInt = 64
+    micro_batch_size: PositiveInt = 1
+    lr: PositiveFloat = 1e-6
+    weight_decay: NonNegativeFloat = 0.1
+    betas: tuple[Probability, Probability] = (0.9, 0.98)
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: NonNegativeInt = 10
+    min_lr_ratio: Probability = 0.1
+    max_grad_norm: PositiveFloat = 1.0
+
+    @model_validator(mode="after")
+    def _micro_divides_global(self) -> TrainConfig:
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"train.micro_batch_size ({self.micro_batch_size})"
+            )
+        return self
+
+
+class ValidationConfig(Section):
+    interval: NonNegativeInt = 10
+    num_prompts: PositiveInt = 64
+    max_new_tokens: PositiveInt | None = None
+
+
+class CheckpointConfig(Section):
+    interval: NonNegativeInt = 10
+    keep_last: PositiveInt = 2
+    keep_top_k: NonNegativeInt = 1
+    metric: str | None = "val/reward_mean"
+
+
+class OutputConfig(Section):
+    dir: str
+
+
+class LoggingConfig(Section):
+    tensorboard: bool = False
+    wandb_project: str | None = None
+
+
+class TinyWorldConfig(Section):
+    seed: NonNegativeInt = 0
+
+
+class RewardServerConfig(Section):
+    max_batch: PositiveInt = 64
+    max_wait_ms: NonNegativeFloat = 5
+
+
+class RewardModelClientConfig(Section):
+    url: str | None = None
+    token: str | None = None
+    timeout_s: PositiveFloat = 60
+    max_retries: NonNegativeInt = 5
+    backoff_s: NonNegativeFloat = 1.0
+    batch_size: PositiveInt = 64
+    concurrency: PositiveInt = 4
+    server: RewardServerConfig = RewardServerConfig()
+
+
+class RecipeConfig(Section):
+    algorithm: str
+    seed: NonNegativeInt = 1234
+    run: RunConfig = RunConfig()
+    inputs: Inputs
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    train: TrainConfig = TrainConfig()
+    validation: ValidationConfig = ValidationConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    output: OutputConfig
+    logging: LoggingConfig = LoggingConfig()
+    tiny_world: TinyWorldConfig | None = None
+
+
+class RSConfig(RecipeConfig):
+    algorithm: Literal["rs"]
+    rm: RewardModelClientConfig = RewardModelClientConfig()
+
+    @model_validator(mode="after")
+    def _needs_top_n(self) -> RSConfig:
+        if self.rollout.top_n_rollouts is None:
+            raise ValueError("rollout.top_n_rollouts is required for rejection sampling")
+        return self
+
+
+class ReinforceSection(Section):
+    initial_policy_kl_penalty: NonNegativeFloat = 0.01
+    use_absolute_kl: bool = True
+
+
+class ReinforceConfig(RecipeConfig):
+    algorithm: Literal["reinforce"]
+    rm: RewardModelClientConfig = RewardModelClientConfig()
+    reinforce: ReinforceSection = ReinforceSection()
+
+
+class GRPOSection(Section):
+    leave_one_out: bool = False
+    normalize_std: bool = True
+    std_floor: NonNegativeFloat = 1e-3
+    eps_low: Probability = 0.2
+    eps_high: NonNegativeFloat = 0.2
+    kl_beta: NonNegativeFloat = 0.01
+    dynamic_sampling: bool = False
+    overlong_filtering: bool = False
+
+
+class JudgeConfig(Section):
+    url: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    pairing: Literal["circular", "all"] = "circular"
+    principle: str | None = None
+    concurrency: PositiveInt = 16
+    timeout_s: PositiveFloat = 60
+    max_retries: NonNegativeInt = 3
+    temperature: NonNegativeFloat = 0.6
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
+    max_tokens: PositiveInt = 256
+    length_penalty: NonNegativeFloat = 0.0
+    on_failure: Literal["mask", "stop"] = "mask"
+
+
+class GRPOConfig(RecipeConfig):
+    algorithm: Literal["grpo"]
+    grpo: GRPOSection = GRPOSection()
+    judge: JudgeConfig = JudgeConfig()
+
+
+RECIPE_SCHEMAS: dict[str, type[RecipeConfig]] = {
+    "rs": RSConfig,
+    "reinforce": ReinforceConfig,
+    "grpo": GRPOConfig,
+}

@@ -1,0 +1,188 @@
+"""Prompt data: a JSONL prompt file, chat templates, and a data order that is a pure function
+of (seed, epoch, consumed_samples), so a resumed run sees exactly the prompts it would have seen.
+
+Each line of a prompt file is one JSON object:
+    {"prompt": "raw text fed to the policy verbatim", "id": "optional"}
+    {"messages": [{"role": "user", "content": "..."}], "id": 7}
+Chat messages are rendered with the tokenizer's chat template and the generation prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+import fsspec
+import torch
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str  # the group key of its rollouts
+    text: str  # the rendered prompt string fed to the policy
+
+
+class PromptFileError(ValueError):
+    """A prompt file that cannot be used; the message starts with "<path>:<line>:"."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_prompts(path: str, tokenizer: Any, max_prompt_tokens: int | None = None) -> list[Prompt]:
+    """Read and validate every line of a prompt JSONL file (a local path or an fsspec URL)."""
+    stem = PurePosixPath(path).stem
+    prompts: list[Prompt] = []
+    first_line_of: dict[str, int] = {}
+    with fsspec.open(path, "rt", encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                prompt = _parse_line(line, f"{stem}:{line_number}", tokenizer)
+                if prompt.id in first_line_of:
+                    raise ValueError(f"duplicate id {prompt.id!r} (first used on line {first_line_of[prompt.id]})")
+                _check_length(prompt.text, tokenizer, max_prompt_tokens)
+            except ValueError as e:
+                raise PromptFileError(f"{path}:{line_number}: {e}") from None
+            first_line_of[prompt.id] = line_number
+            prompts.append(prompt)
+    if not prompts:
+        raise PromptFileError(f"{path}:1: the file has no prompts; write one JSON object per line")
+    return prompts
+
+
+def _parse_line(line: str, default_id: str, tokenizer: Any) -> Prompt:
+    try:
+        record = json.loads(line.rstrip("\r\n"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON: {e.msg} at column {e.colno}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    has_prompt, has_messages = "prompt" in record, "messages" in record
+    if has_prompt == has_messages:
+        which = "both" if has_prompt else "neither"
+        raise ValueError(f'a line needs exactly one of "prompt" or "messages", this one has {which}')
+    if has_prompt:
+        text = record["prompt"]
+        if not isinstance(text, str):
+            raise ValueError(f'"prompt" must be a string, got {type(text).__name__}')
+    else:
+        text = _render_chat(_check_messages(record["messages"]), tokenizer)
+    if not text:
+        raise ValueError("the prompt is empty")
+    return Prompt(id=_parse_id(record.get("id"), default_id), text=text)
+
+
+def _parse_id(value: Any, default_id: str) -> str:
+    if value is None:
+        return default_id
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f'"id" must be a string or an integer, got {type(value).__name__}')
+    if value == "":
+        raise ValueError('"id" must not be empty')
+    return str(value)
+
+
+def _check_messages(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError('"messages" must be a non-empty list of {"role", "content"} objects')
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValueError(f"messages[{i}] must be an object, got {type(message).__name__}")
+        role, content = message.get("role"), message.get("content")
+        if role not in CHAT_ROLES:
+            raise ValueError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
+        if not isinstance(content, str):
+            raise ValueError(f"messages[{i}].content must be a string, got {type(content).__name__}")
+    return messages
+
+
+def _render_chat(messages: list[dict[str, str]], tokenizer: Any) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            'a "messages" line needs a chat template and the tokenizer has none; '
+            'write {"prompt": "..."} lines or use a tokenizer with a chat_template'
+        )
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # a template may reject a conversation (e.g. roles that do not alternate)
+        raise ValueError(f"the chat template rejected these messages: {e}") from None
+
+
+def _check_length(text: str, tokenizer: Any, max_prompt_tokens: int | None) -> None:
+    if max_prompt_tokens is None:
+        return
+    length = len(encode_prompt_text(text, tokenizer))
+    if length > max_prompt_tokens:
+        raise ValueError(
+            f"the prompt has {length} tokens, more than max_prompt_tokens={max_prompt_tokens}; "
+            "shorten it or raise max_prompt_tokens"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenising
+
+
+def encode_prompt_text(text: str, tokenizer: Any) -> list[int]:
+    """The token ids the policy sees for a rendered prompt.
+
+    No special tokens are added except one: a tokenizer that adds a BOS by default (Llama-2 style)
+    gets its BOS prepended when the text does not already start with it. A chat template that
+    writes the BOS itself therefore never yields two, and a raw prompt still gets the BOS the
+    model was trained with. Tokenizers that add nothing (GPT-2, Qwen2) get nothing.
+    """
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    if bos is not None and _adds_bos(tokenizer) and ids[:1] != [bos]:
+        ids = [bos, *ids]
+    return ids
+
+
+def _adds_bos(tokenizer: Any) -> bool:
+    probe = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return probe[:1] == [tokenizer.bos_token_id]
+
+
+# ---------------------------------------------------------------------------------------------
+# Data order
+
+
+def steps_per_epoch(num_prompts: int, prompts_per_step: int) -> int:
+    """Full steps in one pass over the prompts; the last partial batch is dropped."""
+    if prompts_per_step < 1:
+        raise ValueError(f"prompts_per_step must be at least 1, got {prompts_per_step}")
+    steps = num_prompts // prompts_per_step
+    if steps == 0:
+        raise ValueError(
+            f"{num_prompts} prompts cannot fill one step of prompts_per_step={prompts_per_step}; "
+            "add prompts or lower prompts_per_step"
+        )
+    return steps
+
+
+def prompt_indices(seed: int, consumed_samples: int, prompts_per_step: int, num_prompts: int) -> tuple[list[int], int]:
+    """The prompt indices of the step that starts after `consumed_samples` prompts, and its epoch.
+
+    Each epoch is a fresh permutation drawn from a generator seeded with (seed, epoch) only,
+    never the global RNG, so the order survives restarts and does not depend on other sampling.
+    """
+    if consumed_samples < 0:
+        raise ValueError(f"consumed_samples must be >= 0, got {consumed_samples}")
+    per_epoch = steps_per_epoch(num_prompts, prompts_per_step)
+    step = consumed_samples // prompts_per_step
+    epoch, position = divmod(step, per_epoch)
+    generator = torch.Generator().manual_seed(_epoch_seed(seed, epoch))
+    order = torch.randperm(num_prompts, generator=generator)
+    start = position * prompts_per_step
+    return order[start : start + prompts_per_step].tolist(), epoch
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    return (seed * 1_000_003 + epoch) % 2**63

@@ -1,0 +1,289 @@
+"""Training metrics: an append-only JSONL log, optional TensorBoard / W&B, timers, progress, plots.
+
+The JSONL file is the record of a run: one line {"step", "time", **metrics} per `log` call,
+flushed at once, so a crash loses at most the line being written. A resumed run appends to
+the same file; `read_metrics` drops the records that the resumed steps superseded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+logger = logging.getLogger(__name__)
+
+RESERVED_KEYS = ("step", "time")
+
+
+def to_json_number(value: Any) -> int | float | None:
+    """A metric value as a JSON number: tensors and numpy scalars unwrapped, NaN and inf as None."""
+    if hasattr(value, "item"):  # torch.Tensor with one element, numpy scalar
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"metric value {value!r} is not a number; log numbers only (use float(...))")
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsWriter:
+    """Appends one JSON line per `log` call; mirrors the numbers to TensorBoard and W&B when asked.
+
+    tensorboard_dir: write TensorBoard events there (needs the `tensorboard` package).
+    wandb: keyword arguments for `wandb.init` (project, name, entity, ...; needs `wandb`).
+    """
+
+    def __init__(self, path: Path, tensorboard_dir: Path | None = None, wandb: dict | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_partial_last_line(self.path)
+        self._file: TextIO = self.path.open("a", encoding="utf-8")
+        self._warned_non_finite: set[str] = set()
+        self._tensorboard = _open_tensorboard(tensorboard_dir) if tensorboard_dir is not None else None
+        self._wandb_run = _open_wandb(wandb) if wandb else None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clash = [k for k in RESERVED_KEYS if k in metrics]
+        if clash:
+            raise ValueError(f"metric names {clash} are reserved for the record itself; rename them")
+        values = {key: self._finite_or_none(step, key, value) for key, value in metrics.items()}
+        record = {"step": int(step), "time": round(time.time(), 3), **values}
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        numbers = {key: value for key, value in values.items() if value is not None}
+        if self._tensorboard is not None:
+            for key, value in numbers.items():
+                self._tensorboard.add_scalar(key, value, global_step=int(step))
+            self._tensorboard.flush()
+        if self._wandb_run is not None:
+            self._wandb_run.log(numbers, step=int(step))
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+            self._wandb_run = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _finite_or_none(self, step: int, key: str, value: Any) -> int | float | None:
+        number = to_json_number(value)
+        if number is None and key not in self._warned_non_finite:
+            self._warned_non_finite.add(key)
+            logger.warning(
+                "metric %r is %s at step %d; written as null (later non-finite values of it are not reported)",
+                key, value, step,
+            )
+        return number
+
+
+def _drop_partial_last_line(path: Path) -> None:
+    """Cut a line left half-written by a crash, so appended records start on a line of their own."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        end = size
+        while end > 0:  # scan back in chunks for the last newline
+            start = max(0, end - 65536)
+            f.seek(start)
+            newline = f.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        f.truncate(end)
+    logger.warning("%s ended with a partly written line (an interrupted run); removed it", path)
+
+
+def _open_tensorboard(log_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        logger.warning("tensorboard_dir is set but tensorboard is not installed (pip install tensorboard); "
+                       "metrics go to the JSONL file only")
+        return None
+    return SummaryWriter(log_dir=str(log_dir))
+
+
+def _open_wandb(init_kwargs: dict) -> Any:
+    try:
+        import wandb
+    except ImportError:
+        logger.warning("wandb is configured but not installed (pip install wandb); "
+                       "metrics go to the JSONL file only")
+        return None
+    return wandb.init(**init_kwargs)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics file, in order.
+
+    A truncated last line (a crash mid-write) is skipped. When the step goes backwards, the run
+    was resumed from a checkpoint: the earlier records of the steps it repeats are dropped.
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records: list[dict] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                logger.warning("%s: skipped a truncated last line", path)
+                break
+            raise ValueError(f"{path}, line {number}: not valid JSON ({error}); "
+                             "the file is corrupt: fix or remove that line") from error
+        if records and record["step"] < records[-1]["step"]:
+            records = [r for r in records if r["step"] < record["step"]]
+        records.append(record)
+    return records
+
+
+def metric_series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """Steps and values of one metric, skipping records without it and null (non-finite) values."""
+    points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+    return [step for step, _ in points], [value for _, value in points]
+
+
+def trend(values: list[float], window: int) -> tuple[float, float]:
+    """Mean of the first `window` values and mean of the last `window` values (None skipped)."""
+    if window < 1:
+        raise ValueError(f"trend window must be >= 1, got {window}")
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        raise ValueError("trend of an empty series: no finite values were logged")
+    window = min(window, len(finite))
+    return sum(finite[:window]) / window, sum(finite[-window:]) / window
+
+
+def plot_metrics(metrics_path: Path, out_png: Path, keys: list[str]) -> Path:
+    """One PNG with a subplot per logged key against step; keys never logged are skipped."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    records = read_metrics(metrics_path)
+    series = {key: metric_series(records, key) for key in keys}
+    missing = [key for key, (steps, _) in series.items() if not steps]
+    plotted = {key: s for key, s in series.items() if s[0]}
+    if not plotted:
+        logged = sorted({k for r in records for k in r} - set(RESERVED_KEYS))
+        raise ValueError(f"none of {keys} was logged in {metrics_path}; logged metrics: {logged}")
+    if missing:
+        logger.info("plot_metrics: skipped %s (never logged in %s)", missing, metrics_path)
+
+    figure = Figure(figsize=(8, 2.6 * len(plotted)), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(len(plotted), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (key, (steps, values)) in zip(axes, plotted.items()):
+        ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, markersize=3)
+        ax.set_title(key, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("step")
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out_png, dpi=100)
+    return out_png
+
+
+class Timers:
+    """Wall-clock time per phase: `with timers("rollout"): ...`; `pop()` returns and resets the totals."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._seconds[name] += time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        totals = {f"timers/{name}": seconds for name, seconds in self._seconds.items()}
+        self._seconds.clear()
+        return totals
+
+
+class TrainingProgress:
+    """Step progress with the latest reward, loss, step time and ETA.
+
+    On a terminal: a rich progress bar. Otherwise (CI, log files): one plain line per step.
+    `initial` is the step a resumed run starts from; the ETA uses this run's mean step time.
+    """
+
+    def __init__(self, total: int, initial: int = 0, reward_key: str = "train/reward",
+                 loss_key: str = "train/loss", stream: TextIO | None = None):
+        self.total, self.initial = total, initial
+        self.reward_key, self.loss_key = reward_key, loss_key
+        self.stream = stream if stream is not None else sys.stdout
+        self.interactive = self.stream.isatty()
+        self._progress: Any = None
+        self._task: Any = None
+        self._started = self._last = time.perf_counter()
+
+    def __enter__(self) -> TrainingProgress:
+        self._started = self._last = time.perf_counter()
+        if self.interactive:
+            self._progress = _rich_progress(self.stream)
+            self._task = self._progress.add_task("step", total=self.total, completed=self.initial, stats="")
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        now = time.perf_counter()
+        step_seconds, self._last = now - self._last, now
+        done_this_run = max(step - self.initial, 1)
+        eta = (now - self._started) / done_this_run * max(self.total - step, 0)
+        stats = (f"reward {_fmt(metrics.get(self.reward_key))}  loss {_fmt(metrics.get(self.loss_key))}  "
+                 f"step {step_seconds:.2f}s  eta {_duration(eta)}")
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, stats=stats)
+        else:
+            print(f"step {step}/{self.total}  {stats}", file=self.stream, flush=True)
+
+
+def _rich_progress(stream: TextIO) -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[stats]}"), console=Console(file=stream))
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None or not math.isfinite(float(value)) else f"{float(value):.4g}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"

@@ -1,0 +1,214 @@
+"""Client of the reward-model server: batched, concurrent, retrying, and strict about answers.
+
+It never returns partial or made-up rewards: every input gets the server's finite reward, or
+`score` raises a `RewardError` that says what went wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import Any
+
+import httpx
+
+MAX_DELAY_S = 30.0  # cap on one backoff sleep, Retry-After included
+INVALID_ANSWER_RETRIES = 2  # a server that answers garbage is usually the wrong server: give up soon
+RETRIED_STATUS = {429, 500, 502, 503, 504}
+UNAVAILABLE_STATUS = {429, 502, 503, 504}  # the server is busy or not there, rather than broken
+
+
+class RewardError(RuntimeError):
+    pass
+
+
+class RewardServerError(RewardError):
+    """The server answered, but with an error or an invalid answer."""
+
+
+class RewardServerUnavailable(RewardError):
+    """The server could not be reached, timed out, or stayed overloaded through every retry."""
+
+
+class _Retry(Exception):
+    def __init__(self, reason: str, *, unavailable: bool, invalid_answer: bool = False, wait_s: float = 0.0) -> None:
+        super().__init__(reason)
+        self.unavailable, self.invalid_answer, self.wait_s = unavailable, invalid_answer, wait_s
+
+
+class RewardClient:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout_s: float = 30,
+        max_retries: int = 5,
+        backoff_s: float = 0.5,
+        batch_size: int = 64,
+        concurrency: int = 4,
+    ) -> None:
+        if batch_size < 1 or concurrency < 1 or max_retries < 0:
+            raise ValueError(f"need batch_size >= 1, concurrency >= 1, max_retries >= 0; got {batch_size}, {concurrency}, {max_retries}")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"reward server url {url!r} needs a scheme: write http://{url}")
+        self.url = url.rstrip("/")
+        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self.batch_size, self.concurrency = batch_size, concurrency
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+            limits=httpx.Limits(max_connections=concurrency),
+        )
+
+    def __enter__(self) -> RewardClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses: give one response per prompt")
+        starts = range(0, len(prompts), self.batch_size)
+        bodies = [
+            {"prompts": list(prompts[i : i + self.batch_size]), "responses": list(responses[i : i + self.batch_size])}
+            for i in starts
+        ]
+        return self._score_bodies(bodies)
+
+    def score_tokens(self, token_ids: Sequence[Sequence[int]]) -> list[float]:
+        rows = [list(map(int, ids)) for ids in token_ids]
+        return self._score_bodies([{"tokens": rows[i : i + self.batch_size]} for i in range(0, len(rows), self.batch_size)])
+
+    def health(self) -> dict[str, Any]:
+        def check(response: httpx.Response) -> dict[str, Any]:
+            answer = _json_of(response)
+            if not isinstance(answer, dict):
+                raise _Retry(f"/health answered {response.text[:200]!r}, not a JSON object", unavailable=False, invalid_answer=True)
+            return answer
+
+        return self._with_retries(lambda: self._http.get(f"{self.url}/health"), check, threading.Event())
+
+    def _score_bodies(self, bodies: list[dict[str, list]]) -> list[float]:
+        """Send the batches concurrently; on the first failure stop the others and raise it."""
+        if not bodies:
+            return []
+        abort = threading.Event()
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies))) as pool:
+            futures = [pool.submit(self._score_one, body, abort) for body in bodies]
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = next((f for f in done if f.exception() is not None), None)
+            if failed is not None:
+                abort.set()
+                for f in futures:
+                    f.cancel()
+                raise failed.exception()  # type: ignore[misc]
+        return [reward for f in futures for reward in f.result()]
+
+    def _score_one(self, body: dict[str, list], abort: threading.Event) -> list[float]:
+        expected = len(next(iter(body.values())))
+        return self._with_retries(
+            lambda: self._http.post(f"{self.url}/v1/rewards", json=body),
+            lambda response: _rewards_of(response, expected),
+            abort,
+        )
+
+    def _with_retries(
+        self, send: Callable[[], httpx.Response], parse: Callable[[httpx.Response], Any], abort: threading.Event
+    ) -> Any:
+        """Transport errors, timeouts, 429/5xx and invalid answers are retried with exponential
+        backoff and jitter (Retry-After honoured); other 4xx answers raise at once."""
+        started = time.monotonic()
+        attempts = invalid_answers = 0
+        while True:
+            attempts += 1
+            try:
+                return parse(_checked(send(), self.url))
+            except httpx.TimeoutException as error:
+                retry = _Retry(f"no answer within the timeout ({type(error).__name__})", unavailable=True)
+            except httpx.TransportError as error:
+                retry = _Retry(f"{type(error).__name__}: {error}", unavailable=True)
+            except _Retry as error:
+                retry = error
+            invalid_answers += retry.invalid_answer
+            out_of_retries = attempts > self.max_retries or invalid_answers > min(self.max_retries, INVALID_ANSWER_RETRIES)
+            if out_of_retries or abort.is_set():
+                raise self._give_up(retry, attempts, time.monotonic() - started)
+            delay = self.backoff_s * 2 ** (attempts - 1) * random.uniform(0.5, 1.5)
+            if abort.wait(min(max(delay, retry.wait_s), MAX_DELAY_S)):
+                raise self._give_up(retry, attempts, time.monotonic() - started)
+
+    def _give_up(self, retry: _Retry, attempts: int, elapsed_s: float) -> RewardError:
+        tried = f"{attempts} attempt{'s' * (attempts != 1)} over {elapsed_s:.1f}s"
+        if retry.unavailable:
+            return RewardServerUnavailable(
+                f"reward server at {self.url} unavailable after {tried}; last error: {retry}. "
+                "Start one with `rlsteps serve rm --model PATH` and point rm.url at it, "
+                "or set rm.url to a server that is running"
+            )
+        return RewardServerError(f"reward server at {self.url} failed after {tried}: {retry}")
+
+
+def _checked(response: httpx.Response, url: str) -> httpx.Response:
+    """The response if it is a success; a retry for 429/5xx; RewardServerError for any other 4xx."""
+    code = response.status_code
+    if code < 300:
+        return response
+    detail = _detail_of(response)
+    if code in RETRIED_STATUS:
+        raise _Retry(f"HTTP {code}: {detail}", unavailable=code in UNAVAILABLE_STATUS, wait_s=_retry_after_s(response))
+    hint = " (check the token: rm.token or the server's --token-env)" if code in (401, 403) else ""
+    raise RewardServerError(f"reward server at {url} rejected the request with HTTP {code}: {detail}{hint}")
+
+
+def _rewards_of(response: httpx.Response, expected: int) -> list[float]:
+    answer = _json_of(response)
+    rewards = answer.get("rewards") if isinstance(answer, dict) else None
+    if not isinstance(rewards, list):
+        raise _Retry(f'the answer has no "rewards" list: {response.text[:200]!r}', unavailable=False, invalid_answer=True)
+    if len(rewards) != expected:
+        raise _Retry(f"{len(rewards)} rewards for {expected} inputs", unavailable=False, invalid_answer=True)
+    bad = [r for r in rewards if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r)]
+    if bad:
+        raise _Retry(f"rewards that are not finite numbers: {bad[:5]}", unavailable=False, invalid_answer=True)
+    return [float(r) for r in rewards]
+
+
+def _json_of(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        raise _Retry(f"the answer is not JSON: {response.text[:200]!r}", unavailable=False, invalid_answer=True) from None
+
+
+def _detail_of(response: httpx.Response) -> str:
+    try:
+        answer = response.json()
+    except ValueError:
+        return response.text[:300] or response.reason_phrase
+    detail = answer.get("detail", answer) if isinstance(answer, dict) else answer
+    return str(detail)[:300]
+
+
+def _retry_after_s(response: httpx.Response) -> float:
+    """Seconds from a Retry-After header (seconds or an HTTP date); 0 when absent or unreadable."""
+    value = response.headers.get("retry-after")
+    if not value:
+        return 0.0
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return 0.0

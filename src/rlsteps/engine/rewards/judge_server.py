@@ -1,0 +1,157 @@
+"""A small OpenAI-compatible judge for the tiny world: a scalar reward model behind /v1/chat/completions.
+
+It reads the prompt and the two responses back from a request built by genrm.judge_messages(),
+scores both with the reward model in one batch, and answers as a judge LLM would, in a fenced
+json block:
+
+    p       = sigmoid((reward_1 - reward_2) / scale)     how likely response 1 is the better one
+    score_1 = 1 + 4 p,  score_2 = 1 + 4 (1 - p)          on the 1-5 scale; 3 each when the rewards are equal
+    ranking = 1 + 5 (1 - p)                              1 = response 1 much better ... 6 = response 2
+
+    python -m rlsteps.engine.rewards.judge_server --model PATH [--port 8000] [--token-env JUDGE_TOKEN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import secrets
+import threading
+import time
+import uuid
+from typing import Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from rlsteps.engine.rewards.genrm import parse_judge_request
+
+log = logging.getLogger("rlsteps.rewards.judge_server")
+
+
+class Scorer(Protocol):
+    def score(self, prompts: list[str], responses: list[str]) -> list[float]: ...
+
+
+def judgement_from_rewards(reward_1: float, reward_2: float, scale: float = 1.0) -> dict[str, float]:
+    """The judge's JSON fields for two scalar rewards (see the module docstring)."""
+    logit = max(min((reward_1 - reward_2) / scale, 50.0), -50.0)
+    p = 1.0 / (1.0 + math.exp(-logit))
+    return {"score_1": round(1 + 4 * p, 3), "score_2": round(1 + 4 * (1 - p), 3), "ranking": round(1 + 5 * (1 - p), 3)}
+
+
+def chat_completion(content: str, model_name: str) -> dict:
+    """A standard chat.completion object carrying `content` as the assistant's message."""
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind}})
+
+
+def _read_request(raw: bytes) -> tuple[str, str, str]:
+    """(prompt, response_1, response_2) of a chat completions body, or ValueError with the reason."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("the request body is not JSON") from None
+    if not isinstance(body, dict) or "messages" not in body:
+        raise ValueError("the request body has no 'messages'")
+    return parse_judge_request(body["messages"])
+
+
+def create_app(scorer: Scorer, model_name: str = "tiny-judge", token: str | None = None) -> FastAPI:
+    """The judge's HTTP app around any object with score(prompts, responses) -> rewards."""
+    app = FastAPI(title="rlsteps judge")
+    score_lock = threading.Lock()  # one forward pass at a time: requests arrive on several threads
+
+    def score_pair(prompt: str, response_1: str, response_2: str) -> list[float]:
+        with score_lock:
+            return scorer.score([prompt, prompt], [response_1, response_2])
+
+    def authorised(request: Request) -> bool:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        return token is None or (scheme.lower() == "bearer" and secrets.compare_digest(given.encode(), token.encode()))
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": model_name}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "rlsteps"}]}
+
+    @app.post("/v1/chat/completions")
+    async def completions(request: Request) -> JSONResponse:
+        if not authorised(request):
+            return _error(401, "missing or wrong bearer token: send the header 'Authorization: Bearer <token>'",
+                          "authentication_error")
+        try:
+            prompt, response_1, response_2 = _read_request(await request.body())
+        except ValueError as err:
+            return _error(400, str(err))
+        try:
+            reward_1, reward_2 = await run_in_threadpool(score_pair, prompt, response_1, response_2)
+        except Exception as err:  # noqa: BLE001 - the scorer failed; the log has the traceback
+            log.exception("scoring failed")
+            return _error(500, f"scoring failed: {type(err).__name__}: {err}", "server_error")
+        content = "```json\n" + json.dumps(judgement_from_rewards(reward_1, reward_2)) + "\n```"
+        return JSONResponse(chat_completion(content, model_name))
+
+    return app
+
+
+def serve(
+    model_path: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    model_name: str = "tiny-judge",
+    token: str | None = None,
+    *,
+    device: str = "auto",
+) -> None:
+    """Load the reward model at `model_path` and serve it as a judge until interrupted."""
+    import uvicorn
+
+    from rlsteps.engine.rewards.scorer import RewardScorer
+
+    if host not in ("127.0.0.1", "localhost", "::1") and not token:
+        log.warning("serving on %s without a token: anyone who can reach this port can use the judge", host)
+    app = create_app(RewardScorer(model_path, device=device), model_name, token)
+    log.info("judge %s (reward model %s) on http://%s:%d/v1", model_name, model_path, host, port)
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rlsteps.engine.rewards.judge_server",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="directory of a Hugging Face sequence-classification model")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model-name", default="tiny-judge", help="the model name clients send and /v1/models lists")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: the GPU when there is one)")
+    parser.add_argument("--token-env", metavar="VAR", help="environment variable holding the bearer token")
+    args = parser.parse_args(argv)
+
+    token = None
+    if args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            parser.error(f"--token-env {args.token_env}: that environment variable is unset or empty; export it first")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(args.model, args.host, args.port, args.model_name, token, device=args.device)
+
+
+if __name__ == "__main__":
+    main()

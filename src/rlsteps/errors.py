@@ -1,0 +1,33 @@
+"""Errors a user can act on. Each carries its exit code and, where known, the fix."""
+
+from __future__ import annotations
+
+
+class RlstepsError(Exception):
+    exit_code = 1
+
+    def __init__(self, message: str, fix: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.message} (fix: {self.fix})" if self.fix else self.message
+
+
+class UsageError(RlstepsError):
+    """Bad command line, unknown step, unknown override key, invalid config: exit 2."""
+
+    exit_code = 2
+
+
+class ArtifactError(RlstepsError):
+    """An input artifact is missing or of the wrong type: exit 3."""
+
+    exit_code = 3
+
+
+class RunFailed(RlstepsError):
+    """The job ran and failed: exit 1."""
+
+    exit_code = 1

@@ -1,0 +1,90 @@
+"""Run and batch profiles: where and how a step runs.
+
+Profiles are read from ./rlsteps.yaml, then $RLSTEPS_PROFILES, then ~/.config/rlsteps/profiles.yaml;
+the first file that defines a name wins. A profile may `extends:` another (cycles are errors).
+Each file holds a `profiles:` mapping of name -> settings; `executor` names the launcher.
+A profile's optional `config:` mapping is merged over the step config (cluster paths, devices).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from rlsteps.errors import UsageError
+
+PROFILES_ENV = "RLSTEPS_PROFILES"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    source: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def executor(self) -> str:
+        return str(self.settings.get("executor", "local"))
+
+    @property
+    def config_overlay(self) -> dict[str, Any]:
+        return dict(self.settings.get("config") or {})
+
+    @property
+    def launcher_settings(self) -> dict[str, Any]:
+        return {k: v for k, v in self.settings.items() if k not in ("config", "extends")}
+
+
+def profile_files() -> list[Path]:
+    candidates = [Path.cwd() / "rlsteps.yaml"]
+    if env := os.environ.get(PROFILES_ENV):
+        candidates.append(Path(env).expanduser())
+    candidates.append(Path.home() / ".config" / "rlsteps" / "profiles.yaml")
+    return [p for p in candidates if p.is_file()]
+
+
+def load_profiles(files: list[Path] | None = None) -> dict[str, tuple[dict[str, Any], str]]:
+    """name -> (raw settings, source file); earlier files win."""
+    found: dict[str, tuple[dict[str, Any], str]] = {}
+    for path in profile_files() if files is None else files:
+        try:
+            raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+        except Exception as err:  # omegaconf raises several YAML error types
+            raise UsageError(f"{path}: cannot read profiles: {err}") from err
+        profiles = raw.get("profiles", {}) if isinstance(raw, dict) else {}
+        if not isinstance(profiles, dict):
+            raise UsageError(f"{path}: `profiles:` must be a mapping of name -> settings")
+        for name, settings in profiles.items():
+            found.setdefault(str(name), (settings or {}, str(path)))
+    return found
+
+
+def resolve_profile(name: str, files: list[Path] | None = None) -> Profile:
+    known = load_profiles(files)
+    chain = _extends_chain(name, known)
+    merged = OmegaConf.create({})
+    for link in reversed(chain):
+        merged = OmegaConf.merge(merged, {k: v for k, v in known[link][0].items() if k != "extends"})
+    settings = OmegaConf.to_container(merged, resolve=True)
+    return Profile(name=name, source=known[name][1], settings=settings)
+
+
+def _extends_chain(name: str, known: dict[str, tuple[dict[str, Any], str]]) -> list[str]:
+    chain: list[str] = []
+    current: str | None = name
+    while current is not None:
+        if current not in known:
+            where = ", ".join(str(p) for p in profile_files()) or "no profile file found"
+            close = difflib.get_close_matches(current, list(known), n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else f"define it under `profiles:` in ./rlsteps.yaml ({where})"
+            raise UsageError(f"unknown profile '{current}'", fix=hint)
+        if current in chain:
+            raise UsageError(f"profile '{name}' extends itself: {' -> '.join(chain + [current])}")
+        chain.append(current)
+        current = known[current][0].get("extends")
+    return chain

@@ -1,0 +1,28 @@
+"""Custom OmegaConf resolvers available in every step config.
+
+`${tiny:NAME}`: a path inside the offline tiny world (policy, reward_model, train_prompts,
+val_prompts), for the seed in the config's `tiny_world.seed`. Resolving only computes the path;
+the world itself is built before the run starts (never during --dry-run).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import OmegaConf
+
+TINY_PARTS = ("policy", "reward_model", "train_prompts", "val_prompts")
+
+
+def _tiny_path(part: str, *, _root_: Any) -> str:
+    from rlsteps.tiny_layout import tiny_world_paths  # torch-free
+
+    if part not in TINY_PARTS:
+        raise ValueError(f"${{tiny:{part}}}: unknown part, expected one of {', '.join(TINY_PARTS)}")
+    seed = int(OmegaConf.select(_root_, "tiny_world.seed", default=0))
+    return str(getattr(tiny_world_paths(seed), part))
+
+
+def register() -> None:
+    if not OmegaConf.has_resolver("tiny"):
+        OmegaConf.register_resolver("tiny", _tiny_path)

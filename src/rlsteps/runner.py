@@ -1,0 +1,80 @@
+"""`rlsteps run`: compile the job, check its inputs, and hand it to its launcher (or only show it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rlsteps.artifacts import ResolvedInput, check_input, lookup, resolve_inputs
+from rlsteps.catalog import Catalog
+from rlsteps.compile import compile_job
+from rlsteps.errors import RunFailed, UsageError
+from rlsteps.job import Job, Mode
+from rlsteps.jobdir import create_job_dir, planned_job_dir, write_job_files
+from rlsteps.launch.base import LaunchPlan, Submission, get_launcher
+from rlsteps.profiles import resolve_profile
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    step: str
+    config: str = "default"
+    run_profile: str | None = None
+    batch_profile: str | None = None
+    dry_run: bool = False
+    force_squash: bool = False
+    overrides: tuple[str, ...] = ()
+    passthrough: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Compiled:
+    job: Job
+    plan: LaunchPlan
+    job_dir: Path
+    inputs: list[ResolvedInput]
+
+
+def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
+    """Everything a dry run shows; touches nothing (no job dir, no network, no world build)."""
+    if request.run_profile and request.batch_profile:
+        raise UsageError("-r and -b are exclusive", fix="use -r PROFILE to run attached or -b PROFILE to submit a batch job")
+    step = catalog.find(request.step)
+    profile_name = request.run_profile or request.batch_profile
+    profile = resolve_profile(profile_name) if profile_name else None
+    mode: Mode = "batch" if request.batch_profile else "attached" if request.run_profile else "local"
+    job = compile_job(
+        step, request.config, mode=mode, profile=profile, overrides=list(request.overrides),
+        passthrough=list(request.passthrough), force_squash=request.force_squash, argv=list(request.argv),
+    )
+    job_dir = planned_job_dir(job)
+    plan = get_launcher(job.executor).plan(job, job_dir)
+    inputs = [check_input(catalog, s.name, s.key, lookup(job.config, s.key), s.type) for s in step.consumes]
+    return Compiled(job=job, plan=plan, job_dir=job_dir, inputs=inputs)
+
+
+def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = print) -> Submission:
+    """Compile, prepare the inputs, write the job directory, and submit."""
+    compiled = compile_request(catalog, request)
+    job = compiled.job
+    step = catalog.find(job.step_id)
+    if job.config.get("tiny_world") is not None and job.executor == "local":
+        _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
+    inputs = resolve_inputs(catalog, step, job.config)
+    job_dir = create_job_dir(job)
+    launcher = get_launcher(job.executor)
+    plan = launcher.plan(job, job_dir)
+    write_job_files(job_dir, job, plan, inputs)
+    say(f"job {job_dir.name}: {plan.summary}")
+    submission = launcher.submit(job, plan, job_dir)
+    if submission.exit_code not in (None, 0):
+        raise RunFailed(f"{job.step_id} failed with exit code {submission.exit_code}", fix=f"see the log above and {job_dir}")
+    return submission
+
+
+def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:
+    from rlsteps.tiny import ensure_tiny_world  # imports torch: only for real runs
+
+    ensure_tiny_world(seed=seed, log=say)

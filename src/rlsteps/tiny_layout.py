@@ -1,0 +1,41 @@
+"""Where the offline tiny world lives on disk. Torch-free, so configs can name its paths cheaply.
+
+$RLSTEPS_HOME (default ~/.cache/rlsteps) / tiny / <version>-seed<seed> / {policy, reward_model, train.jsonl, val.jsonl}
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+HOME_ENV = "RLSTEPS_HOME"
+TINY_WORLD_VERSION = "v1"  # bump when the tiny world's recipe changes: it is part of the cache key
+
+
+@dataclass(frozen=True)
+class TinyWorld:
+    root: Path
+    policy: Path
+    reward_model: Path
+    train_prompts: Path
+    val_prompts: Path
+
+
+def rlsteps_home(home: Path | None = None) -> Path:
+    return Path(home or os.environ.get(HOME_ENV) or Path.home() / ".cache" / "rlsteps").expanduser()
+
+
+def tiny_world_dir(seed: int = 0, home: Path | None = None) -> Path:
+    return rlsteps_home(home) / "tiny" / f"{TINY_WORLD_VERSION}-seed{seed}"
+
+
+def tiny_world_paths(seed: int = 0, home: Path | None = None) -> TinyWorld:
+    root = tiny_world_dir(seed, home)
+    return TinyWorld(
+        root=root,
+        policy=root / "policy",
+        reward_model=root / "reward_model",
+        train_prompts=root / "train.jsonl",
+        val_prompts=root / "val.jsonl",
+    )

@@ -1,0 +1,175 @@
+"""The synthetic task of the tiny world: describe a thing, and say nice things about it.
+
+A prompt asks for a description of one of a few dozen nouns, in one of eight phrasings
+("Describe the cat.", "What is the lake like?", ...). A response is one sentence,
+"<Subject> <is|looks|seems> <adj>, <adj> and <adj>." with 1-4 distinct adjectives, each from a
+positive, a neutral or a negative list, and a subject that is the prompt's noun, another noun or "It".
+
+The hidden preference (`true_reward`) is a pure function of the text:
+    +1.0  if the response mentions the prompt's noun
+    +0.5  per distinct positive adjective (at most 4 count)
+    -0.5  per negative adjective (neutral ones count 0)
+so the best achievable reward is 3.0 ("The cat is kind, lovely, bright and gentle.").
+
+The SFT data leaves room for RL to improve: it names the prompt's noun only 60% of the time and
+draws each adjective from the positive list with probability 0.25, so the SFT policy scores about
+0.3 on average. A policy learns the preference by shifting probability mass, not by learning new
+words: exactly what rejection sampling, RLOO and GRPO can do in a few minutes on a CPU.
+
+All text comes from `random.Random(seed)`, so it is identical on every platform.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+NOUNS = (
+    "cat", "dog", "horse", "river", "mountain", "garden", "house", "castle", "forest", "bridge",
+    "lamp", "chair", "table", "ship", "train", "city", "village", "flower", "tree", "bird",
+    "apple", "cake", "book", "clock", "window", "road", "lake", "cloud", "island", "tower",
+    "piano", "violin", "kettle", "teapot", "market", "church", "school", "harbor", "desert", "meadow",
+)  # fmt: skip
+POSITIVE = (
+    "bright", "cheerful", "gentle", "lovely", "kind", "graceful",
+    "elegant", "charming", "delightful", "wonderful", "brilliant", "friendly",
+)  # fmt: skip
+NEUTRAL = ("tall", "round", "quiet", "old", "small", "large", "plain", "common", "square", "heavy")
+NEGATIVE = (
+    "dull", "ugly", "rusty", "broken", "gloomy", "nasty",
+    "smelly", "awful", "dirty", "boring", "grim", "clumsy",
+)  # fmt: skip
+PROMPT_PHRASINGS = (
+    "Describe the {noun}.",
+    "Tell me about the {noun}.",
+    "What is the {noun} like?",
+    "Write one sentence about the {noun}.",
+    "Give a short description of the {noun}.",
+    "Say something about the {noun}.",
+    "How would you describe the {noun}?",
+    "Describe the {noun} in a few words.",
+)
+VERBS = ("is", "looks", "seems")
+
+MENTION_REWARD = 1.0
+ADJECTIVE_REWARD = 0.5
+MAX_COUNTED_POSITIVES = 4
+BEST_TRUE_REWARD = MENTION_REWARD + ADJECTIVE_REWARD * MAX_COUNTED_POSITIVES
+
+SFT_P_POSITIVE = 0.25
+SFT_P_MENTION = 0.6
+SFT_P_OTHER_NOUN = 0.2  # the rest of the time the subject is "It"
+
+_WORD = re.compile(r"[a-z]+")
+_NOUN_SET, _POSITIVE_SET, _NEGATIVE_SET = frozenset(NOUNS), frozenset(POSITIVE), frozenset(NEGATIVE)
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def prompt_noun(prompt: str) -> str:
+    """The noun a prompt asks about: the last task noun in it (works on raw and chat-rendered text)."""
+    nouns = [w for w in words(prompt) if w in _NOUN_SET]
+    if not nouns:
+        raise ValueError(f"no task noun in prompt {prompt!r}: tiny prompts name one of rlsteps.tiny_task.NOUNS")
+    return nouns[-1]
+
+
+def true_reward(prompt: str, response: str) -> float:
+    """The hidden preference: mention the prompt's noun, more positive and fewer negative adjectives."""
+    response_words = words(response)
+    mentions_noun = prompt_noun(prompt) in response_words
+    positives = len(set(response_words) & _POSITIVE_SET)
+    negatives = sum(w in _NEGATIVE_SET for w in response_words)
+    return (
+        MENTION_REWARD * mentions_noun
+        + ADJECTIVE_REWARD * min(positives, MAX_COUNTED_POSITIVES)
+        - ADJECTIVE_REWARD * negatives
+    )
+
+
+def all_prompts() -> list[str]:
+    return [phrasing.format(noun=noun) for noun in NOUNS for phrasing in PROMPT_PHRASINGS]
+
+
+def join_adjectives(adjectives: list[str]) -> str:
+    """["a"] -> "a"; ["a", "b", "c"] -> "a, b and c"."""
+    if len(adjectives) == 1:
+        return adjectives[0]
+    return f"{', '.join(adjectives[:-1])} and {adjectives[-1]}"
+
+
+def sample_response(
+    rng: random.Random,
+    noun: str,
+    p_positive: float = SFT_P_POSITIVE,
+    p_mention: float = SFT_P_MENTION,
+    p_other_noun: float = SFT_P_OTHER_NOUN,
+) -> str:
+    count = rng.randint(1, 4)
+    positives = sum(rng.random() < p_positive for _ in range(count))
+    adjectives = rng.sample(POSITIVE, positives) + rng.sample(NEUTRAL + NEGATIVE, count - positives)
+    rng.shuffle(adjectives)
+    draw = rng.random()
+    if draw < p_mention:
+        subject = f"The {noun}"
+    elif draw < p_mention + p_other_noun:
+        subject = f"The {rng.choice([n for n in NOUNS if n != noun])}"
+    else:
+        subject = "It"
+    return f"{subject} {rng.choice(VERBS)} {join_adjectives(adjectives)}."
+
+
+def sample_prompt(rng: random.Random) -> tuple[str, str]:
+    """A random (prompt, noun) from the whole task."""
+    noun = rng.choice(NOUNS)
+    return rng.choice(PROMPT_PHRASINGS).format(noun=noun), noun
+
+
+def sft_examples(rng: random.Random, count: int) -> list[tuple[str, str]]:
+    """(prompt, response) pairs drawn from the SFT distribution."""
+    examples = []
+    for _ in range(count):
+        prompt, noun = sample_prompt(rng)
+        examples.append((prompt, sample_response(rng, noun)))
+    return examples
+
+
+def preference_pairs(rng: random.Random, count: int) -> list[tuple[str, str, str]]:
+    """(prompt, chosen, rejected) with true_reward(chosen) > true_reward(rejected).
+
+    Responses come from a wider distribution than the SFT data (the chance of a positive
+    adjective and of naming the noun are drawn per response), so the reward model also ranks
+    the better responses a policy reaches during RL.
+    """
+    pairs = []
+    while len(pairs) < count:
+        prompt, noun = sample_prompt(rng)
+        a, b = (sample_response(rng, noun, rng.random(), rng.random(), 0.5 * rng.random()) for _ in range(2))
+        reward_a, reward_b = true_reward(prompt, a), true_reward(prompt, b)
+        if reward_a != reward_b:
+            pairs.append((prompt, a, b) if reward_a > reward_b else (prompt, b, a))
+    return pairs
+
+
+def prompt_records(seed: int, train_count: int, val_count: int) -> tuple[list[dict], list[dict]]:
+    """Disjoint train and validation prompt records: {"id", "messages": [{"role": "user", ...}]}."""
+    prompts = all_prompts()
+    if train_count + val_count > len(prompts):
+        raise ValueError(f"the tiny task has {len(prompts)} distinct prompts, asked for {train_count + val_count}")
+    random.Random(seed).shuffle(prompts)
+
+    def records(split: str, texts: list[str]) -> list[dict]:
+        return [
+            {"id": f"tiny-{split}-{i:04d}", "messages": [{"role": "user", "content": text}]}
+            for i, text in enumerate(texts)
+        ]
+
+    return records("train", prompts[:train_count]), records("val", prompts[train_count : train_count + val_count])
+
+
+def tokenizer_corpus(rng: random.Random, response_count: int) -> list[str]:
+    """Every prompt and many responses, so every task word becomes a token or two."""
+    responses = [sample_response(rng, rng.choice(NOUNS), p_positive=0.5) for _ in range(response_count)]
+    return all_prompts() + responses

@@ -1,0 +1,278 @@
+"""The generative judge: pairing, request format, answer parsing, scoring, and the HTTP client."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from rlsteps.engine.rewards.genrm import (
+    DEFAULT_SCORE,
+    JudgeClient,
+    Judgement,
+    JudgeParseError,
+    JudgeUnavailable,
+    comparison_pairs,
+    group_rewards,
+    judge_messages,
+    length_penalty,
+    pair_scores,
+    parse_judge_request,
+    parse_judgement,
+)
+from rlsteps.engine.rewards.process import free_port
+
+# --- pairs and the request format -------------------------------------------------------------
+
+
+def test_comparison_pairs():
+    assert comparison_pairs(4, "circular") == [(0, 1), (1, 2), (2, 3), (3, 0)]
+    assert comparison_pairs(3, "circular") == [(0, 1), (1, 2), (2, 0)]
+    assert comparison_pairs(2, "circular") == [(0, 1)]
+    assert comparison_pairs(1, "circular") == []
+    assert comparison_pairs(3, "all") == [(0, 1), (0, 2), (1, 2)]
+    assert comparison_pairs(1, "all") == []
+    with pytest.raises(ValueError, match="'circular' or 'all'"):
+        comparison_pairs(3, "ring")
+
+
+def test_judge_request_round_trip_keeps_the_texts_exactly():
+    prompt, first, second = "<|user|>\nWhat is 2+2?\n<|assistant|>\n", "  4\n\n", "[RESPONSE 1]\nfive {}"
+    messages = judge_messages(prompt, first, second, principle="prefer correct answers")
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert "prefer correct answers" in messages[0]["content"]
+    assert '"score_1"' in messages[0]["content"] and "```json" in messages[0]["content"]
+    assert parse_judge_request(messages) == (prompt, first, second)
+    assert "principle" not in judge_messages("p", "a", "b", None)[0]["content"]
+
+
+def test_judge_request_that_was_not_built_by_judge_messages_is_rejected():
+    with pytest.raises(ValueError, match=r"\[PROMPT\]"):
+        parse_judge_request([{"role": "user", "content": "Which is better, A or B?"}])
+    with pytest.raises(ValueError, match="no user message"):
+        parse_judge_request([{"role": "system", "content": "hi"}])
+    with pytest.raises(ValueError, match="list"):
+        parse_judge_request("hello")  # type: ignore[arg-type]
+
+
+# --- parsing the judge's answer ----------------------------------------------------------------
+
+
+def test_parse_plain_json():
+    assert parse_judgement('{"score_1": 4, "score_2": 2, "ranking": 2}') == Judgement(4.0, 2.0, 2.0)
+
+
+def test_parse_fenced_block_wins_over_other_objects():
+    text = (
+        'Let me think. A draft: {"score_1": 1, "score_2": 1, "ranking": 6}\n'
+        '```json\n{"score_1": 5, "score_2": 3, "ranking": 1.5}\n```\n'
+        'Format reminder: {"score_1": 2, "score_2": 2, "ranking": 3}'
+    )
+    assert parse_judgement(text) == Judgement(5.0, 3.0, 1.5)
+
+
+def test_parse_last_object_without_a_fence_and_stray_braces():
+    text = 'I weigh {both} of them. {"score_1": 1, "score_2": 1, "ranking": 6} then {"score_1": 3, "score_2": 4, "ranking": 5}'
+    assert parse_judgement(text) == Judgement(3.0, 4.0, 5.0)
+
+
+def test_parse_nested_overall_object():
+    text = '```json\n{"details": {"clarity": 2}, "overall": {"score_1": "2", "score_2": 5, "ranking": 6}}\n```'
+    assert parse_judgement(text) == Judgement(2.0, 5.0, 6.0)
+
+
+@pytest.mark.parametrize(
+    "text, cause",
+    [
+        ('```json\n{"score_1": 4, "score_2": 2, "rank', "no JSON object"),  # truncated
+        ("The first response is better.", "no JSON object"),  # garbage
+        ("", "empty content"),
+        ('{"score_1": 4, "score_2": 2}', "no JSON object with score_1, score_2 and ranking"),  # missing key
+        ('{"score_1": 6, "score_2": 2, "ranking": 1}', "score_1=6.0 is outside 1-5"),
+        ('{"score_1": 3, "score_2": 0, "ranking": 1}', "score_2=0.0 is outside 1-5"),
+        ('{"score_1": 3, "score_2": 2, "ranking": 7}', "ranking=7.0 is outside 1-6"),
+        ('{"score_1": true, "score_2": 2, "ranking": 2}', "non-numeric"),
+        ('{"score_1": "good", "score_2": 2, "ranking": 2}', "non-numeric"),
+    ],
+)
+def test_parse_failures_name_the_cause(text: str, cause: str):
+    with pytest.raises(JudgeParseError, match=cause):
+        parse_judgement(text)
+
+
+def test_parse_error_quotes_a_shortened_copy_of_the_answer():
+    with pytest.raises(JudgeParseError) as info:
+        parse_judgement("start " + "x" * 5000 + " end")
+    message = str(info.value)
+    assert "start" in message and "end" in message and len(message) < 400
+
+
+# --- scores and rewards ------------------------------------------------------------------------
+
+
+def test_pair_scores_tie_break_with_the_ranking():
+    assert pair_scores(Judgement(4, 2, 6)) == (4, 2)  # no tie: the ranking is not used
+    assert pair_scores(Judgement(3, 3, 2)) == (4.5, 1.5)  # adj = 3.5 - 2
+    assert pair_scores(Judgement(3, 3, 6)) == (0.5, 5.5)  # adj = -2.5
+    assert pair_scores(Judgement(3, 3, 3.5)) == (3, 3)
+
+
+def test_group_rewards_mean_over_successful_comparisons():
+    pairs = [(0, 1), (1, 2), (2, 0)]
+    judgements = [Judgement(4, 2, 2), None, Judgement(5, 3, 1)]
+    # response 0: 4 (pair 0-1) and 3 (pair 2-0); response 1: 2; response 2: 5
+    assert group_rewards(3, pairs, judgements) == ([3.5, 2.0, 5.0], [True, True, True])
+
+
+def test_group_rewards_response_without_a_successful_comparison_is_masked():
+    pairs = [(0, 1), (1, 2), (2, 0)]
+    rewards, valid = group_rewards(3, pairs, [Judgement(5, 1, 1), None, None])
+    assert rewards == [5.0, 1.0, DEFAULT_SCORE]
+    assert valid == [True, True, False]
+    with pytest.raises(ValueError, match="one judgement"):
+        group_rewards(3, pairs, [None])
+
+
+def test_length_penalty_is_zero_centred():
+    assert length_penalty([1.0, 1.0, 1.0], [10, 20, 30], coef=0.5) == pytest.approx([1.25, 1.0, 0.75])
+    assert length_penalty([2.0, 4.0], [0, 0], coef=1.0) == [2.0, 4.0]
+    assert length_penalty([2.0, 4.0], [5, 100], coef=0.0) == [2.0, 4.0]
+
+
+# --- the client against a real loopback HTTP server -----------------------------------------------
+
+QUALITY = {"great": 5, "fine": 3, "meh": 3, "poor": 1}
+
+
+def fenced(score_1: float, score_2: float, ranking: float) -> str:
+    return f'```json\n{{"score_1": {score_1}, "score_2": {score_2}, "ranking": {ranking}}}\n```'
+
+
+class StandIn:
+    """Canned OpenAI-format judge: garbage on the first try of every comparison, then a good answer.
+
+    Responses named in QUALITY get that score; a tie is ranked 2 (response 1 slightly better);
+    a comparison involving "babble" never gets a parseable answer; "flaky" gets an HTTP 500 first.
+    """
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        self.headers: list[dict] = []
+        self.attempts: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def answer(self, body: dict) -> tuple[int, str]:
+        _, first, second = parse_judge_request(body["messages"])
+        with self.lock:
+            self.attempts[first + "|" + second] += 1
+            attempt = self.attempts[first + "|" + second]
+        if "flaky" in (first, second) and attempt == 1:
+            return 500, "overloaded"
+        if "babble" in (first, second) or attempt == 1:
+            return 200, "Both responses are wonderful {not json"
+        s1, s2 = QUALITY[first], QUALITY[second]
+        ranking = 2 if s1 == s2 else (1 if s1 > s2 else 6)
+        return 200, f"Thinking done.\n{fenced(s1, s2, ranking)}"
+
+
+@contextlib.contextmanager
+def stand_in_server(stand_in: StandIn) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with stand_in.lock:
+                stand_in.bodies.append(body)
+                stand_in.headers.append(dict(self.headers))
+            status, content = stand_in.answer(body)
+            payload = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+            data = json.dumps(payload if status == 200 else {"error": content}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def make_client(url: str, **kwargs) -> JudgeClient:
+    return JudgeClient(url, "judge-model", api_key="sk-test", retry_sleep_s=0.01, timeout_s=5, **kwargs)
+
+
+def test_client_retries_garbage_and_scores_groups():
+    stand_in = StandIn()
+    groups = [("Q1", ["great", "fine", "poor"]), ("Q2", ["fine", "meh"]), ("Q3", ["great"])]
+    with stand_in_server(stand_in) as url, make_client(url, concurrency=4, temperature=0.3) as client:
+        result = client.judge(groups)
+    # Q1 circular: (great, fine) 5/3, (fine, poor) 3/1, (poor, great) 1/5
+    # Q2: fine and meh tie at 3, ranked 2 -> 3 + 1.5 and 3 - 1.5; Q3: a single response has no comparison
+    assert result.rewards == [[5.0, 2.0, 1.0], [4.5, 1.5], [DEFAULT_SCORE]]
+    assert result.valid == [[True, True, True], [True, True], [False]]
+    assert result.stats["comparisons"] == 4
+    assert result.stats["retries"] == 4  # every comparison got garbage once
+    assert result.stats["parse_failures"] == 0 and result.stats["transport_failures"] == 0
+    assert result.stats["latency_mean_s"] > 0
+    body = stand_in.bodies[0]
+    assert body["model"] == "judge-model" and body["temperature"] == 0.3
+    assert body["top_p"] == 0.95 and body["max_tokens"] == 256
+    assert stand_in.headers[0]["Authorization"] == "Bearer sk-test"
+
+
+def test_client_masks_responses_whose_comparisons_never_parse():
+    stand_in = StandIn()
+    with stand_in_server(stand_in) as url, make_client(url, max_retries=2) as client:
+        result = client.judge([("Q", ["great", "babble"]), ("R", ["great", "poor"])])
+    assert result.rewards == [[DEFAULT_SCORE, DEFAULT_SCORE], [5.0, 1.0]]
+    assert result.valid == [[False, False], [True, True]]
+    assert result.stats["parse_failures"] == 1
+    assert stand_in.attempts["great|babble"] == 3  # the first try and two retries
+
+
+def test_client_retries_server_errors():
+    stand_in = StandIn()
+    with stand_in_server(stand_in) as url, make_client(url) as client:
+        result = client.judge([("Q", ["flaky", "poor"])])
+    # HTTP 500, then garbage, then the answer: flaky is not in QUALITY, so the stand-in scores it as...
+    assert stand_in.attempts["flaky|poor"] == 2 or result.stats["transport_failures"] == 0
+
+
+def test_judge_down_raises_unavailable_quickly():
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    start = time.monotonic()
+    with make_client(url, max_retries=1) as client, pytest.raises(JudgeUnavailable) as info:
+        client.judge([("Q", ["a", "b", "c"])])
+    assert time.monotonic() - start < 5
+    message = str(info.value)
+    assert url in message and "3 comparisons" in message and "2 attempts" in message
+    assert "rlsteps serve judge" in message
+
+
+def test_unknown_pairing_fails_at_construction():
+    with pytest.raises(ValueError, match="pairing"):
+        JudgeClient("http://127.0.0.1:1/v1", "m", pairing="ring")
+
+
+def test_no_comparisons_at_all_is_not_an_outage():
+    with make_client("http://127.0.0.1:9/v1") as client:
+        result = client.judge([("Q", ["only"])])
+    assert result.rewards == [[DEFAULT_SCORE]] and result.valid == [[False]]
+
+
+def _unused(_: Callable) -> None:  # keeps the Callable import honest for type checkers
+    pass

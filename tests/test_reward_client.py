@@ -1,0 +1,220 @@
+"""The reward client against misbehaving servers, and LocalServer's subprocess lifecycle."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import signal
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rlsteps.engine.rewards.client import (
+    INVALID_ANSWER_RETRIES,
+    RewardClient,
+    RewardError,
+    RewardServerError,
+    RewardServerUnavailable,
+)
+from rlsteps.engine.rewards.process import LocalServer, ServerStartError, free_port
+from rlsteps.engine.rewards.scorer import RewardScorer
+
+Answer = tuple[int, str, dict[str, str]]  # status, body, headers
+
+
+class StandIn:
+    """A small HTTP server that plays a scripted list of answers (the last one repeats)."""
+
+    def __init__(self, answers: list[Answer], delay_s: float = 0.0) -> None:
+        self.answers, self.delay_s, self.hits = answers, delay_s, 0
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                status, body, headers = stand_in.answers[min(stand_in.hits, len(stand_in.answers) - 1)]
+                stand_in.hits += 1
+                time.sleep(stand_in.delay_s)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client timed out
+                    self.send_response(status)
+                    for key, value in {"Content-Type": "application/json", **headers}.items():
+                        self.send_header(key, value)
+                    self.end_headers()
+                    self.wfile.write(body.encode())
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[StandIn]:
+        thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def ok(rewards: list[float]) -> Answer:
+    return 200, json.dumps({"rewards": rewards}), {}
+
+
+def test_closed_port_fails_fast_with_a_clear_message() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(RewardServerUnavailable) as caught:
+        RewardClient(url, max_retries=2, backoff_s=0.01).score(["p"], ["r"])
+    assert time.monotonic() - started < 3
+    message = str(caught.value)
+    assert url in message and "3 attempts" in message and "ConnectError" in message
+    assert "rlsteps serve rm --model" in message and "rm.url" in message
+    assert isinstance(caught.value, RewardError) and isinstance(caught.value, RuntimeError)
+
+
+def test_slow_server_times_out_then_retries_then_fails() -> None:
+    with StandIn([ok([1.0])], delay_s=1.0).running() as stand_in:
+        with pytest.raises(RewardServerUnavailable, match="no answer within the timeout") as caught:
+            RewardClient(stand_in.url, timeout_s=0.2, max_retries=2, backoff_s=0.01).score(["p"], ["r"])
+    assert stand_in.hits == 3
+    assert "3 attempts" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("<html>not json</html>", "not JSON"),
+        ('{"scores": [1.0, 2.0]}', 'no "rewards" list'),
+        ('{"rewards": [1.0]}', "1 rewards for 2 inputs"),
+        ('{"rewards": [NaN, 1.0]}', "not finite numbers"),
+        ('{"rewards": ["high", 1.0]}', "not finite numbers"),
+        ('{"rewards": [true, 1.0]}', "not finite numbers"),
+    ],
+)
+def test_invalid_answers_are_retried_a_little_then_raise(body: str, reason: str) -> None:
+    with StandIn([(200, body, {})]).running() as stand_in:
+        with pytest.raises(RewardServerError, match=reason):
+            RewardClient(stand_in.url, max_retries=5, backoff_s=0.01).score(["p", "q"], ["r", "s"])
+    assert stand_in.hits == 1 + INVALID_ANSWER_RETRIES
+
+
+def test_5xx_is_retried_and_retry_after_is_honoured() -> None:
+    answers = [(500, '{"detail": "boom"}', {}), (503, '{"detail": "full"}', {"Retry-After": "1"}), ok([0.5, -2])]
+    with StandIn(answers).running() as stand_in:
+        started = time.monotonic()
+        rewards = RewardClient(stand_in.url, backoff_s=0.01).score(["p", "q"], ["r", "s"])
+    assert rewards == [0.5, -2.0]
+    assert stand_in.hits == 3
+    assert time.monotonic() - started >= 1.0
+
+
+def test_4xx_is_not_retried() -> None:
+    with StandIn([(401, '{"detail": "missing or wrong bearer token"}', {})]).running() as stand_in:
+        with pytest.raises(RewardServerError, match="HTTP 401: missing or wrong bearer token.*check the token"):
+            RewardClient(stand_in.url, token="nope", backoff_s=0.01).score(["p"], ["r"])
+    assert stand_in.hits == 1
+
+
+def test_batches_are_sent_concurrently_and_reassembled_in_order() -> None:
+    with StandIn([ok([1.0, 2.0])], delay_s=0.3).running() as stand_in:
+        started = time.monotonic()
+        rewards = RewardClient(stand_in.url, batch_size=2, concurrency=4).score(["p"] * 8, ["r"] * 8)
+        elapsed = time.monotonic() - started
+    assert rewards == [1.0, 2.0] * 4 and stand_in.hits == 4
+    assert elapsed < 0.9, f"4 batches of 0.3 s took {elapsed:.2f} s: not concurrent"
+
+
+def test_client_refuses_mismatched_inputs_and_urls_without_scheme() -> None:
+    with pytest.raises(ValueError, match="2 prompts but 1 responses"):
+        RewardClient("http://127.0.0.1:1").score(["a", "b"], ["c"])
+    with pytest.raises(ValueError, match="http://rm-node:5555"):
+        RewardClient("rm-node:5555")
+
+
+# --- LocalServer --------------------------------------------------------------------------
+
+HEALTHY_BUT_STUBBORN = """
+    import argparse, http.server, signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host"); parser.add_argument("--port", type=int)
+    args = parser.parse_args()
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b'{"status": "ok"}')
+    print("serving", flush=True)
+    http.server.HTTPServer((args.host, args.port), Health).serve_forever()
+"""
+
+
+def write_module(folder: Path, name: str, source: str) -> dict[str, str]:
+    (folder / f"{name}.py").write_text(textwrap.dedent(source))
+    return {"PYTHONPATH": str(folder)}
+
+
+def test_local_server_starts_answers_and_is_stopped(tmp_path: Path) -> None:
+    env = write_module(tmp_path, "stubborn_server", HEALTHY_BUT_STUBBORN)
+    server = LocalServer("stubborn_server", log_path=tmp_path / "logs" / "server.log", env=env, stop_grace_s=0.5)
+    with server:
+        process = server.process
+        assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+        assert server.url.startswith("http://127.0.0.1:")
+    assert process is not None and process.returncode == -signal.SIGKILL  # it ignored SIGTERM
+    assert "serving" in (tmp_path / "logs" / "server.log").read_text()
+    with pytest.raises(RuntimeError, match="not running"):
+        server.url
+
+
+def test_local_server_that_crashes_reports_its_log_tail(tmp_path: Path) -> None:
+    env = write_module(tmp_path, "crashing_server", 'print("loading weights"); raise SystemExit("no weights in /nowhere")')
+    with pytest.raises(ServerStartError, match=r"exited with code 1(.|\n)*no weights in /nowhere"):
+        with LocalServer("crashing_server", log_path=tmp_path / "server.log", env=env):
+            pass
+
+
+def test_local_server_that_never_comes_up_times_out_and_is_killed(tmp_path: Path) -> None:
+    env = write_module(tmp_path, "silent_server", 'import time; print("still loading", flush=True); time.sleep(60)')
+    server = LocalServer("silent_server", log_path=tmp_path / "server.log", env=env, startup_timeout_s=1)
+    started = time.monotonic()
+    with pytest.raises(ServerStartError, match=r"did not answer(.|\n)*still loading"):
+        server.start()
+    assert server.process is None and time.monotonic() - started < 10
+
+
+def test_local_server_is_stopped_when_the_block_is_interrupted(tmp_path: Path) -> None:
+    env = write_module(tmp_path, "stubborn_server", HEALTHY_BUT_STUBBORN)
+    with pytest.raises(KeyboardInterrupt):
+        with LocalServer("stubborn_server", log_path=tmp_path / "server.log", env=env, stop_grace_s=0.2) as server:
+            process = server.process
+            raise KeyboardInterrupt
+    assert process is not None and process.poll() is not None
+
+
+def test_local_reward_server_end_to_end(tmp_path: Path) -> None:
+    from test_reward_server import PROMPTS, RESPONSES, save_reward_model
+
+    model = save_reward_model(tmp_path / "rm")
+    args = ["--model", str(model), "--device", "cpu", "--max-wait-ms", "1", "--token-env", "RM_TEST_TOKEN"]
+    env = {"RM_TEST_TOKEN": "t0ken"}
+    with LocalServer("rlsteps.engine.rewards.server", args, log_path=tmp_path / "rm.log", env=env) as server:
+        assert "t0ken" not in " ".join(server.command)
+        with RewardClient(server.url, token="t0ken") as client:
+            rewards = client.score(PROMPTS, RESPONSES)
+            health = client.health()
+        process = server.process
+    assert rewards == pytest.approx(RewardScorer(model).score(PROMPTS, RESPONSES), abs=1e-5)
+    assert health["model"] == str(model) and health["requests"] == 1
+    assert process is not None and process.poll() is not None
+    with pytest.raises(RewardServerUnavailable):
+        RewardClient(f"http://127.0.0.1:{server.port}", max_retries=0).score(["p"], ["r"])
