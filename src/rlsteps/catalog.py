@@ -107,8 +107,9 @@ class Catalog:
         if len(matches) > 1:
             ids = ", ".join(sorted(s.id for s in matches))
             raise UsageError(f"step '{ref}' is ambiguous: {ids}", fix="give the full id")
-        close = difflib.get_close_matches(ref, list(self.steps) + [s.rsplit("/", 1)[-1] for s in self.steps], n=3, cutoff=0.4)
-        hint = f"did you mean {', '.join(sorted(set(close)))}?" if close else "run `rlsteps list` to see the steps"
+        names = {**{sid.rsplit("/", 1)[-1]: sid for sid in self.steps}, **{sid: sid for sid in self.steps}}
+        close = [names[m] for m in difflib.get_close_matches(ref, list(names), n=3, cutoff=0.4)]
+        hint = f"did you mean {', '.join(dict.fromkeys(close))}?" if close else "run `rlsteps list` to see the steps"
         raise UsageError(f"unknown step '{ref}'", fix=hint)
 
     def ancestors(self, type_name: str) -> set[str]:
@@ -130,7 +131,7 @@ class Catalog:
 
     def filter(self, consumes: str | None = None, produces: str | None = None, tag: str | None = None) -> list[Step]:
         def accepts(specs: tuple[ArtifactSpec, ...], wanted: str | None) -> bool:
-            return wanted is None or any(self.is_a(wanted, s.type) or self.is_a(s.type, wanted) for s in specs)
+            return wanted is None or any(self.is_a(s.type, wanted) for s in specs)  # the type or a subtype of it
 
         return [
             s for s in sorted(self.steps.values(), key=lambda s: s.id)

@@ -1,0 +1,62 @@
+import json
+
+import pytest
+
+from rlsteps.artifacts import check_input, detect_types, resolve_inputs
+from rlsteps.catalog import load_catalog
+from rlsteps.errors import ArtifactError
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog()
+
+
+def _hf_dir(path, architecture, **config):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": [architecture], **config}))
+    (path / "model.safetensors").write_bytes(b"0")
+    return path
+
+
+def test_detects_each_kind(catalog, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("{}\n")
+    lm = _hf_dir(tmp_path / "lm", "LlamaForCausalLM")
+    rm = _hf_dir(tmp_path / "rm", "LlamaForSequenceClassification", num_labels=1)
+    meg = tmp_path / "meg"
+    meg.mkdir()
+    (meg / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
+    assert detect_types(catalog, str(prompts)) == ["prompt_jsonl"]
+    assert "checkpoint_hf" in detect_types(catalog, str(lm))
+    assert "reward_model_hf" in detect_types(catalog, str(rm)) and "checkpoint_hf" not in detect_types(catalog, str(rm))
+    assert detect_types(catalog, str(meg)) == ["checkpoint_megatron"]
+
+
+def test_a_model_dir_without_weights_is_not_a_checkpoint(catalog, tmp_path):
+    lm = _hf_dir(tmp_path / "lm", "LlamaForCausalLM")
+    (lm / "model.safetensors").unlink()
+    assert check_input(catalog, "policy", "inputs.policy", str(lm), "checkpoint_hf").status == "wrong_type"
+
+
+def test_subtypes_satisfy_their_parents(catalog, tmp_path):
+    rm = _hf_dir(tmp_path / "rm", "LlamaForSequenceClassification", num_labels=1)
+    assert check_input(catalog, "m", "k", str(rm), "checkpoint_hf").status == "ok"
+    assert check_input(catalog, "m", "k", str(rm), "judge_model_hf").status == "ok"
+
+
+def test_fsspec_urls_are_resolved(catalog, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("{}\n")
+    assert check_input(catalog, "p", "k", f"file://{prompts}", "prompt_jsonl").status == "ok"
+    with pytest.raises(ArtifactError, match="cannot open"):
+        check_input(catalog, "p", "k", "nosuchproto://x/p.jsonl", "prompt_jsonl")
+
+
+def test_resolve_inputs_raises_exit_3_with_the_fix(catalog, tmp_path):
+    step = catalog.find("rl/rs")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("{}\n")
+    with pytest.raises(ArtifactError) as err:
+        resolve_inputs(catalog, step, {"inputs": {"prompts": str(prompts), "policy": str(tmp_path / "x")}, "rm": {"url": "u"}})
+    assert err.value.exit_code == 3 and err.value.fix == "pass inputs.policy=PATH to a checkpoint_hf"

@@ -1,0 +1,133 @@
+"""The command line end to end: typer's runner in process, and real subprocesses."""
+
+import json
+import sys
+
+import pytest
+
+from cli_helpers import REPO, invoke, run_cli
+
+STEPS = ["rl/rs", "rl/reinforce", "rl/rlhf"]
+
+
+def test_list_table_and_json():
+    table = invoke("list")
+    assert table.exit_code == 0 and all(s in table.stdout for s in STEPS)
+    listed = json.loads(invoke("list", "--json").stdout)
+    assert [s["id"] for s in listed] == sorted(STEPS)
+    assert json.loads(invoke("steps", "list", "--json", "--tag", "grpo").stdout)[0]["id"] == "rl/rlhf"
+    assert {s["id"] for s in json.loads(invoke("list", "--json", "--consumes", "reward_model_hf").stdout)} == {"rl/rs", "rl/reinforce"}
+
+
+def test_list_with_unknown_type_is_a_usage_error():
+    result = invoke("list", "--consumes", "checkpoint_hff")
+    assert result.exit_code == 2 and "unknown artifact type" in result.stderr
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_show_each_step(step):
+    shown = invoke("show", step)
+    assert shown.exit_code == 0 and step in shown.stdout and "strategies" in shown.stdout
+    data = json.loads(invoke("steps", "show", step.split("/")[-1], "--json").stdout)
+    assert data["id"] == step and data["consumes"] and data["produces"]
+
+
+@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("config", ["tiny", "default"])
+def test_dry_run_each_step_prints_config_and_command_and_writes_nothing(step, config, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    extra = ["inputs.prompts=/data/p.jsonl", "inputs.policy=/ckpt/sft"] if config == "default" else []
+    result = invoke("run", step, "-c", config, "--dry-run", *extra)
+    assert result.exit_code == 0, result.output
+    assert "merged config" in result.stdout and "rlsteps.engine.worker" in result.stdout
+    assert "nothing was written" in result.stdout
+    assert not (tmp_path / ".rlsteps").exists()
+
+
+def test_dry_run_masks_secrets_and_shows_overrides_and_passthrough():
+    result = invoke("run", "rs", "-c", "tiny", "-d", "rm.token=hunter2", "train.lr=0.5", "--", "--log-level", "debug")
+    assert result.exit_code == 0
+    assert "hunter2" not in result.stdout and "rm.token=******" in result.stdout
+    assert "--log-level debug" in result.stdout and "lr: 0.5" in result.stdout
+
+
+def test_steps_run_is_the_same_command():
+    assert invoke("steps", "run", "rl/rs", "-c", "tiny", "--dry-run").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "argv, code, message",
+    [
+        (["run", "rl/rx", "-d"], 2, "did you mean rl/rs"),
+        (["run", "rs", "-c", "tiny", "-d", "train.lrr=1"], 2, "train.lr"),
+        (["run", "rs", "-c", "tiny", "-r", "a", "-b", "b"], 2, "-r and -b are exclusive"),
+        (["run", "rs", "-c", "tiny", "-d", "oops"], 2, "unexpected argument 'oops'"),
+        (["run", "rs", "-c", "nope", "-d"], 2, "config 'nope' not found"),
+        (["run", "rs", "-c", "tiny", "-r", "nowhere", "-d"], 2, "unknown profile 'nowhere'"),
+        (["run", "rs", "-c", "tiny", "-d", "rollout.top_n_rollouts=99"], 2, "exceeds rollout.num_rollouts_per_prompt"),
+        (["run", "rs", "-d"], 2, "inputs.prompts' is required"),
+    ],
+)
+def test_usage_errors_exit_2_with_the_cause(argv, code, message):
+    result = invoke(*argv)
+    assert result.exit_code == code and message in result.output
+
+
+def test_subprocess_errors_print_cause_and_fix_on_one_line_each(tmp_path):
+    result = run_cli("run", "rs", "-c", "tiny", "-d", "train.lrr=1", cwd=tmp_path)
+    assert result.exit_code == 2
+    assert "error: unknown config key 'train.lrr'" in result.stderr and "fix: did you mean 'train.lr'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_input_artifact_exits_3_before_any_job_dir(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    result = run_cli("run", "rs", "-c", "default", f"inputs.prompts={prompts}", f"inputs.policy={tmp_path / 'none'}",
+                     "rm.url=http://127.0.0.1:9", cwd=tmp_path)
+    assert result.exit_code == 3, result.output
+    assert "does not exist" in result.stderr and "inputs.policy" in result.stderr
+    assert not (tmp_path / ".rlsteps").exists()
+
+
+def test_mistyped_input_artifact_exits_3_and_names_both_types(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    result = run_cli("run", "rs", "-c", "default", f"inputs.prompts={prompts}", f"inputs.policy={prompts}",
+                     "rm.url=http://127.0.0.1:9", cwd=tmp_path)
+    assert result.exit_code == 3
+    assert "is prompt_jsonl, but a checkpoint_hf is required" in result.stderr
+
+
+def test_reward_model_required_unless_a_url_is_given(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (policy / "model.safetensors").write_bytes(b"0")
+    result = run_cli("run", "rs", "-c", "default", f"inputs.prompts={prompts}", f"inputs.policy={policy}", cwd=tmp_path)
+    assert result.exit_code == 3 and "input 'reward_model' (reward_model_hf) is required" in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["list"], ["show", "rs"], ["run", "rs", "-c", "tiny", "--dry-run"]])
+def test_fast_paths_import_neither_torch_nor_transformers(argv):
+    code = (
+        "import sys, io, contextlib\n"
+        "from rlsteps.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    code = main({argv!r})\n"
+        "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "print(code)\n"
+    )
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() in ("0", "None")
+
+
+def test_console_script_runs():
+    result = run_cli("--help")
+    assert result.exit_code == 0 and "run" in result.stdout and "list" in result.stdout

@@ -1,0 +1,38 @@
+import pytest
+
+from rlsteps.errors import UsageError
+from rlsteps.profiles import profile_files, resolve_profile
+
+
+def test_lookup_order_cwd_then_env_then_home(tmp_path, monkeypatch):
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    (home / ".config" / "rlsteps").mkdir(parents=True)
+    cwd.mkdir()
+    (home / ".config" / "rlsteps" / "profiles.yaml").write_text("profiles:\n  p: {executor: local, where: home}\n  h: {executor: local}\n")
+    env_file = tmp_path / "env.yaml"
+    env_file.write_text("profiles:\n  p: {executor: local, where: env}\n  e: {executor: local}\n")
+    (cwd / "rlsteps.yaml").write_text("profiles:\n  p: {executor: local, where: cwd}\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("RLSTEPS_PROFILES", str(env_file))
+    monkeypatch.chdir(cwd)
+    assert profile_files() == [cwd / "rlsteps.yaml", env_file, home / ".config" / "rlsteps" / "profiles.yaml"]
+    assert resolve_profile("p").settings["where"] == "cwd"
+    assert resolve_profile("e").source == str(env_file)
+    assert resolve_profile("h").executor == "local"
+
+
+def test_extends_merges_parent_first(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("profiles:\n  a: {executor: slurm, nodes: 1, time: '01:00:00'}\n  b: {extends: a, nodes: 4}\n")
+    profile = resolve_profile("b", [f])
+    assert profile.settings == {"executor": "slurm", "nodes": 4, "time": "01:00:00"}
+
+
+def test_extends_cycle_and_unknown_profiles_are_errors(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("profiles:\n  a: {extends: b}\n  b: {extends: a}\n  slurm_big: {executor: slurm}\n")
+    with pytest.raises(UsageError, match="extends itself"):
+        resolve_profile("a", [f])
+    with pytest.raises(UsageError) as err:
+        resolve_profile("slurm_bigg", [f])
+    assert "slurm_big" in err.value.fix
