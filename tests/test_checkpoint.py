@@ -77,7 +77,9 @@ def test_round_trip_restores_weights_optimizer_scheduler_tokenizer_and_rng(tmp_p
     state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
     path = manager.save(1, model, tokenizer, state, info(1, **{"val/reward": 0.25}))
     draws_after_save = rng_draws()
-    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    random.seed(7)
+    np.random.seed(7)
+    torch.manual_seed(7)
 
     loaded = manager.load(path)
     restore_rng_state(loaded.trainer_state["rng"])
@@ -253,7 +255,8 @@ KILL_WORKER = (
 
 
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path, caplog):
-    root, ready, expected, log = tmp_path / "ckpt", tmp_path / "ready", tmp_path / "expected.safetensors", tmp_path / "log"
+    root, ready, log = tmp_path / "ckpt", tmp_path / "ready", tmp_path / "worker.log"
+    expected = tmp_path / "expected.safetensors"
     with log.open("w") as out:
         worker = subprocess.Popen([sys.executable, "-c", KILL_WORKER, str(root), str(ready), str(expected)],
                                   stdout=out, stderr=subprocess.STDOUT)

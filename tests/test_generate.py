@@ -43,6 +43,15 @@ PROMPTS = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: one thread avoids the thread-pool overhead that dominates on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
     """A tiny byte-level BPE trained on synthetic sentences."""
@@ -61,14 +70,20 @@ def tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_model(family: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> torch.nn.Module:
-    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    ids["bos_token_id"] = tokenizer.eos_token_id
-    shape = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
+    eos = tokenizer.eos_token_id
+    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=eos, eos_token_id=eos)
+    shape = dict(
+        hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     configs = {
-        "llama": lambda: LlamaForCausalLM(LlamaConfig(**ids, **shape, num_key_value_heads=2, max_position_embeddings=128)),
-        "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**ids, **shape, num_key_value_heads=2, max_position_embeddings=128)),
-        "mistral": lambda: MistralForCausalLM(MistralConfig(**ids, **shape, num_key_value_heads=2, max_position_embeddings=128)),
-        "gpt2": lambda: GPT2LMHeadModel(GPT2Config(**ids, n_embd=48, n_layer=2, n_head=4, n_positions=128)),
+        "llama": lambda: LlamaForCausalLM(LlamaConfig(**ids, **shape)),
+        "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**ids, **shape)),
+        "mistral": lambda: MistralForCausalLM(MistralConfig(**ids, **shape)),
+        # GPT-2's small default init makes greedy text one repeated token; a wider init varies it
+        "gpt2": lambda: GPT2LMHeadModel(
+            GPT2Config(**ids, n_embd=48, n_layer=2, n_head=4, n_positions=128, initializer_range=0.2)
+        ),
     }
     torch.manual_seed(seed)
     return configs[family]()
@@ -204,14 +219,25 @@ def test_same_generator_seed_gives_same_samples(tokenizer):
 def test_generate_restores_training_mode(tokenizer):
     model = tiny_model("gpt2", tokenizer)
     model.train()
-    generate(model, prompt_ids(tokenizer)[:2], SamplingParams(2), eos_token_id=1, pad_token_id=0, generator=torch.Generator())
+    ids = prompt_ids(tokenizer)[:2]
+    generate(model, ids, SamplingParams(2), eos_token_id=1, pad_token_id=0, generator=torch.Generator())
     assert model.training
 
 
-def test_prompt_plus_new_tokens_beyond_the_context_is_a_clear_error(tokenizer):
+@pytest.mark.parametrize(
+    ("prompts", "eos", "batch_size", "message"),
+    [
+        ([[5] * 120], 1, 8, "a prompt of 120 tokens plus max_new_tokens=9 exceeds the model's context of 128"),
+        ([[5], []], 1, 8, "every prompt needs at least one token"),
+        ([[5]], [], 8, "eos_token_id is an empty list"),
+        ([[5]], 1, 0, "batch_size must be at least 1"),
+    ],
+)
+def test_unusable_generate_arguments_are_clear_errors(tokenizer, prompts, eos, batch_size, message):
     model = tiny_model("llama", tokenizer)
-    with pytest.raises(ValueError, match="exceeds the model's context of 128 positions"):
-        generate(model, [[5] * 120], SamplingParams(9), eos_token_id=1, pad_token_id=0, generator=torch.Generator())
+    with pytest.raises(ValueError, match=message):
+        generate(model, prompts, SamplingParams(9), eos_token_id=eos, pad_token_id=0, generator=torch.Generator(),
+                 batch_size=batch_size)
 
 
 # ---------------------------------------------------------------------------------------------

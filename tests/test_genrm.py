@@ -7,7 +7,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -78,7 +78,10 @@ def test_parse_fenced_block_wins_over_other_objects():
 
 
 def test_parse_last_object_without_a_fence_and_stray_braces():
-    text = 'I weigh {both} of them. {"score_1": 1, "score_2": 1, "ranking": 6} then {"score_1": 3, "score_2": 4, "ranking": 5}'
+    text = (
+        'I weigh {both} of them. {"score_1": 1, "score_2": 1, "ranking": 6} '
+        'then {"score_1": 3, "score_2": 4, "ranking": 5}'
+    )
     assert parse_judgement(text) == Judgement(3.0, 4.0, 5.0)
 
 
@@ -94,11 +97,11 @@ def test_parse_nested_overall_object():
         ("The first response is better.", "no JSON object"),  # garbage
         ("", "empty content"),
         ('{"score_1": 4, "score_2": 2}', "no JSON object with score_1, score_2 and ranking"),  # missing key
-        ('{"score_1": 6, "score_2": 2, "ranking": 1}', "score_1=6.0 is outside 1-5"),
-        ('{"score_1": 3, "score_2": 0, "ranking": 1}', "score_2=0.0 is outside 1-5"),
-        ('{"score_1": 3, "score_2": 2, "ranking": 7}', "ranking=7.0 is outside 1-6"),
-        ('{"score_1": true, "score_2": 2, "ranking": 2}', "non-numeric"),
-        ('{"score_1": "good", "score_2": 2, "ranking": 2}', "non-numeric"),
+        ('{"score_1": 6, "score_2": 2, "ranking": 1}', "score_1=6 is outside 1-5"),
+        ('{"score_1": 3, "score_2": 0, "ranking": 1}', "score_2=0 is outside 1-5"),
+        ('{"score_1": 3, "score_2": 2, "ranking": 7}', "ranking=7 is outside 1-6"),
+        ('{"score_1": true, "score_2": 2, "ranking": 2}', "score_1=True is not a number"),
+        ('{"score_1": 4, "score_2": "good", "ranking": 2}', "score_2='good' is not a number"),
     ],
 )
 def test_parse_failures_name_the_cause(text: str, cause: str):
@@ -147,7 +150,7 @@ def test_length_penalty_is_zero_centred():
 
 # --- the client against a real loopback HTTP server -----------------------------------------------
 
-QUALITY = {"great": 5, "fine": 3, "meh": 3, "poor": 1}
+QUALITY = {"great": 5, "flaky": 4, "fine": 3, "meh": 3, "poor": 1}
 
 
 def fenced(score_1: float, score_2: float, ranking: float) -> str:
@@ -222,7 +225,7 @@ def test_client_retries_garbage_and_scores_groups():
         result = client.judge(groups)
     # Q1 circular: (great, fine) 5/3, (fine, poor) 3/1, (poor, great) 1/5
     # Q2: fine and meh tie at 3, ranked 2 -> 3 + 1.5 and 3 - 1.5; Q3: a single response has no comparison
-    assert result.rewards == [[5.0, 2.0, 1.0], [4.5, 1.5], [DEFAULT_SCORE]]
+    assert result.rewards == [[5.0, 3.0, 1.0], [4.5, 1.5], [DEFAULT_SCORE]]
     assert result.valid == [[True, True, True], [True, True], [False]]
     assert result.stats["comparisons"] == 4
     assert result.stats["retries"] == 4  # every comparison got garbage once
@@ -248,8 +251,10 @@ def test_client_retries_server_errors():
     stand_in = StandIn()
     with stand_in_server(stand_in) as url, make_client(url) as client:
         result = client.judge([("Q", ["flaky", "poor"])])
-    # HTTP 500, then garbage, then the answer: flaky is not in QUALITY, so the stand-in scores it as...
-    assert stand_in.attempts["flaky|poor"] == 2 or result.stats["transport_failures"] == 0
+    # HTTP 500 on the first try, the answer on the second
+    assert stand_in.attempts["flaky|poor"] == 2
+    assert result.rewards == [[4.0, 1.0]] and result.valid == [[True, True]]
+    assert result.stats["retries"] == 1 and result.stats["transport_failures"] == 0
 
 
 def test_judge_down_raises_unavailable_quickly():
@@ -272,7 +277,3 @@ def test_no_comparisons_at_all_is_not_an_outage():
     with make_client("http://127.0.0.1:9/v1") as client:
         result = client.judge([("Q", ["only"])])
     assert result.rewards == [[DEFAULT_SCORE]] and result.valid == [[False]]
-
-
-def _unused(_: Callable) -> None:  # keeps the Callable import honest for type checkers
-    pass

@@ -117,7 +117,11 @@ def test_tensorboard_and_wandb_receive_the_finite_numbers(tmp_path, monkeypatch)
             calls.append(("wandb_finish",))
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeSummaryWriter))
-    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: calls.append(("wandb_init", kw)) or FakeRun()))
+    def wandb_init(**kwargs):
+        calls.append(("wandb_init", kwargs))
+        return FakeRun()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=wandb_init))
     with MetricsWriter(tmp_path / "m.jsonl", tensorboard_dir=tmp_path / "tb", wandb={"project": "p"}) as writer:
         writer.log(5, {"reward": 1.5, "loss": float("nan")})
     assert calls == [

@@ -6,7 +6,6 @@ import contextlib
 import http.server
 import json
 import signal
-import sys
 import textwrap
 import threading
 import time
@@ -177,7 +176,8 @@ def test_local_server_starts_answers_and_is_stopped(tmp_path: Path) -> None:
 
 
 def test_local_server_that_crashes_reports_its_log_tail(tmp_path: Path) -> None:
-    env = write_module(tmp_path, "crashing_server", 'print("loading weights"); raise SystemExit("no weights in /nowhere")')
+    crash = 'print("loading weights"); raise SystemExit("no weights in /nowhere")'
+    env = write_module(tmp_path, "crashing_server", crash)
     with pytest.raises(ServerStartError, match=r"exited with code 1(.|\n)*no weights in /nowhere"):
         with LocalServer("crashing_server", log_path=tmp_path / "server.log", env=env):
             pass
@@ -206,7 +206,7 @@ def test_local_reward_server_end_to_end(tmp_path: Path) -> None:
 
     model = save_reward_model(tmp_path / "rm")
     args = ["--model", str(model), "--device", "cpu", "--max-wait-ms", "1", "--token-env", "RM_TEST_TOKEN"]
-    env = {"RM_TEST_TOKEN": "t0ken"}
+    env = {"RM_TEST_TOKEN": "t0ken", "OMP_NUM_THREADS": "1"}
     with LocalServer("rlsteps.engine.rewards.server", args, log_path=tmp_path / "rm.log", env=env) as server:
         assert "t0ken" not in " ".join(server.command)
         with RewardClient(server.url, token="t0ken") as client:

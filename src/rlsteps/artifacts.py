@@ -10,13 +10,12 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-import fsspec
 from fsspec.core import url_to_fs
 
 from rlsteps.catalog import Catalog, Step
 from rlsteps.errors import ArtifactError
 
-METADATA_FILE = "rlsteps_artifact.json"
+from rlsteps.engine.artifact import METADATA_FILE
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
@@ -151,9 +150,3 @@ def lookup(config: dict[str, Any], dotted: str) -> Any:
             return None
         node = node[part]
     return node
-
-
-def write_metadata(directory: str, metadata: dict[str, Any]) -> None:
-    """The artifact's metadata file, written last so a directory with it is complete."""
-    with fsspec.open(f"{directory.rstrip('/')}/{METADATA_FILE}", "wt") as f:
-        json.dump(metadata, f, indent=2, sort_keys=True)

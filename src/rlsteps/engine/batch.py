@@ -34,12 +34,12 @@ class RolloutBatch:
         return self.prompt_lengths + self.response_lengths
 
     def attention_mask(self) -> torch.Tensor:  # [B, T] long
-        positions = torch.arange(self.tokens.shape[1])
+        positions = torch.arange(self.tokens.shape[1], device=self.tokens.device)
         return (positions[None, :] < self.sequence_lengths[:, None]).long()
 
     def response_mask(self) -> torch.Tensor:  # [B, T-1] float
         """1.0 where the predicted token (t+1) is a response token, EOS included."""
-        predicted = torch.arange(1, self.tokens.shape[1])[None, :]
+        predicted = torch.arange(1, self.tokens.shape[1], device=self.tokens.device)[None, :]
         start = self.prompt_lengths[:, None]
         end = self.sequence_lengths[:, None]
         return ((predicted >= start) & (predicted < end)).float()
@@ -66,6 +66,16 @@ class RolloutBatch:
             pad_id=self.pad_id,
             gen_logprobs=None if self.gen_logprobs is None else self.gen_logprobs[rows, : width - 1],
             extras={k: _select_rows(v, rows, width) for k, v in self.extras.items()},
+        )
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The tensors on a device (rows, texts and ids unchanged)."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return RolloutBatch(
+            tokens=move(self.tokens), prompt_lengths=move(self.prompt_lengths), response_lengths=move(self.response_lengths),
+            is_end=move(self.is_end), prompt_ids=self.prompt_ids, prompt_texts=self.prompt_texts,
+            response_texts=self.response_texts, pad_id=self.pad_id, gen_logprobs=move(self.gen_logprobs),
+            extras={k: v.to(device) for k, v in self.extras.items()},
         )
 
     def micro_batches(self, size: int) -> list[RolloutBatch]:

@@ -102,8 +102,12 @@ def generate(
     """
     if any(len(ids) == 0 for ids in prompt_token_ids):
         raise ValueError("every prompt needs at least one token; an empty prompt cannot be continued")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    eos_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id, dtype=torch.long)
+    if eos_ids.numel() == 0:
+        raise ValueError("eos_token_id is an empty list; give at least one end-of-sequence token id")
     _check_context(model, max(map(len, prompt_token_ids), default=0), params.max_new_tokens)
-    eos_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
     by_length = sorted(range(len(prompt_token_ids)), key=lambda i: len(prompt_token_ids[i]))
     response_ids: list[list[int]] = [[] for _ in prompt_token_ids]
     is_end = [False] * len(prompt_token_ids)
@@ -111,9 +115,9 @@ def generate(
     with torch.inference_mode(), eval_mode(model):
         for start in range(0, len(by_length), batch_size):
             rows = by_length[start : start + batch_size]
-            tokens, token_logprobs, lengths, ended = _generate_batch(
-                model, [prompt_token_ids[i] for i in rows], params, eos_ids, pad_token_id, generator
-            )
+            prompts = [prompt_token_ids[i] for i in rows]
+            outputs = _generate_batch(model, prompts, params, eos_ids, pad_token_id, generator)
+            tokens, token_logprobs, lengths, ended = (x.cpu() for x in outputs)
             for j, row in enumerate(rows):
                 n = int(lengths[j])
                 response_ids[row] = tokens[j, :n].tolist()
@@ -142,7 +146,9 @@ def _generate_batch(
 
     position_ids = position_ids_from_mask(attention_mask)
     prefill = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **prefill)
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **prefill
+    )
     for t in range(steps):
         logits = out.logits[:, -1].float()  # [B, V]
         active = ~ended
@@ -203,6 +209,8 @@ def build_rollout_batch(
             f"{len(prompts)} prompts, {len(prompt_token_ids)} tokenised prompts and "
             f"{len(generation.response_ids)} responses: one of each per rollout is needed"
         )
+    if any(len(ids) == 0 for ids in prompt_token_ids):
+        raise ValueError("every prompt needs at least one token; an empty prompt has no position to score from")
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (load_policy uses EOS)")
     pad_id = tokenizer.pad_token_id

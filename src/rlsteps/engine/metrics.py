@@ -168,7 +168,7 @@ def metric_series(records: list[dict], key: str) -> tuple[list[int], list[float]
     return [step for step, _ in points], [value for _, value in points]
 
 
-def trend(values: list[float], window: int) -> tuple[float, float]:
+def trend(values: list[float | None], window: int) -> tuple[float, float]:
     """Mean of the first `window` values and mean of the last `window` values (None skipped)."""
     if window < 1:
         raise ValueError(f"trend window must be >= 1, got {window}")

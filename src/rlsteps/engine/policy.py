@@ -42,7 +42,9 @@ def load_policy(
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot load the tokenizer of {path}: {e}; save the tokenizer into the model directory") from e
+        raise ValueError(
+            f"cannot load the tokenizer of {path}: {e}; save the tokenizer into the model directory"
+        ) from e
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(f"the tokenizer of {path} has neither a pad nor an EOS token; give it a pad token")

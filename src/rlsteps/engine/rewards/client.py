@@ -36,9 +36,15 @@ class RewardServerUnavailable(RewardError):
 
 
 class _Retry(Exception):
+    """A failed attempt worth another try; `unavailable` says which error to raise when tries run out."""
+
     def __init__(self, reason: str, *, unavailable: bool, invalid_answer: bool = False, wait_s: float = 0.0) -> None:
         super().__init__(reason)
         self.unavailable, self.invalid_answer, self.wait_s = unavailable, invalid_answer, wait_s
+
+    @classmethod
+    def invalid(cls, reason: str) -> _Retry:
+        return cls(reason, unavailable=False, invalid_answer=True)
 
 
 class RewardClient:
@@ -53,7 +59,10 @@ class RewardClient:
         concurrency: int = 4,
     ) -> None:
         if batch_size < 1 or concurrency < 1 or max_retries < 0:
-            raise ValueError(f"need batch_size >= 1, concurrency >= 1, max_retries >= 0; got {batch_size}, {concurrency}, {max_retries}")
+            raise ValueError(
+                f"need batch_size >= 1, concurrency >= 1, max_retries >= 0; "
+                f"got {batch_size}, {concurrency}, {max_retries}"
+            )
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"reward server url {url!r} needs a scheme: write http://{url}")
         self.url = url.rstrip("/")
@@ -78,22 +87,22 @@ class RewardClient:
     def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses: give one response per prompt")
-        starts = range(0, len(prompts), self.batch_size)
+        n = self.batch_size
         bodies = [
-            {"prompts": list(prompts[i : i + self.batch_size]), "responses": list(responses[i : i + self.batch_size])}
-            for i in starts
+            {"prompts": list(prompts[i : i + n]), "responses": list(responses[i : i + n])}
+            for i in range(0, len(prompts), n)
         ]
         return self._score_bodies(bodies)
 
     def score_tokens(self, token_ids: Sequence[Sequence[int]]) -> list[float]:
-        rows = [list(map(int, ids)) for ids in token_ids]
-        return self._score_bodies([{"tokens": rows[i : i + self.batch_size]} for i in range(0, len(rows), self.batch_size)])
+        rows, n = [list(map(int, ids)) for ids in token_ids], self.batch_size
+        return self._score_bodies([{"tokens": rows[i : i + n]} for i in range(0, len(rows), n)])
 
     def health(self) -> dict[str, Any]:
         def check(response: httpx.Response) -> dict[str, Any]:
             answer = _json_of(response)
             if not isinstance(answer, dict):
-                raise _Retry(f"/health answered {response.text[:200]!r}, not a JSON object", unavailable=False, invalid_answer=True)
+                raise _Retry.invalid(f"/health answered {response.text[:200]!r}, not a JSON object")
             return answer
 
         return self._with_retries(lambda: self._http.get(f"{self.url}/health"), check, threading.Event())
@@ -140,7 +149,7 @@ class RewardClient:
             except _Retry as error:
                 retry = error
             invalid_answers += retry.invalid_answer
-            out_of_retries = attempts > self.max_retries or invalid_answers > min(self.max_retries, INVALID_ANSWER_RETRIES)
+            out_of_retries = attempts > self.max_retries or invalid_answers > INVALID_ANSWER_RETRIES
             if out_of_retries or abort.is_set():
                 raise self._give_up(retry, attempts, time.monotonic() - started)
             delay = self.backoff_s * 2 ** (attempts - 1) * random.uniform(0.5, 1.5)
@@ -174,12 +183,12 @@ def _rewards_of(response: httpx.Response, expected: int) -> list[float]:
     answer = _json_of(response)
     rewards = answer.get("rewards") if isinstance(answer, dict) else None
     if not isinstance(rewards, list):
-        raise _Retry(f'the answer has no "rewards" list: {response.text[:200]!r}', unavailable=False, invalid_answer=True)
+        raise _Retry.invalid(f'the answer has no "rewards" list: {response.text[:200]!r}')
     if len(rewards) != expected:
-        raise _Retry(f"{len(rewards)} rewards for {expected} inputs", unavailable=False, invalid_answer=True)
+        raise _Retry.invalid(f"{len(rewards)} rewards for {expected} inputs")
     bad = [r for r in rewards if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r)]
     if bad:
-        raise _Retry(f"rewards that are not finite numbers: {bad[:5]}", unavailable=False, invalid_answer=True)
+        raise _Retry.invalid(f"rewards that are not finite numbers: {bad[:5]}")
     return [float(r) for r in rewards]
 
 
@@ -187,7 +196,7 @@ def _json_of(response: httpx.Response) -> Any:
     try:
         return response.json()
     except ValueError:
-        raise _Retry(f"the answer is not JSON: {response.text[:200]!r}", unavailable=False, invalid_answer=True) from None
+        raise _Retry.invalid(f"the answer is not JSON: {response.text[:200]!r}") from None
 
 
 def _detail_of(response: httpx.Response) -> str:

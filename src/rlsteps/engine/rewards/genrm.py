@@ -117,15 +117,15 @@ def parse_judgement(text: str) -> Judgement:
     if fields is None:
         cause = "no JSON object with score_1, score_2 and ranking" if "{" in text else "no JSON object"
         raise JudgeParseError(f"{cause} in the judge's answer: {_shorten(text)!r}")
-    try:
-        judgement = Judgement(*(_number(fields[k]) for k in ("score_1", "score_2", "ranking")))
-    except (TypeError, ValueError) as err:
-        raise JudgeParseError(f"non-numeric field in the judge's answer ({err}): {_shorten(text)!r}") from None
-    for name, value, high in (("score_1", judgement.score_1, 5), ("score_2", judgement.score_2, 5),
-                              ("ranking", judgement.ranking, 6)):
-        if not 1 <= value <= high:
-            raise JudgeParseError(f"{name}={value} is outside 1-{high} in the judge's answer: {_shorten(text)!r}")
-    return judgement
+    values, quoted = {}, repr(_shorten(text))
+    for key, high in (("score_1", 5), ("score_2", 5), ("ranking", 6)):
+        try:
+            values[key] = _number(fields[key])
+        except (TypeError, ValueError):
+            raise JudgeParseError(f"{key}={fields[key]!r} is not a number in the judge's answer: {quoted}") from None
+        if not 1 <= values[key] <= high:
+            raise JudgeParseError(f"{key}={values[key]:g} is outside 1-{high} in the judge's answer: {quoted}")
+    return Judgement(**values)
 
 
 def _json_objects(text: str) -> list[dict]:
@@ -152,7 +152,7 @@ def _last_judgement_fields(objects: list[dict]) -> dict | None:
 
 def _number(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise TypeError(f"{value!r} is not a number")
+        raise TypeError(value)
     return float(value)
 
 

@@ -43,6 +43,7 @@ class RewardScorer:
                 "a scalar reward model needs num_labels=1"
             )
         self.pad_id = self._pad_id_shared_with_model()
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.model.to(self.device).eval().requires_grad_(False)
 
     def _pad_id_shared_with_model(self) -> int:

@@ -25,13 +25,14 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, model_validator
 
-log = logging.getLogger("rlsteps.rewards.server")
+log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
 
 
 class Scorer(Protocol):
     name: str
+    vocab_size: int
 
     def encode(self, prompts: list[str], responses: list[str]) -> list[list[int]]: ...
 
@@ -154,7 +155,9 @@ def create_app(
     token: str | None = None,
 ) -> FastAPI:
     if max_batch < 1 or max_queue < 1 or max_wait_ms < 0:
-        raise ValueError(f"need max_batch >= 1, max_queue >= 1, max_wait_ms >= 0; got {max_batch}, {max_queue}, {max_wait_ms}")
+        raise ValueError(
+            f"need max_batch >= 1, max_queue >= 1, max_wait_ms >= 0; got {max_batch}, {max_queue}, {max_wait_ms}"
+        )
     batcher = DynamicBatcher(scorer, max_batch, max_wait_ms / 1000, max_queue)
 
     @contextlib.asynccontextmanager
@@ -177,7 +180,6 @@ def create_app(
             )
 
     app = FastAPI(title="rlsteps reward model", lifespan=lifespan)
-    app.state.batcher = batcher
 
     @app.post("/v1/rewards", response_model=RewardsResponse, dependencies=[Depends(check_token)])
     async def rewards(body: RewardsRequest) -> Any:
@@ -186,6 +188,10 @@ def create_app(
                 status_code=413,
                 detail=f"{len(body)} inputs in one request exceed the queue size {max_queue}: send smaller requests",
             )
+        if body.tokens is not None:
+            check_token_ids(body.tokens, scorer.vocab_size)
+        if len(body) == 0:
+            return RewardsResponse(rewards=[])
         try:
             return RewardsResponse(rewards=await batcher.submit(body))
         except QueueFull:
@@ -210,6 +216,16 @@ def create_app(
     return app
 
 
+def check_token_ids(rows: list[list[int]], vocab_size: int) -> None:
+    """Refuse ids outside the vocabulary here: in a batch they would fail every request scored with them."""
+    bad = [i for row in rows for i in row if not 0 <= i < vocab_size]
+    if bad:
+        raise HTTPException(
+            status_code=422,
+            detail=f'"tokens" has ids outside the reward model\'s vocabulary [0, {vocab_size}): {bad[:5]}',
+        )
+
+
 def serve(
     model_path: str | Path,
     host: str = "127.0.0.1",
@@ -230,11 +246,13 @@ def serve(
     scorer = RewardScorer(model_path, device=device, max_length=max_length, batch_size=batch_size)
     app = create_app(scorer, **app_kwargs)
     log.info("reward model %s on %s, serving on http://%s:%d", scorer.name, scorer.device, host, port)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rlsteps.engine.rewards.server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rlsteps.engine.rewards.server", description="Serve a scalar reward model over HTTP."
+    )
     parser.add_argument("--model", required=True, help="directory of a Hugging Face sequence-classification model")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=5555)

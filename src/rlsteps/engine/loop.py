@@ -1,0 +1,253 @@
+"""The one training loop every recipe shares: rollout -> score -> prepare -> update -> validate -> checkpoint.
+
+Counters: `step` (RL steps), `consumed_samples` (prompts, not rollouts), `optimizer_steps`, `epoch`.
+The prompts of a step and its sampling seed are pure functions of (seed, consumed_samples) and
+(seed, step), so a run resumed from a checkpoint continues exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from rlsteps.engine import policy as pol
+from rlsteps.engine.batch import RolloutBatch
+from rlsteps.engine.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from rlsteps.engine.config import RecipeConfig
+from rlsteps.engine.data import Prompt, load_prompts, prompt_indices, steps_per_epoch
+from rlsteps.engine.metrics import MetricsWriter, Timers, TrainingProgress
+from rlsteps.engine.recipes import Recipe, loss_mask
+from rlsteps.engine.rewards.sources import RewardSource
+from rlsteps.engine.rollout import Sampler
+
+log = logging.getLogger(__name__)
+
+
+class RunStopped(RuntimeError):
+    """The run stopped on purpose (a reward source failed) after writing a checkpoint."""
+
+
+@dataclass
+class Counters:
+    step: int = 0
+    consumed_samples: int = 0
+    optimizer_steps: int = 0
+    epoch: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"step": self.step, "consumed_samples": self.consumed_samples,
+                "optimizer_steps": self.optimizer_steps, "epoch": self.epoch}
+
+
+@dataclass
+class RunResult:
+    counters: Counters
+    model: torch.nn.Module
+    tokenizer: object
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("run.device=cuda but no CUDA device is visible; use run.device=cpu or auto")
+    return torch.device(name)
+
+
+def train(cfg: RecipeConfig, recipe: Recipe, rewards: RewardSource, run_dir: Path,
+          say: Callable[[str], None] = print) -> RunResult:
+    device = resolve_device(cfg.run.device)
+    dtype = torch.bfloat16 if cfg.run.dtype == "bfloat16" else torch.float32
+    model, tokenizer = pol.load_policy(cfg.inputs.policy, device=device, dtype=dtype)
+    reference = pol.frozen_copy(model) if recipe.needs_reference else None
+    prompts = load_prompts(cfg.inputs.prompts, tokenizer, cfg.data.max_prompt_tokens)
+    val_prompts = _validation_prompts(cfg, tokenizer)
+    total_steps = min(cfg.train.max_steps, cfg.train.max_epochs * steps_per_epoch(len(prompts), cfg.rollout.prompts_per_step))
+
+    checkpoints = CheckpointManager(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last,
+                                    keep_top_k=cfg.checkpoint.keep_top_k, metric=cfg.checkpoint.metric)
+    counters = Counters()
+    latest = checkpoints.latest()
+    if latest is not None:
+        loaded = checkpoints.load(latest)
+        model, tokenizer = pol.load_policy(loaded.policy_dir, device=device, dtype=dtype)
+        counters = Counters(**{k: loaded.info[k] for k in ("step", "consumed_samples", "optimizer_steps", "epoch")})
+        say(f"resuming from {latest} (step {counters.step}, {counters.consumed_samples} prompts consumed)")
+
+    optim_steps_per_rl_step = math.ceil(recipe.train_rows_per_step() / cfg.train.global_batch_size)
+    optimizer = pol.build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, tuple(cfg.train.betas))
+    scheduler = pol.build_scheduler(optimizer, warmup_steps=cfg.train.warmup_steps, schedule=cfg.train.schedule,
+                                    total_steps=max(1, total_steps * optim_steps_per_rl_step), min_lr_ratio=cfg.train.min_lr_ratio)
+    if latest is not None:
+        optimizer.load_state_dict(loaded.trainer_state["optimizer"])
+        scheduler.load_state_dict(loaded.trainer_state["scheduler"])
+        restore_rng_state(loaded.trainer_state["rng"])
+
+    sampler = Sampler(tokenizer, cfg.rollout, device)
+    run = _Run(cfg, recipe, rewards, model, tokenizer, reference, optimizer, scheduler, checkpoints, sampler, counters, device)
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", tensorboard_dir=run_dir / "tensorboard" if cfg.logging.tensorboard else None,
+                            wandb={"project": cfg.logging.wandb_project} if cfg.logging.wandb_project else None)
+    history: list[dict[str, float]] = []
+    with metrics, TrainingProgress(total=total_steps, initial=counters.step) as progress:
+        if counters.step == 0 and val_prompts:
+            _log(metrics, history, 0, run.validate(val_prompts))
+        while counters.step < total_steps:
+            step_metrics = run.step(prompts)
+            if val_prompts and cfg.validation.interval and counters.step % cfg.validation.interval == 0:
+                step_metrics.update(run.validate(val_prompts))
+            _log(metrics, history, counters.step, step_metrics)
+            progress.update(counters.step, step_metrics)
+            if counters.step == total_steps or (cfg.checkpoint.interval and counters.step % cfg.checkpoint.interval == 0):
+                run.save(step_metrics)
+    return RunResult(counters=counters, model=run.model, tokenizer=tokenizer, history=history)
+
+
+def _validation_prompts(cfg: RecipeConfig, tokenizer) -> list[Prompt]:
+    if not cfg.inputs.val_prompts or not cfg.validation.interval:
+        return []
+    return load_prompts(cfg.inputs.val_prompts, tokenizer, cfg.data.max_prompt_tokens)[: cfg.validation.num_prompts]
+
+
+def _log(metrics: MetricsWriter, history: list[dict[str, float]], step: int, values: dict[str, float]) -> None:
+    metrics.log(step, values)
+    history.append({"step": step, **values})
+
+
+@dataclass
+class _Run:
+    cfg: RecipeConfig
+    recipe: Recipe
+    rewards: RewardSource
+    model: torch.nn.Module
+    tokenizer: object
+    reference: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    checkpoints: CheckpointManager
+    sampler: Sampler
+    counters: Counters
+    device: torch.device
+    timers: Timers = field(default_factory=Timers)
+    skipped_updates: int = 0
+
+    def step(self, prompts: list[Prompt]) -> dict[str, float]:
+        c, cfg = self.counters, self.cfg
+        started = time.perf_counter()
+        indices, c.epoch = prompt_indices(cfg.seed, c.consumed_samples, cfg.rollout.prompts_per_step, len(prompts))
+        with self.timers("rollout"):
+            batch = self.sampler.rollouts(self.model, [prompts[i] for i in indices], cfg.rollout.num_rollouts_per_prompt,
+                                          seed=(cfg.seed, c.step))
+        with self.timers("reward"):
+            scores = self._score_or_stop(batch)
+        with self.timers("prepare"):
+            train_batch, stats = self.recipe.prepare(batch, scores, self._logprobs(self.model), self._logprobs(self.reference))
+        with self.timers("train"):
+            stats.update(self._optimize(train_batch))
+        c.step += 1
+        c.consumed_samples += cfg.rollout.prompts_per_step
+        stats.update(scores.metrics)
+        stats.update(self.timers.pop())
+        stats.update({"train/consumed_samples": c.consumed_samples, "train/epoch": c.epoch,
+                      "train/optimizer_steps": c.optimizer_steps, "timers/step": time.perf_counter() - started})
+        return stats
+
+    def _score_or_stop(self, batch: RolloutBatch):
+        try:
+            return self.rewards.score(batch)
+        except Exception as error:  # a reward source that stays down: never train on missing rewards
+            if not _is_reward_failure(error):
+                raise
+            where = self.save({}) if self.counters.step > 0 else None
+            kept = f"; the last checkpoint {where} is intact and a rerun resumes from it" if where else ""
+            raise RunStopped(f"rewards unavailable at step {self.counters.step + 1}: {error}{kept}") from error
+
+    def _logprobs(self, model: torch.nn.Module | None):
+        if model is None:
+            return None
+        return lambda batch: pol.batched_token_logprobs(model, batch, self.cfg.rollout.logprob_micro_batch_size)
+
+    def _optimize(self, batch: RolloutBatch) -> dict[str, float]:
+        """Global batches of `global_batch_size` rows (several optimizer steps when the batch is larger)."""
+        t = self.cfg.train
+        stats = StepStats()
+        self.model.train()
+        for start in range(0, len(batch), t.global_batch_size):
+            chunk = batch.select(list(range(start, min(start + t.global_batch_size, len(batch)))))
+            normaliser = loss_mask(chunk).sum().item()
+            if normaliser == 0:
+                continue  # nothing to learn from (e.g. no sample ended): skip rather than step on zero grads
+            for micro in chunk.micro_batches(t.micro_batch_size):
+                micro = micro.to(self.device)
+                logprobs = pol.token_logprobs(self.model, micro.tokens, micro.attention_mask())
+                loss, micro_stats = self.recipe.loss(logprobs, micro, normaliser)
+                loss.backward()
+                stats.add(micro_stats, weight=micro_stats.get("tokens", 0) / normaliser)
+            grad_norm = pol.optimizer_step(self.model, self.optimizer, self.scheduler, t.max_grad_norm)
+            stats.end_optimizer_step(grad_norm)
+            if math.isfinite(grad_norm):
+                self.counters.optimizer_steps += 1
+            else:
+                self.skipped_updates += 1  # optimizer_step left the weights and the schedule unchanged
+        return {**stats.result(), "train/lr": self.scheduler.get_last_lr()[0], "train/skipped_updates": self.skipped_updates}
+
+    def validate(self, prompts: list[Prompt]) -> dict[str, float]:
+        with self.timers("validation"):
+            batch = self.sampler.validation_rollouts(self.model, prompts, self.rewards.validation_samples_per_prompt,
+                                                     max_new_tokens=self.cfg.validation.max_new_tokens, seed=self.cfg.seed)
+            scores = self._score_or_stop(batch)
+        rewards = scores.rewards[scores.valid]
+        return {"val/reward_mean": rewards.mean().item() if len(rewards) else float("nan"),
+                "val/response_length": batch.response_lengths.float().mean().item(),
+                "val/fraction_ended": batch.is_end.float().mean().item()}
+
+    def save(self, step_metrics: dict[str, float]) -> Path:
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "rng": capture_rng_state()}
+        info = {**self.counters.as_dict(), "metrics": {k: v for k, v in step_metrics.items() if isinstance(v, int | float)}}
+        return self.checkpoints.save(self.counters.step, self.model, self.tokenizer, state, info)
+
+
+class StepStats:
+    """Loss statistics over micro-batches and optimizer steps.
+
+    Within an optimizer step the losses add up (each is already divided by the global token count),
+    `*_min`/`*_max` keep their extremes and other statistics are token-weighted means; across
+    optimizer steps, the per-step values are averaged.
+    """
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = {}
+        self.finished: list[dict[str, float]] = []
+        self.extremes: dict[str, float] = {}
+
+    def add(self, stats: dict[str, float], weight: float) -> None:
+        for key, value in stats.items():
+            if key == "tokens":
+                continue
+            if key.endswith("_min") or key.endswith("_max"):
+                pick = min if key.endswith("_min") else max
+                self.extremes[key] = pick(self.extremes.get(key, value), value)
+            else:
+                self.current[key] = self.current.get(key, 0.0) + (value if key == "loss" else value * weight)
+
+    def end_optimizer_step(self, grad_norm: float) -> None:
+        self.finished.append({**self.current, "grad_norm": grad_norm})
+        self.current = {}
+
+    def result(self) -> dict[str, float]:
+        keys = {k for step in self.finished for k in step}
+        means = {k: sum(s.get(k, 0.0) for s in self.finished) / len(self.finished) for k in keys} if self.finished else {}
+        return {f"train/{k}": v for k, v in {**means, **self.extremes}.items()}
+
+
+def _is_reward_failure(error: Exception) -> bool:
+    from rlsteps.engine.rewards.client import RewardError
+    from rlsteps.engine.rewards.genrm import JudgeUnavailable
+
+    return isinstance(error, RewardError | JudgeUnavailable)

@@ -1,0 +1,130 @@
+"""Where a step's rewards come from: a scalar reward model over HTTP, or a generative judge.
+
+Each source scores a RolloutBatch into per-row rewards and a validity mask (False: no trustworthy
+reward, the row leaves the loss). Without a URL in the config, a source starts its own server on
+loopback for the run's lifetime (the tiny configs do this).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Protocol
+
+import torch
+
+from rlsteps.engine.batch import RolloutBatch
+from rlsteps.engine.config import GRPOConfig, RecipeConfig
+from rlsteps.engine.rewards.process import LocalServer
+
+TOKEN_ENV = "RLSTEPS_LOCAL_SERVER_TOKEN"
+
+
+@dataclass
+class Scores:
+    rewards: torch.Tensor  # [B] float
+    valid: torch.Tensor  # [B] bool
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class RewardSource(Protocol):
+    validation_samples_per_prompt: int  # 1: greedy; 2+: sampled, for judges that compare responses
+
+    def score(self, batch: RolloutBatch) -> Scores: ...
+
+
+class RewardModelSource:
+    """A scalar reward model behind `rlsteps serve rm` (or any server of the same protocol)."""
+
+    validation_samples_per_prompt = 1
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    def score(self, batch: RolloutBatch) -> Scores:
+        rewards = torch.tensor(self.client.score(batch.prompt_texts, batch.response_texts), dtype=torch.float32)
+        return Scores(rewards=rewards, valid=torch.ones(len(batch), dtype=torch.bool))
+
+
+class JudgeSource:
+    """A generative judge comparing the responses of each prompt pairwise over a chat API."""
+
+    validation_samples_per_prompt = 2
+
+    def __init__(self, client, length_penalty: float = 0.0) -> None:
+        self.client = client
+        self.length_penalty = length_penalty
+
+    def score(self, batch: RolloutBatch) -> Scores:
+        from rlsteps.engine.rewards.genrm import length_penalty
+
+        group, num_groups = batch.group_index()
+        rows = [torch.nonzero(group == g).flatten().tolist() for g in range(num_groups)]
+        requests = [(batch.prompt_texts[r[0]], [batch.response_texts[i] for i in r]) for r in rows]
+        result = self.client.judge(requests)
+        rewards, valid = torch.zeros(len(batch)), torch.zeros(len(batch), dtype=torch.bool)
+        for g, members in enumerate(rows):
+            group_rewards = result.rewards[g]
+            if self.length_penalty:
+                lengths = [int(batch.response_lengths[i]) for i in members]
+                group_rewards = length_penalty(group_rewards, lengths, self.length_penalty)
+            rewards[members] = torch.tensor(group_rewards, dtype=torch.float32)
+            valid[members] = torch.tensor(result.valid[g], dtype=torch.bool)
+        metrics = {f"judge/{k}": float(v) for k, v in result.stats.items()}
+        return Scores(rewards=rewards, valid=valid, metrics=metrics)
+
+
+@contextlib.contextmanager
+def open_reward_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[RewardSource]:
+    if isinstance(cfg, GRPOConfig):
+        with _judge_source(cfg, run_dir) as source:
+            yield source
+    else:
+        with _reward_model_source(cfg, run_dir) as source:
+            yield source
+
+
+@contextlib.contextmanager
+def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
+    from rlsteps.engine.rewards.client import RewardClient
+
+    rm = cfg.rm
+    with _served("rlsteps.engine.rewards.server", rm.url, cfg.inputs.model_extra.get("reward_model"), run_dir / "rm_server.log",
+                 ["--max-batch", str(rm.server.max_batch), "--max-wait-ms", str(rm.server.max_wait_ms)], rm.token) as url:
+        client = RewardClient(url, token=rm.token, timeout_s=rm.timeout_s, max_retries=rm.max_retries,
+                              backoff_s=rm.backoff_s, batch_size=rm.batch_size, concurrency=rm.concurrency)
+        try:
+            yield RewardModelSource(client)
+        finally:
+            client.close()
+
+
+@contextlib.contextmanager
+def _judge_source(cfg: GRPOConfig, run_dir: Path) -> Iterator[JudgeSource]:
+    from rlsteps.engine.rewards.genrm import JudgeClient
+
+    j = cfg.judge
+    model_name = j.model or "judge"
+    with _served("rlsteps.engine.rewards.judge_server", j.url, cfg.inputs.model_extra.get("judge_model"),
+                 run_dir / "judge_server.log", ["--model-name", model_name], j.api_key) as url:
+        base_url = url if j.url else f"{url}/v1"
+        client = JudgeClient(base_url, model_name, api_key=j.api_key, concurrency=j.concurrency, timeout_s=j.timeout_s,
+                             max_retries=j.max_retries, temperature=j.temperature, top_p=j.top_p,
+                             max_tokens=j.max_tokens, pairing=j.pairing, principle=j.principle)
+        yield JudgeSource(client, length_penalty=j.length_penalty)
+
+
+@contextlib.contextmanager
+def _served(module: str, url: str | None, model: str | None, log_path: Path, args: list[str], token: str | None) -> Iterator[str]:
+    """The given URL, or a server started on loopback for the model (stopped when the block ends)."""
+    if url:
+        yield url.rstrip("/")
+        return
+    if not model:
+        raise ValueError(f"no server URL and no model to serve for {module}: set the URL or the model input")
+    env = {TOKEN_ENV: token} if token else {}
+    token_args = ["--token-env", TOKEN_ENV] if token else []
+    with LocalServer(module, ["--model", str(model), *args, *token_args], log_path=log_path, env=env or None) as server:
+        yield server.url

@@ -1,0 +1,121 @@
+"""The worker: `python -m rlsteps.engine.worker JOB_DIR/config.yaml` runs one recipe to its end.
+
+It reads the compiled config (secrets arrive through the environment), serves or reaches the
+reward source, runs the shared loop, and writes the typed output artifact and a metrics plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from rlsteps.engine.artifact import config_hash, write_artifact
+from rlsteps.engine.config import RECIPE_SCHEMAS, RecipeConfig
+
+log = logging.getLogger("rlsteps")
+PLOTTED = ["train/reward", "val/reward_mean", "train/loss", "train/response_length"]
+
+
+def load_config(path: Path) -> RecipeConfig:
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    schema = RECIPE_SCHEMAS[raw["algorithm"]]
+    return schema.model_validate(raw)
+
+
+def run(config_path: Path) -> int:
+    import torch
+
+    from rlsteps.engine.loop import RunStopped, train
+    from rlsteps.engine.recipes import RECIPES
+    from rlsteps.engine.rewards.sources import open_reward_source
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
+    cfg = load_config(config_path)
+    run_dir = Path(cfg.output.dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _log_to(run_dir / "train.log")
+    if cfg.run.num_threads:
+        torch.set_num_threads(cfg.run.num_threads)
+    job = _job_record(config_path)
+    log.info("%s: run directory %s", cfg.algorithm, run_dir)
+    try:
+        with open_reward_source(cfg, run_dir) as rewards:
+            result = train(cfg, RECIPES[cfg.algorithm](cfg), rewards, run_dir, say=log.info)
+    except RunStopped as stopped:
+        log.error("%s", stopped)
+        return 1
+    _write_output(cfg, result, run_dir, job)
+    _summarise(run_dir)
+    return 0
+
+
+def _write_output(cfg: RecipeConfig, result, run_dir: Path, job: dict[str, Any]) -> None:
+    from rlsteps.engine.policy import save_policy
+
+    metadata = {
+        "type": "checkpoint_hf",
+        "producer": {"step": job.get("job", {}).get("step"), "job": job.get("job", {}).get("name"), "algorithm": cfg.algorithm},
+        "config_hash": config_hash(cfg.model_dump(mode="json")),
+        "inputs": {name: ref for name, ref in cfg.inputs.model_dump().items() if ref},
+        "counters": result.counters.as_dict(),
+    }
+    target = write_artifact(run_dir / "policy", lambda d: save_policy(result.model, result.tokenizer, d), metadata)
+    log.info("output artifact (checkpoint_hf): %s", target)
+
+
+def _summarise(run_dir: Path) -> None:
+    from rlsteps.engine.metrics import metric_series, plot_metrics, read_metrics
+
+    records = read_metrics(run_dir / "metrics.jsonl")
+    for key in ("train/reward", "val/reward_mean"):
+        steps, values = metric_series(records, key)
+        if len(values) >= 2:
+            log.info("%s: %.4f at step %d -> %.4f at step %d", key, values[0], steps[0], values[-1], steps[-1])
+    try:
+        png = plot_metrics(run_dir / "metrics.jsonl", run_dir / "metrics.png", PLOTTED)
+        log.info("metrics plot: %s", png)
+    except (ValueError, ImportError) as error:
+        log.warning("no metrics plot: %s", error)
+
+
+def _job_record(config_path: Path) -> dict[str, Any]:
+    job_file = config_path.parent / "job.yaml"
+    return OmegaConf.to_container(OmegaConf.load(job_file)) if job_file.is_file() else {}
+
+
+def _log_to(path: Path) -> None:
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    file = logging.FileHandler(path)
+    file.setFormatter(fmt)
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    root.handlers[:] = [stream, file]
+    for noisy in ("httpx", "httpcore", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rlsteps.engine.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("config", type=Path, help="the compiled config.yaml in the job directory")
+    args = parser.parse_args(argv)
+    try:
+        sys.exit(run(args.config))
+    except KeyboardInterrupt:
+        log.error("interrupted: the last checkpoint is intact; rerun the same command to resume")
+        sys.exit(130)
+    except (ValueError, FileNotFoundError) as error:  # bad data or paths: say what and where, no traceback
+        log.error("%s", error)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
