@@ -68,9 +68,12 @@ def serving(app) -> Iterator[str]:
 
 
 def test_judgement_from_rewards_hand_values():
-    assert judgement_from_rewards(0.7, 0.7) == {"score_1": 3.0, "score_2": 3.0, "ranking": 3.5}
+    # each score rates its own response: 1 + 4 sigmoid((r - center) / scale); center 0, scale 2
+    assert judgement_from_rewards(0.0, 0.0) == {"score_1": 3.0, "score_2": 3.0, "ranking": 3.5}
+    assert judgement_from_rewards(0.7, 0.7, center=0.7, scale=1.0) == {"score_1": 3.0, "score_2": 3.0, "ranking": 3.5}
+    # sigmoid(ln 3) = 0.75: score_1 = 1 + 4 * 0.75 = 4; p = 0.75 -> ranking = 1 + 5 * 0.25 = 2.25
+    assert judgement_from_rewards(2 * math.log(3), 0.0) == {"score_1": 4.0, "score_2": 3.0, "ranking": 2.25}
     # a difference of ln 3 makes p = 3/4
-    assert judgement_from_rewards(math.log(3), 0.0) == {"score_1": 4.0, "score_2": 2.0, "ranking": 2.25}
     assert judgement_from_rewards(-1e6, 1e6) == {"score_1": 1.0, "score_2": 5.0, "ranking": 6.0}
 
 
@@ -102,7 +105,10 @@ def test_openai_endpoints_and_the_answer_format(scorer: RewardScorer):
     content = answer["choices"][0]["message"]["content"]
     assert content.startswith("```json\n") and content.endswith("\n```")
     judgement = parse_judgement(content)
-    assert judgement.score_1 + judgement.score_2 == pytest.approx(6.0)
+    r1, r2 = scorer.score([PROMPT, PROMPT], [CANDIDATES[0], CANDIDATES[1]])
+    expected = judgement_from_rewards(r1, r2)
+    assert (judgement.score_1, judgement.score_2, judgement.ranking) == pytest.approx(
+        (expected["score_1"], expected["score_2"], expected["ranking"]), abs=1e-3)
 
 
 def test_unreadable_requests_get_400_with_the_reason(scorer: RewardScorer):

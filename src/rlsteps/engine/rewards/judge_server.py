@@ -2,11 +2,12 @@
 
 It reads the prompt and the two responses back from a request built by genrm.judge_messages(),
 scores both with the reward model in one batch, and answers as a judge LLM would, in a fenced
-json block:
+json block. Like a judge LLM's, each score rates its response on its own, so a group's mean score
+rises as the policy improves; the ranking says which of the two is better:
 
-    p       = sigmoid((reward_1 - reward_2) / scale)     how likely response 1 is the better one
-    score_1 = 1 + 4 p,  score_2 = 1 + 4 (1 - p)          on the 1-5 scale; 3 each when the rewards are equal
-    ranking = 1 + 5 (1 - p)                              1 = response 1 much better ... 6 = response 2
+    score_i = 1 + 4 sigmoid((reward_i - center) / scale)     1-5 helpfulness of response i
+    p       = sigmoid((reward_1 - reward_2) / scale)         how likely response 1 is the better one
+    ranking = 1 + 5 (1 - p)                                  1 = response 1 much better ... 6 = response 2
 
     python -m rlsteps.engine.rewards.judge_server --model PATH [--port 8000] [--token-env JUDGE_TOKEN]
 """
@@ -37,11 +38,18 @@ class Scorer(Protocol):
     def score(self, prompts: list[str], responses: list[str]) -> list[float]: ...
 
 
-def judgement_from_rewards(reward_1: float, reward_2: float, scale: float = 1.0) -> dict[str, float]:
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-max(min(x, 50.0), -50.0)))
+
+
+def judgement_from_rewards(reward_1: float, reward_2: float, center: float = 0.0, scale: float = 2.0) -> dict[str, float]:
     """The judge's JSON fields for two scalar rewards (see the module docstring)."""
-    logit = max(min((reward_1 - reward_2) / scale, 50.0), -50.0)
-    p = 1.0 / (1.0 + math.exp(-logit))
-    return {"score_1": round(1 + 4 * p, 3), "score_2": round(1 + 4 * (1 - p), 3), "ranking": round(1 + 5 * (1 - p), 3)}
+    p = _sigmoid((reward_1 - reward_2) / scale)
+    return {
+        "score_1": round(1 + 4 * _sigmoid((reward_1 - center) / scale), 3),
+        "score_2": round(1 + 4 * _sigmoid((reward_2 - center) / scale), 3),
+        "ranking": round(1 + 5 * (1 - p), 3),
+    }
 
 
 def chat_completion(content: str, model_name: str) -> dict:

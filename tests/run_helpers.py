@@ -1,0 +1,61 @@
+"""Running tiny steps end to end as a user does, and reading what they wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from rlsteps.engine.metrics import metric_series, read_metrics
+
+FAST = ["run.num_threads=1"]  # one thread: steadier and faster for tiny models on a shared 2-core machine
+
+
+def rlsteps(*argv: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "rlsteps.cli", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_rlsteps(*argv: str, cwd: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "rlsteps.cli", *argv], cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def wait_for(path: Path, timeout: float, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the run exited with {process.returncode} before {path} appeared")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear within {timeout}s")
+        time.sleep(0.2)
+
+
+def run_dir(cwd: Path, step_slug: str, config: str = "tiny") -> Path:
+    return cwd / ".rlsteps" / "runs" / f"{step_slug}-{config}"
+
+
+def series(run: Path, key: str) -> list[float]:
+    return metric_series(read_metrics(run / "metrics.jsonl"), key)[1]
+
+
+def weights(model_dir: Path) -> dict:
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def artifact_metadata(run: Path) -> dict:
+    return json.loads((run / "policy" / "rlsteps_artifact.json").read_text())

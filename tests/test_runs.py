@@ -1,0 +1,118 @@
+"""Tiny steps end to end, as a user runs them: real servers on loopback, real weights, real files."""
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from run_helpers import FAST, artifact_metadata, kill_group, rlsteps, run_dir, series, start_rlsteps, wait_for, weights
+
+pytestmark = pytest.mark.slow
+
+
+def _mean(values):
+    return sum(values) / len(values)
+
+
+@pytest.mark.parametrize("step, slug", [("rl/rs", "rl_rs"), ("rl/reinforce", "rl_reinforce"), ("rl/rlhf", "rl_rlhf")])
+def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug):
+    done = rlsteps("run", step, "-c", "tiny", *FAST, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = run_dir(tmp_path, slug)
+    train, val = series(run, "train/reward"), series(run, "val/reward_mean")
+    assert len(train) == 16 and len(val) == 5  # step 0, then every 4 steps
+    assert _mean(train[-4:]) > _mean(train[:4]), train
+    assert val[-1] > val[0], val
+    meta = artifact_metadata(run)
+    assert meta["type"] == "checkpoint_hf" and meta["producer"]["step"] == step
+    assert meta["counters"] == {"step": 16, "consumed_samples": 256, "optimizer_steps": meta["counters"]["optimizer_steps"], "epoch": 0}
+    assert (run / "metrics.png").stat().st_size > 10_000
+    job_dir = next((tmp_path / ".rlsteps" / "jobs").iterdir())
+    job = OmegaConf.to_container(OmegaConf.load(job_dir / "job.yaml"))
+    assert job["job"]["step"] == step and job["argv"][:3] == ["rlsteps", "run", step]
+    assert {i["name"]: i["status"] for i in job["inputs"]}["policy"] == "ok"
+    assert "torch" in job["versions"] and job["git"]["rlsteps"] is not None
+    assert job["config"]["output"]["dir"] == f".rlsteps/runs/{slug}-tiny"
+
+
+def test_rerun_resumes_and_a_sigkilled_run_ends_with_the_same_weights(tiny_world, tmp_path):
+    """Kill a run with SIGKILL after its step-2 checkpoint; the rerun ends where an uninterrupted run ends."""
+    short = ["train.max_steps=4", "checkpoint.interval=2", "validation.interval=0", *FAST]
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    straight.mkdir(), interrupted.mkdir()
+    assert rlsteps("run", "rs", "-c", "tiny", *short, cwd=straight).returncode == 0
+
+    process = start_rlsteps("run", "rs", "-c", "tiny", *short, cwd=interrupted, log=tmp_path / "first.log")
+    wait_for(run_dir(interrupted, "rl_rs") / "checkpoints" / "step_2" / "COMPLETE", 300, process)
+    kill_group(process)
+    resumed = rlsteps("run", "rs", "-c", "tiny", *short, cwd=interrupted)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr and "step 2" in resumed.stderr
+
+    a, b = weights(run_dir(straight, "rl_rs") / "policy"), weights(run_dir(interrupted, "rl_rs") / "policy")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
+    assert artifact_metadata(run_dir(interrupted, "rl_rs"))["counters"]["step"] == 4
+
+
+def test_reward_server_down_mid_run_stops_after_a_checkpoint_and_the_rerun_resumes(tiny_world, tmp_path):
+    from rlsteps.engine.rewards.process import LocalServer
+
+    args = ["train.max_steps=6", "checkpoint.interval=1", "validation.interval=0", "rm.max_retries=1",
+            "rm.backoff_s=0.1", "rm.timeout_s=5", *FAST]
+    with LocalServer("rlsteps.engine.rewards.server", ["--model", str(tiny_world.reward_model)],
+                     log_path=tmp_path / "rm.log") as server:
+        process = start_rlsteps("run", "rs", "-c", "tiny", f"rm.url={server.url}", *args, cwd=tmp_path, log=tmp_path / "run.log")
+        wait_for(run_dir(tmp_path, "rl_rs") / "checkpoints" / "step_2" / "COMPLETE", 300, process)
+    code = process.wait(timeout=300)
+    log = (tmp_path / "run.log").read_text()
+    assert code == 1, log[-3000:]
+    assert "rewards unavailable at step" in log and "is intact and a rerun resumes from it" in log
+    assert "Traceback" not in log
+    checkpoints = sorted((run_dir(tmp_path, "rl_rs") / "checkpoints").glob("step_*"))
+    assert checkpoints and all((c / "COMPLETE").exists() for c in checkpoints)
+    assert not (run_dir(tmp_path, "rl_rs") / "policy").exists()  # no output artifact from a stopped run
+
+    resumed = rlsteps("run", "rs", "-c", "tiny", *args, cwd=tmp_path)  # no rm.url: the step serves the tiny RM itself
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr
+    assert artifact_metadata(run_dir(tmp_path, "rl_rs"))["counters"]["step"] == 6
+
+
+def test_unreachable_reward_server_fails_fast_with_the_url_and_the_fix(tiny_world, tmp_path):
+    done = rlsteps("run", "rs", "-c", "tiny", "rm.url=http://127.0.0.1:9", "rm.max_retries=1", "rm.backoff_s=0.1", *FAST,
+                   cwd=tmp_path, timeout=300)
+    assert done.returncode == 1
+    assert "http://127.0.0.1:9" in done.stderr and "rlsteps serve rm" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_malformed_prompt_file_fails_before_training_with_file_and_line(tiny_world, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "Describe the cat."}\n{"prompt": "Describe the dog."\n')
+    done = rlsteps("run", "rs", "-c", "tiny", f"inputs.prompts={bad}", *FAST, cwd=tmp_path, timeout=300)
+    assert done.returncode == 1
+    assert f"{bad}:2:" in done.stderr and "Traceback" not in done.stderr
+    assert not (run_dir(tmp_path, "rl_rs") / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_a_differently_configured_architecture_trains(tiny_world, tmp_path, arch):
+    from transformers import AutoTokenizer
+
+    from rlsteps.tiny import build_random_causal_lm
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_world.policy)
+    model = build_random_causal_lm(arch, tokenizer, seed=1, hidden=48, layers=3)
+    policy = tmp_path / f"{arch}-policy"
+    model.save_pretrained(policy)
+    tokenizer.save_pretrained(policy)
+    for slug, step in (("rl_rs", "rl/rs"), ("rl_reinforce", "rl/reinforce")):
+        done = rlsteps("run", step, "-c", "tiny", f"inputs.policy={policy}", "train.max_steps=2",
+                       "validation.interval=0", "rollout.sampling.max_new_tokens=12", *FAST, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        config = json.loads((run_dir(tmp_path, slug) / "policy" / "config.json").read_text())
+        assert config["model_type"] == arch
+        assert artifact_metadata(run_dir(tmp_path, slug))["counters"]["optimizer_steps"] >= 2
