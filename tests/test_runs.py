@@ -116,3 +116,35 @@ def test_a_differently_configured_architecture_trains(tiny_world, tmp_path, arch
         config = json.loads((run_dir(tmp_path, slug) / "policy" / "config.json").read_text())
         assert config["model_type"] == arch
         assert artifact_metadata(run_dir(tmp_path, slug))["counters"]["optimizer_steps"] >= 2
+
+
+def test_judge_down_mid_run_stops_cleanly_with_checkpoints_intact(tiny_world, tmp_path):
+    from rlsteps.engine.rewards.process import LocalServer
+
+    args = ["train.max_steps=6", "checkpoint.interval=1", "validation.interval=0", "judge.on_failure=stop",
+            "judge.max_retries=1", "judge.timeout_s=5", *FAST]
+    with LocalServer("rlsteps.engine.rewards.judge_server", ["--model", str(tiny_world.reward_model)],
+                     log_path=tmp_path / "judge.log") as server:
+        process = start_rlsteps("run", "rlhf", "-c", "tiny", f"judge.url={server.url}/v1", *args, cwd=tmp_path,
+                                log=tmp_path / "run.log")
+        wait_for(run_dir(tmp_path, "rl_rlhf") / "checkpoints" / "step_2" / "COMPLETE", 300, process)
+    code = process.wait(timeout=300)
+    log = (tmp_path / "run.log").read_text()
+    assert code == 1, log[-3000:]
+    assert "rewards unavailable at step" in log and "is intact and a rerun resumes from it" in log
+    assert "Traceback" not in log
+    checkpoints = sorted((run_dir(tmp_path, "rl_rlhf") / "checkpoints").glob("step_*"))
+    assert checkpoints and all((c / "COMPLETE").exists() for c in checkpoints)
+
+
+def test_batch_profile_detaches_and_the_job_finishes_in_the_background(tiny_world, tmp_path):
+    (tmp_path / "rlsteps.yaml").write_text("profiles:\n  here: {executor: local}\n")
+    done = rlsteps("run", "rs", "-c", "tiny", "-b", "here", "train.max_steps=2", "validation.interval=0", *FAST,
+                   cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "submitted job" in done.stdout
+    job_dir = next((tmp_path / ".rlsteps" / "jobs").iterdir())
+    pid = int((job_dir / "worker.pid").read_text())
+    wait_for(run_dir(tmp_path, "rl_rs") / "policy" / "rlsteps_artifact.json", 300)
+    assert "output artifact" in (job_dir / "worker.log").read_text()
+    assert str(pid) in done.stdout

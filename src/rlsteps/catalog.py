@@ -6,7 +6,6 @@ import difflib
 import os
 import tomllib
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 

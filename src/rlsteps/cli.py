@@ -128,13 +128,12 @@ def serve_judge(
 
 
 def _token_from(variable: str | None) -> str | None:
-    import os
+    from rlsteps.engine.rewards.auth import token_from_env
 
-    if variable is None:
-        return None
-    if not os.environ.get(variable):
-        raise UsageError(f"--token-env {variable}: the variable is unset or empty", fix=f"export {variable}=... first")
-    return os.environ[variable]
+    try:
+        return token_from_env(variable)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 for group in (app, steps_app):

@@ -18,8 +18,6 @@ import argparse
 import json
 import logging
 import math
-import os
-import secrets
 import threading
 import time
 import uuid
@@ -29,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
+from rlsteps.engine.rewards.auth import bearer_matches, token_from_env
 from rlsteps.engine.rewards.genrm import parse_judge_request
 
 log = logging.getLogger("rlsteps.rewards.judge_server")
@@ -89,8 +88,7 @@ def create_app(scorer: Scorer, model_name: str = "tiny-judge", token: str | None
             return scorer.score([prompt, prompt], [response_1, response_2])
 
     def authorised(request: Request) -> bool:
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        return token is None or (scheme.lower() == "bearer" and secrets.compare_digest(given.encode(), token.encode()))
+        return bearer_matches(request.headers.get("authorization", ""), token)
 
     @app.get("/health")
     async def health() -> dict:
@@ -152,11 +150,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-env", metavar="VAR", help="environment variable holding the bearer token")
     args = parser.parse_args(argv)
 
-    token = None
-    if args.token_env:
-        token = os.environ.get(args.token_env)
-        if not token:
-            parser.error(f"--token-env {args.token_env}: that environment variable is unset or empty; export it first")
+    try:
+        token = token_from_env(args.token_env)
+    except ValueError as err:
+        parser.error(str(err))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(args.model, args.host, args.port, args.model_name, token, device=args.device)
 

@@ -13,8 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
-import secrets
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,6 +22,8 @@ from typing import Any, Protocol
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, model_validator
+
+from rlsteps.engine.rewards.auth import bearer_matches, token_from_env
 
 log = logging.getLogger(__name__)
 
@@ -169,10 +169,7 @@ def create_app(
             await worker
 
     def check_token(request: Request) -> None:
-        if token is None:
-            return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
+        if not bearer_matches(request.headers.get("authorization", ""), token):
             raise HTTPException(
                 status_code=401,
                 detail="missing or wrong bearer token: send the header 'Authorization: Bearer <token>'",
@@ -265,11 +262,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-env", metavar="VAR", help="environment variable holding the bearer token")
     args = parser.parse_args(argv)
 
-    token = None
-    if args.token_env:
-        token = os.environ.get(args.token_env)
-        if not token:
-            parser.error(f"--token-env {args.token_env}: that environment variable is unset or empty; export it first")
+    try:
+        token = token_from_env(args.token_env)
+    except ValueError as err:
+        parser.error(str(err))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     serve(
         args.model, args.host, args.port,

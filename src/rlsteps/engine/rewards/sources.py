@@ -8,7 +8,6 @@ loopback for the run's lifetime (the tiny configs do this).
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol
@@ -53,9 +52,10 @@ class JudgeSource:
 
     validation_samples_per_prompt = 2
 
-    def __init__(self, client, length_penalty: float = 0.0) -> None:
+    def __init__(self, client, length_penalty: float = 0.0, on_failure: str = "mask") -> None:
         self.client = client
         self.length_penalty = length_penalty
+        self.on_failure = on_failure  # mask: failed comparisons leave the loss; stop: any failure stops the run
 
     def score(self, batch: RolloutBatch) -> Scores:
         from rlsteps.engine.rewards.genrm import length_penalty
@@ -63,7 +63,13 @@ class JudgeSource:
         group, num_groups = batch.group_index()
         rows = [torch.nonzero(group == g).flatten().tolist() for g in range(num_groups)]
         requests = [(batch.prompt_texts[r[0]], [batch.response_texts[i] for i in r]) for r in rows]
-        result = self.client.judge(requests)
+        result = self.client.judge(requests)  # raises JudgeUnavailable when every comparison failed
+        failed = int(result.stats.get("transport_failures", 0))
+        if failed and self.on_failure == "stop":
+            from rlsteps.engine.rewards.genrm import JudgeUnavailable
+
+            raise JudgeUnavailable(f"{failed} judge request(s) failed and judge.on_failure=stop "
+                                   "(set judge.on_failure=mask to train on the rest)")
         rewards, valid = torch.zeros(len(batch)), torch.zeros(len(batch), dtype=torch.bool)
         for g, members in enumerate(rows):
             group_rewards = result.rewards[g]
@@ -113,7 +119,10 @@ def _judge_source(cfg: GRPOConfig, run_dir: Path) -> Iterator[JudgeSource]:
         client = JudgeClient(base_url, model_name, api_key=j.api_key, concurrency=j.concurrency, timeout_s=j.timeout_s,
                              max_retries=j.max_retries, temperature=j.temperature, top_p=j.top_p,
                              max_tokens=j.max_tokens, pairing=j.pairing, principle=j.principle)
-        yield JudgeSource(client, length_penalty=j.length_penalty)
+        try:
+            yield JudgeSource(client, length_penalty=j.length_penalty, on_failure=j.on_failure)
+        finally:
+            client.close()
 
 
 @contextlib.contextmanager
