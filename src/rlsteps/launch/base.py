@@ -6,11 +6,13 @@ Adding a launcher is one new module in this package that defines LAUNCHER.
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Iterator, Protocol
 
 from rlsteps.errors import UsageError
 from rlsteps.job import Job
@@ -41,12 +43,61 @@ class Submission:
     exit_code: int | None = None  # None: detached, still running
 
 
+RECORD_FILE = "submission.json"
+
+
+class JobState(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    state: JobState
+    detail: str = ""  # the backend's own words: Slurm state and exit code, Lepton phase, pid exit
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What `rlsteps jobs` needs to find a submitted job again; written to <job dir>/submission.json."""
+
+    launcher: str
+    job_id: str
+    job_dir: str
+    step: str
+    submitted: str
+    extra: dict[str, Any] = field(default_factory=dict)  # backend details: log paths, workspace, node list...
+
+    def save(self) -> Path:
+        path = Path(self.job_dir) / RECORD_FILE
+        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
+        return path
+
+    @classmethod
+    def load(cls, job_dir: Path) -> JobRecord:
+        return cls(**json.loads((job_dir / RECORD_FILE).read_text()))
+
+
 class Launcher(Protocol):
+    """One backend. plan() is pure (--dry-run prints it); submit() carries it out."""
+
     name: str
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan: ...
 
     def submit(self, job: Job, plan: LaunchPlan, job_dir: Path) -> Submission: ...
+
+    def record(self, job: Job, submission: Submission) -> JobRecord: ...
+
+    def status(self, record: JobRecord) -> JobStatus: ...
+
+    def logs(self, record: JobRecord, follow: bool = False) -> Iterator[str]: ...
+
+    def cancel(self, record: JobRecord) -> None: ...
 
 
 def worker_command(python: str, job_dir: Path, passthrough: list[str]) -> list[str]:
