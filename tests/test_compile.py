@@ -6,6 +6,7 @@ from rlsteps.compile import apply_overrides, compile_job, load_config_chain
 from rlsteps.errors import UsageError
 from rlsteps.profiles import resolve_profile
 from rlsteps.secrets import MASK
+from rlsteps.tiny_layout import TINY_WORLD_VERSION
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_malformed_override_is_an_error():
 def test_compile_tiny_resolves_the_tiny_world_paths(rs, tmp_path, monkeypatch):
     monkeypatch.setenv("RLSTEPS_HOME", str(tmp_path))
     job = compile_job(rs, "tiny")
-    assert job.config["inputs"]["policy"] == str(tmp_path / "tiny" / "v1-seed0" / "policy")
+    assert job.config["inputs"]["policy"] == str(tmp_path / "tiny" / f"{TINY_WORLD_VERSION}-seed0" / "policy")
     assert job.config["algorithm"] == "rs" and job.config["rollout"]["top_n_rollouts"] == 1
     assert job.name.endswith("-rl_rs") and job.mode == "local" and job.executor == "local"
 

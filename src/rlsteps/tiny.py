@@ -1,8 +1,9 @@
 """The offline tiny world: a tokenizer, an SFT policy, a reward model and prompts, built on a CPU.
 
-`ensure_tiny_world(seed)` builds it on first use (well under a minute on two cores), caches it
-under $RLSTEPS_HOME (default ~/.cache/rlsteps) in tiny/<version>-seed<seed>, and returns at once
-afterwards. Nothing is downloaded; the same seed gives bit-identical files on the same machine.
+`ensure_tiny_world(seed)` builds it on first use (about 20 s on two cores), caches it under
+$RLSTEPS_HOME (default ~/.cache/rlsteps) in tiny/<version>-seed<seed> (see rlsteps.tiny_layout),
+and returns at once afterwards. Nothing is downloaded; the same seed gives bit-identical weights,
+tokenizer and prompts on the same machine and library versions.
 
     tokenizer/  policy/  reward_model/   Hugging Face save_pretrained folders (safetensors);
                                          the tokenizer is saved into both model folders too
@@ -27,7 +28,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,11 +43,11 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
+from transformers.utils import logging as hf_logging
 
 from rlsteps import tiny_task
 from rlsteps.engine.rewards.text import reward_input_text
-
-TINY_WORLD_VERSION = "v1"
+from rlsteps.tiny_layout import TINY_WORLD_VERSION, TinyWorld, tiny_world_dir, tiny_world_paths
 
 PAD, EOS = "<|pad|>", "<|end|>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
@@ -58,52 +58,32 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|assistant|>\n{%- endif -%}"
+    "{%- if add_generation_prompt %}<|assistant|>\n{% endif -%}"
 )
 
-BUILD_THREADS = 1  # fixed, so float reductions (and the weights) do not depend on the machine; faster too on a shared CPU
-TOKENIZER_VOCAB = 512
-POLICY_SIZE = {"hidden": 128, "layers": 2}
-SFT = {"steps": 300, "batch": 32, "lr": 2e-3}
-RM = {"steps": 250, "batch": 32, "lr": 1e-3, "heldout_pairs": 512}
+# The recipe. Changing it changes the world: bump TINY_WORLD_VERSION (rlsteps.tiny_layout), part of the cache key.
+BUILD_THREADS = 1  # fixed, so the weights do not depend on the machine; also the fastest on a shared CPU
+TOKENIZER_VOCAB = 640  # an upper bound: the merges run out near 580, with every task word one token
+POLICY_SIZE = {"hidden": 64, "layers": 2}
+SFT = {"steps": 250, "batch": 32, "lr": 3e-3}
+RM = {"steps": 120, "batch": 32, "lr": 5e-3, "heldout_pairs": 512}
 EVAL = {"samples": 128, "max_new_tokens": 32}
+INIT_STD = 0.1  # larger than the usual 0.02: tiny widths then learn to copy the noun within a few hundred steps
 PROMPTS = {"train": 256, "val": 32}
 
 Log = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class TinyWorld:
-    root: Path
-    policy: Path
-    reward_model: Path
-    train_prompts: Path
-    val_prompts: Path
-
-    @classmethod
-    def at(cls, root: Path) -> TinyWorld:
-        return cls(root, root / "policy", root / "reward_model", root / "train.jsonl", root / "val.jsonl")
-
-    @property
-    def metadata(self) -> dict:
-        return json.loads((self.root / "world.json").read_text())
-
-
 # --- cache, lock, atomic build ----------------------------------------------------------------
-
-
-def tiny_world_dir(seed: int = 0, home: Path | None = None) -> Path:
-    home = Path(home or os.environ.get("RLSTEPS_HOME") or Path.home() / ".cache" / "rlsteps")
-    return home / "tiny" / f"{TINY_WORLD_VERSION}-seed{seed}"
 
 
 def load_tiny_world(seed: int = 0, home: Path | None = None) -> TinyWorld | None:
     """The built world, or None. Only a finished build has world.json (it is renamed into place whole)."""
-    root = tiny_world_dir(seed, home)
-    if (root / "world.json").is_file():
-        return TinyWorld.at(root)
-    if root.exists():
-        raise RuntimeError(f"{root} exists but is not a finished tiny world (no world.json): delete it and retry")
+    world = tiny_world_paths(seed, home)
+    if (world.root / "world.json").is_file():
+        return world
+    if world.root.exists():
+        raise RuntimeError(f"{world.root} exists but is not a finished tiny world (no world.json): delete it and retry")
     return None
 
 
@@ -120,13 +100,14 @@ def ensure_tiny_world(seed: int = 0, home: Path | None = None, log: Log | None =
             return world
         _remove_abandoned_builds(target)
         staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(target), dir=target.parent))
+        staging.chmod(0o755)  # mkdtemp makes it private; the world is a shared cache
         try:
             _build_world(staging, seed, log or _stderr_log)
             os.replace(staging, target)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-    return TinyWorld.at(target)
+    return tiny_world_paths(seed, home)
 
 
 def _staging_prefix(target: Path) -> str:
@@ -156,16 +137,19 @@ def _stderr_log(message: str) -> None:
 
 
 @contextmanager
-def _deterministic_torch(seed: int) -> Iterator[None]:
-    """Fixed threads and seed for the build; the caller's RNG state and thread count come back after."""
-    threads = torch.get_num_threads()
+def _build_settings(seed: int) -> Iterator[None]:
+    """Fixed threads and seed, no save progress bars; the caller's settings and RNG state come back after."""
+    threads, progress_bars = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
     torch.set_num_threads(BUILD_THREADS)
+    hf_logging.disable_progress_bar()
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             yield
     finally:
         torch.set_num_threads(threads)
+        if progress_bars:
+            hf_logging.enable_progress_bar()
 
 
 # --- tokenizer and models ---------------------------------------------------------------------
@@ -220,13 +204,13 @@ def build_random_causal_lm(
         "eos_token_id": tokenizer.eos_token_id,
         "bos_token_id": None,
         "tie_word_embeddings": True,
+        "initializer_range": INIT_STD,
     }
+    decoder = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4, max_position_embeddings=256)
     if arch == "llama":
-        config = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256, **special)
+        config = LlamaConfig(intermediate_size=4 * hidden, num_key_value_heads=4, **decoder, **special)
     elif arch == "qwen2":
-        config = Qwen2Config(hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **special)
+        config = Qwen2Config(intermediate_size=3 * hidden, num_key_value_heads=2, **decoder, **special)
     elif arch == "gpt2":
         config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=256, **special)
     else:
@@ -244,7 +228,7 @@ def reward_model_from_policy(policy: PreTrainedModel) -> PreTrainedModel:
     config = copy.deepcopy(policy.config)
     config.num_labels = 1
     reward_model = AutoModelForSequenceClassification.from_config(config)
-    reward_model.model.load_state_dict(policy.model.state_dict())
+    reward_model.base_model.load_state_dict(policy.base_model.state_dict())
     return reward_model
 
 
@@ -301,7 +285,7 @@ def reward_scores(
     reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, prompts: list[str], responses: list[str]
 ) -> torch.Tensor:  # [B]
     """Scores of (rendered chat prompt, decoded response) pairs, on exactly the text a server scores."""
-    texts = [reward_input_text(p, r, tokenizer.eos_token) for p, r in zip(prompts, responses)]
+    texts = [reward_input_text(p, r, tokenizer.eos_token) for p, r in zip(prompts, responses, strict=True)]
     encoded = tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt")
     return reward_model(**encoded).logits[:, 0]
 
@@ -359,10 +343,9 @@ def pair_accuracy(
 ) -> float:
     prompts, chosen, rejected = zip(*pairs)
     rendered = [chat_prompt(tokenizer, p) for p in prompts]
-    margin = reward_scores(reward_model, tokenizer, rendered, list(chosen)) - reward_scores(
-        reward_model, tokenizer, rendered, list(rejected)
-    )
-    return (margin > 0).float().mean().item()
+    chosen_scores = reward_scores(reward_model, tokenizer, rendered, list(chosen))
+    rejected_scores = reward_scores(reward_model, tokenizer, rendered, list(rejected))
+    return (chosen_scores > rejected_scores).float().mean().item()
 
 
 @torch.no_grad()
@@ -391,7 +374,7 @@ def evaluate_world(
 def _build_world(root: Path, seed: int, log: Log) -> None:
     started = time.perf_counter()
     rng = random.Random(seed)
-    with _deterministic_torch(seed):
+    with _build_settings(seed):
         log("training the tokenizer")
         tokenizer = train_tokenizer(tiny_task.tokenizer_corpus(rng, 4000))
         save_tokenizer(tokenizer, root / "tokenizer")
@@ -400,13 +383,13 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         policy = build_random_causal_lm("llama", tokenizer, seed, **POLICY_SIZE)
         sft_loss = train_sft(policy, tokenizer, rng, log)
         policy.save_pretrained(root / "policy")
-        save_tokenizer(tokenizer, root / "policy")
+        shutil.copytree(root / "tokenizer", root / "policy", dirs_exist_ok=True)
 
         log("Bradley-Terry training of the reward model")
         reward_model = reward_model_from_policy(policy)
         rm_loss = train_reward_model(reward_model, tokenizer, rng, log)
         reward_model.save_pretrained(root / "reward_model")
-        save_tokenizer(tokenizer, root / "reward_model")
+        shutil.copytree(root / "tokenizer", root / "reward_model", dirs_exist_ok=True)
 
         log("measuring the policy and the reward model")
         quality = evaluate_world(policy, reward_model, tokenizer, random.Random(seed + 1))
@@ -417,9 +400,9 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
     metadata = {
         "version": TINY_WORLD_VERSION,
         "seed": seed,
-        "task": tiny_task.__doc__.strip().split("\n\n")[0],
-        "preference": "true_reward in rlsteps.tiny_task: +1 for naming the prompt's noun, +0.5 per distinct "
-        "positive adjective (at most 4), -0.5 per negative adjective",
+        "task": " ".join(tiny_task.__doc__.split("\n\n")[1].split()),
+        "preference": "rlsteps.tiny_task.true_reward: +1 for naming the prompt's noun, +0.5 per distinct "
+        f"positive adjective (at most 4), -0.5 per negative adjective; best {tiny_task.BEST_TRUE_REWARD}",
         "sizes": {
             "vocab": len(tokenizer),
             "policy_params": sum(p.numel() for p in policy.parameters()),

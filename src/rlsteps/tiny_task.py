@@ -1,22 +1,23 @@
 """The synthetic task of the tiny world: describe a thing, and say nice things about it.
 
-A prompt asks for a description of one of a few dozen nouns, in one of eight phrasings
-("Describe the cat.", "What is the lake like?", ...). A response is one sentence,
-"<Subject> <is|looks|seems> <adj>, <adj> and <adj>." with 1-4 distinct adjectives, each from a
-positive, a neutral or a negative list, and a subject that is the prompt's noun, another noun or "It".
+A prompt asks about one of 40 nouns in one of eight phrasings ("Describe the cat.", "What do you
+think of the lake?"). A response is one sentence, "<The noun | It> <is | looks | seems> <adj>,
+<adj> and <adj>.", with 1-4 distinct adjectives from a positive, a neutral and a negative list.
 
 The hidden preference (`true_reward`) is a pure function of the text:
-    +1.0  if the response mentions the prompt's noun
+    +1.0  if the response names the prompt's noun
     +0.5  per distinct positive adjective (at most 4 count)
     -0.5  per negative adjective (neutral ones count 0)
 so the best achievable reward is 3.0 ("The cat is kind, lovely, bright and gentle.").
 
-The SFT data leaves room for RL to improve: it names the prompt's noun only 60% of the time and
-draws each adjective from the positive list with probability 0.25, so the SFT policy scores about
-0.3 on average. A policy learns the preference by shifting probability mass, not by learning new
-words: exactly what rejection sampling, RLOO and GRPO can do in a few minutes on a CPU.
+The SFT data leaves room for RL: it names the noun 60% of the time (else says "It") and draws
+each adjective from the positive list with probability 0.25, so it averages about 0.4. A policy
+learns the preference by moving probability mass between words it already uses, which rejection
+sampling, RLOO and GRPO do in a few minutes on a CPU. The noun always ends the prompt, so a
+two-layer model learns to copy it in a few hundred steps. Responses never name a wrong noun,
+so the reward model learns "names the subject" rather than checking it against the prompt.
 
-All text comes from `random.Random(seed)`, so it is identical on every platform.
+All text comes from `random.Random(seed)`, so it is the same on every platform.
 """
 
 from __future__ import annotations
@@ -39,15 +40,15 @@ NEGATIVE = (
     "dull", "ugly", "rusty", "broken", "gloomy", "nasty",
     "smelly", "awful", "dirty", "boring", "grim", "clumsy",
 )  # fmt: skip
-PROMPT_PHRASINGS = (
+PROMPT_PHRASINGS = (  # the noun always ends the prompt, which makes copying it easy to learn
     "Describe the {noun}.",
     "Tell me about the {noun}.",
-    "What is the {noun} like?",
     "Write one sentence about the {noun}.",
     "Give a short description of the {noun}.",
     "Say something about the {noun}.",
     "How would you describe the {noun}?",
-    "Describe the {noun} in a few words.",
+    "What do you think of the {noun}?",
+    "Talk about the {noun}.",
 )
 VERBS = ("is", "looks", "seems")
 
@@ -57,8 +58,7 @@ MAX_COUNTED_POSITIVES = 4
 BEST_TRUE_REWARD = MENTION_REWARD + ADJECTIVE_REWARD * MAX_COUNTED_POSITIVES
 
 SFT_P_POSITIVE = 0.25
-SFT_P_MENTION = 0.6
-SFT_P_OTHER_NOUN = 0.2  # the rest of the time the subject is "It"
+SFT_P_MENTION = 0.6  # the rest of the time the subject is "It"
 
 _WORD = re.compile(r"[a-z]+")
 _NOUN_SET, _POSITIVE_SET, _NEGATIVE_SET = frozenset(NOUNS), frozenset(POSITIVE), frozenset(NEGATIVE)
@@ -100,25 +100,30 @@ def join_adjectives(adjectives: list[str]) -> str:
     return f"{', '.join(adjectives[:-1])} and {adjectives[-1]}"
 
 
-def sample_response(
-    rng: random.Random,
-    noun: str,
-    p_positive: float = SFT_P_POSITIVE,
-    p_mention: float = SFT_P_MENTION,
-    p_other_noun: float = SFT_P_OTHER_NOUN,
-) -> str:
+def draw_response(
+    rng: random.Random, noun: str, p_positive: float = SFT_P_POSITIVE, p_mention: float = SFT_P_MENTION
+) -> tuple[str, str, list[str]]:
+    """(subject, verb, adjectives) of a response about `noun`; the subject is "The <noun>" or "It"."""
+    subject = f"The {noun}" if rng.random() < p_mention else "It"
+    return subject, rng.choice(VERBS), _draw_adjectives(rng, p_positive)
+
+
+def _draw_adjectives(rng: random.Random, p_positive: float) -> list[str]:
+    """1-4 distinct adjectives, each positive with probability p_positive, else neutral or negative."""
     count = rng.randint(1, 4)
     positives = sum(rng.random() < p_positive for _ in range(count))
     adjectives = rng.sample(POSITIVE, positives) + rng.sample(NEUTRAL + NEGATIVE, count - positives)
     rng.shuffle(adjectives)
-    draw = rng.random()
-    if draw < p_mention:
-        subject = f"The {noun}"
-    elif draw < p_mention + p_other_noun:
-        subject = f"The {rng.choice([n for n in NOUNS if n != noun])}"
-    else:
-        subject = "It"
-    return f"{subject} {rng.choice(VERBS)} {join_adjectives(adjectives)}."
+    return adjectives
+
+
+def render_response(subject: str, verb: str, adjectives: list[str]) -> str:
+    return f"{subject} {verb} {join_adjectives(adjectives)}."
+
+
+def sample_response(rng: random.Random, noun: str, p_positive: float = SFT_P_POSITIVE) -> str:
+    """A response from the SFT distribution (or with another chance of a positive adjective)."""
+    return render_response(*draw_response(rng, noun, p_positive))
 
 
 def sample_prompt(rng: random.Random) -> tuple[str, str]:
@@ -139,18 +144,31 @@ def sft_examples(rng: random.Random, count: int) -> list[tuple[str, str]]:
 def preference_pairs(rng: random.Random, count: int) -> list[tuple[str, str, str]]:
     """(prompt, chosen, rejected) with true_reward(chosen) > true_reward(rejected).
 
-    Responses come from a wider distribution than the SFT data (the chance of a positive
+    Responses come from a wider distribution than the SFT data (the chances of a positive
     adjective and of naming the noun are drawn per response), so the reward model also ranks
-    the better responses a policy reaches during RL.
+    the better responses a policy reaches during RL. Two thirds of the pairs are minimal pairs
+    that differ only in the subject or only in the adjectives: they teach each part of the
+    preference on its own, which a small model otherwise learns slowly for the noun.
     """
     pairs = []
     while len(pairs) < count:
         prompt, noun = sample_prompt(rng)
-        a, b = (sample_response(rng, noun, rng.random(), rng.random(), 0.5 * rng.random()) for _ in range(2))
+        subject, verb, adjectives = _draw_wide(rng, noun)
+        other_subject, _, other_adjectives = _draw_wide(rng, noun)
+        kind = rng.randrange(3)
+        if kind == 1:
+            other_adjectives = adjectives
+        elif kind == 2:
+            other_subject = subject
+        a, b = render_response(subject, verb, adjectives), render_response(other_subject, verb, other_adjectives)
         reward_a, reward_b = true_reward(prompt, a), true_reward(prompt, b)
         if reward_a != reward_b:
             pairs.append((prompt, a, b) if reward_a > reward_b else (prompt, b, a))
     return pairs
+
+
+def _draw_wide(rng: random.Random, noun: str) -> tuple[str, str, list[str]]:
+    return draw_response(rng, noun, p_positive=rng.random(), p_mention=rng.random())
 
 
 def prompt_records(seed: int, train_count: int, val_count: int) -> tuple[list[dict], list[dict]]:

@@ -1,0 +1,342 @@
+"""The offline tiny world: cached atomic build, standard HF files, a learnable task, a reward model that knows it."""
+
+import hashlib
+import json
+import random
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from rlsteps import tiny, tiny_task
+from rlsteps.tiny import build_random_causal_lm, ensure_tiny_world, load_tiny_world, tiny_world_dir
+from rlsteps.tiny_layout import rlsteps_home
+from rlsteps.tiny_task import BEST_TRUE_REWARD, true_reward
+
+RESPONSE_FORMAT = re.compile(r"^(The [a-z]+|It) (is|looks|seems) [a-z]+((, [a-z]+)* and [a-z]+)?\.$")
+
+
+# --- the built world ----------------------------------------------------------------------------
+
+
+def test_the_world_is_built_and_a_second_call_returns_it_without_rebuilding(tiny_world, monkeypatch):
+    for path in (tiny_world.policy, tiny_world.reward_model, tiny_world.train_prompts, tiny_world.val_prompts):
+        assert path.exists(), path
+    metadata = json.loads((tiny_world.root / "world.json").read_text())
+    assert metadata["version"] == tiny.TINY_WORLD_VERSION and metadata["seed"] == 0
+    assert "Hidden preference" in (tiny_world.root / "README.md").read_text()
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("a built world was built again")
+
+    monkeypatch.setattr(tiny, "_build_world", no_rebuild)
+    started = time.perf_counter()
+    assert ensure_tiny_world(seed=0, home=rlsteps_home()) == tiny_world
+    assert time.perf_counter() - started < 1.0
+
+
+def test_models_and_tokenizer_load_with_the_auto_classes(tiny_world):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_world.policy)
+    assert tokenizer.pad_token == "<|pad|>" and tokenizer.eos_token == "<|end|>"
+    assert 400 <= len(tokenizer) <= 1000
+    policy = AutoModelForCausalLM.from_pretrained(tiny_world.policy)
+    reward_model = AutoModelForSequenceClassification.from_pretrained(tiny_world.reward_model)
+    assert policy.config.model_type == reward_model.config.model_type == "llama"
+    assert policy.config.pad_token_id == reward_model.config.pad_token_id == tokenizer.pad_token_id
+    assert policy.config.eos_token_id == tokenizer.eos_token_id and reward_model.config.num_labels == 1
+    assert policy.get_input_embeddings().num_embeddings == len(tokenizer)
+    assert 100_000 < sum(p.numel() for p in policy.parameters()) < 2_000_000
+    tokenizer_json = (tiny_world.root / "tokenizer" / "tokenizer.json").read_bytes()
+    for folder in (tiny_world.policy, tiny_world.reward_model):
+        assert (folder / "model.safetensors").is_file() and not list(folder.glob("*.bin"))
+        assert (folder / "tokenizer.json").read_bytes() == tokenizer_json
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        assert config["tokenizer_class"] == "PreTrainedTokenizerFast"  # readable by older transformers too
+
+
+def test_chat_template_renders_roles_and_the_assistant_header(tiny_world):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_world.reward_model)
+    chat = [
+        {"role": "system", "content": "Be kind."},
+        {"role": "user", "content": "Describe the cat."},
+        {"role": "assistant", "content": "The cat is kind."},
+    ]
+    rendered = tokenizer.apply_chat_template(chat, tokenize=False)
+    assert rendered == (
+        "<|system|>\nBe kind.<|end|><|user|>\nDescribe the cat.<|end|><|assistant|>\nThe cat is kind.<|end|>"
+    )
+    prompt = tokenizer.apply_chat_template(chat[1:2], add_generation_prompt=True, tokenize=False)
+    assert prompt == "<|user|>\nDescribe the cat.<|end|><|assistant|>\n"
+    assert rendered.endswith(tokenizer.eos_token)  # the assistant's turn ends with EOS
+    with pytest.raises(Exception, match="roles are system, user and assistant"):
+        tokenizer.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+    # Role markers are single tokens, and encoding adds no BOS: a server that tokenises with defaults agrees.
+    ids = tokenizer(rendered)["input_ids"]
+    assert ids == tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    assert ids[0] == tokenizer.convert_tokens_to_ids("<|system|>") and ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "\nBe kind.\nDescribe the cat.\nThe cat is kind."
+
+
+def test_prompt_files_are_disjoint_user_turns_about_task_nouns(tiny_world):
+    train = [json.loads(line) for line in tiny_world.train_prompts.read_text().splitlines()]
+    val = [json.loads(line) for line in tiny_world.val_prompts.read_text().splitlines()]
+    assert (len(train), len(val)) == (256, 32)
+    for record in train + val:
+        assert set(record) == {"id", "messages"} and len(record["messages"]) == 1
+        assert record["messages"][0]["role"] == "user"
+        assert tiny_task.prompt_noun(record["messages"][0]["content"]) in tiny_task.NOUNS
+    assert not {r["id"] for r in train} & {r["id"] for r in val}
+    assert not {r["messages"][0]["content"] for r in train} & {r["messages"][0]["content"] for r in val}
+
+
+# --- the policy and the reward model -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def models(tiny_world):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_world.policy)
+    policy = AutoModelForCausalLM.from_pretrained(tiny_world.policy).eval()
+    reward_model = AutoModelForSequenceClassification.from_pretrained(tiny_world.reward_model).eval()
+    return tokenizer, policy, reward_model
+
+
+@pytest.fixture(scope="module")
+def sft_samples(models, tiny_world):
+    """96 (user prompt, rendered prompt, response, ended) from the SFT policy at temperature 1."""
+    tokenizer, policy, _ = models
+    val = [json.loads(line)["messages"][0]["content"] for line in tiny_world.val_prompts.read_text().splitlines()]
+    prompts = val * 3
+    rendered = [tiny.chat_prompt(tokenizer, p) for p in prompts]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        samples = tiny.sample_responses(policy, tokenizer, rendered, max_new_tokens=32)
+    return [(p, r, text, ended) for p, r, (text, ended) in zip(prompts, rendered, samples)]
+
+
+def test_sft_samples_end_with_eos_look_like_the_task_and_leave_room_to_improve(sft_samples):
+    responses = [text for _, _, text, _ in sft_samples]
+    assert sum(ended for *_, ended in sft_samples) / len(sft_samples) > 0.9
+    assert sum(bool(RESPONSE_FORMAT.match(text)) for text in responses) / len(responses) > 0.8, responses[:8]
+    assert len(set(responses)) > len(responses) // 2  # varied, not one memorised answer
+    rewards = [true_reward(prompt, text) for prompt, _, text, _ in sft_samples]
+    mentions = [tiny_task.prompt_noun(prompt) in tiny_task.words(text) for prompt, _, text, _ in sft_samples]
+    assert 0.3 < sum(mentions) / len(mentions) < 0.9  # copies the noun, but not always
+    assert -0.5 < sum(rewards) / len(rewards) < BEST_TRUE_REWARD - 1.5
+
+
+def test_reward_model_ranks_held_out_preference_pairs(models):
+    tokenizer, _, reward_model = models
+    pairs = tiny_task.preference_pairs(random.Random(2024), 256)  # the build draws pairs from seed 0 and 1
+    assert tiny.pair_accuracy(reward_model, tokenizer, pairs) > 0.9
+
+
+def test_reward_model_scores_correlate_with_true_reward_on_sft_samples(models, sft_samples):
+    tokenizer, _, reward_model = models
+    prompts, rendered, responses, _ = zip(*sft_samples)
+    with torch.no_grad():
+        scores = tiny.reward_scores(reward_model, tokenizer, list(rendered), list(responses))
+    true = torch.tensor([true_reward(p, r) for p, r in zip(prompts, responses)])
+    assert torch.corrcoef(torch.stack([scores, true]))[0, 1] > 0.8
+    assert torch.corrcoef(torch.stack([_ranks(scores), _ranks(true)]))[0, 1] > 0.8  # Spearman
+
+
+def test_reward_model_scores_exactly_the_shared_reward_input_text(models):
+    from rlsteps.engine.rewards.text import reward_input_text
+
+    tokenizer, _, reward_model = models
+    rendered = tiny.chat_prompt(tokenizer, "Describe the cat.")
+    text = reward_input_text(rendered, "The cat is kind.", tokenizer.eos_token)
+    with torch.no_grad():
+        direct = reward_model(**tokenizer([text], return_tensors="pt")).logits[0, 0]
+        helper = tiny.reward_scores(reward_model, tokenizer, [rendered], ["The cat is kind."])[0]
+    assert torch.equal(direct, helper)
+
+
+def _ranks(values: torch.Tensor) -> torch.Tensor:
+    return values.argsort().argsort().float()
+
+
+# --- the task -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "prompt, response, expected",
+    [
+        ("Describe the cat.", "The cat is kind, lovely, bright and gentle.", 3.0),  # the best
+        ("Describe the cat.", "The cat is kind, lovely, bright, gentle and charming.", 3.0),  # 4 positives count
+        ("Describe the cat.", "The cat is kind, kind and kind.", 1.5),  # distinct positives
+        ("Describe the cat.", "It is kind.", 0.5),
+        ("Describe the cat.", "The dog is kind.", 0.5),  # the wrong noun is no mention
+        ("What do you think of the lake?", "The lake seems ugly and old.", 0.5),  # neutral counts 0
+        ("Describe the cat.", "It is ugly, ugly and dull.", -1.5),  # every negative counts
+        ("Describe the cat.", "THE CAT IS KIND.", 1.5),
+        ("<|user|>\nDescribe the cat.<|end|><|assistant|>\n", "The cat is plain.", 1.0),  # rendered prompt
+        ("Describe the cat.", "", 0.0),
+    ],
+)
+def test_true_reward_on_hand_examples(prompt, response, expected):
+    assert true_reward(prompt, response) == expected
+
+
+def test_true_reward_needs_a_task_noun_in_the_prompt():
+    with pytest.raises(ValueError, match="no task noun"):
+        true_reward("Describe the weather.", "It is kind.")
+
+
+def test_every_prompt_names_one_noun_and_preference_pairs_are_ordered():
+    for prompt in tiny_task.all_prompts():
+        assert sum(w in tiny_task.NOUNS for w in tiny_task.words(prompt)) == 1
+    for prompt, chosen, rejected in tiny_task.preference_pairs(random.Random(0), 200):
+        assert true_reward(prompt, chosen) > true_reward(prompt, rejected)
+        assert RESPONSE_FORMAT.match(chosen) and RESPONSE_FORMAT.match(rejected)
+
+
+def test_task_text_is_a_pure_function_of_the_seed():
+    assert tiny_task.sft_examples(random.Random(3), 50) == tiny_task.sft_examples(random.Random(3), 50)
+    assert tiny_task.preference_pairs(random.Random(3), 50) == tiny_task.preference_pairs(random.Random(3), 50)
+    assert tiny_task.prompt_records(3, 256, 32) == tiny_task.prompt_records(3, 256, 32)
+    assert tiny_task.prompt_records(3, 256, 32) != tiny_task.prompt_records(4, 256, 32)
+
+
+# --- building blocks: tokenizer, random models, determinism -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fresh_tokenizer():
+    return tiny.train_tokenizer(tiny_task.tokenizer_corpus(random.Random(0), 500))
+
+
+def test_tokenizer_training_is_deterministic_and_every_task_word_is_one_token(fresh_tokenizer):
+    again = tiny.train_tokenizer(tiny_task.tokenizer_corpus(random.Random(0), 500))
+    assert again.backend_tokenizer.to_str() == fresh_tokenizer.backend_tokenizer.to_str()
+    for word in tiny_task.NOUNS + tiny_task.POSITIVE + tiny_task.NEUTRAL + tiny_task.NEGATIVE:
+        assert len(fresh_tokenizer(f" {word}", add_special_tokens=False)["input_ids"]) == 1, word
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_build_random_causal_lm_runs_a_forward_pass(fresh_tokenizer, arch):
+    rng_state = torch.get_rng_state()
+    model = build_random_causal_lm(arch, fresh_tokenizer, seed=3, hidden=32, layers=2)
+    assert torch.equal(torch.get_rng_state(), rng_state)  # the caller's RNG is untouched
+    assert model.config.model_type == arch and model.config.pad_token_id == fresh_tokenizer.pad_token_id
+    batch = fresh_tokenizer(["Describe the cat.", "It is kind, lovely and bright."], padding=True, return_tensors="pt")
+    logits = model(**batch).logits
+    assert logits.shape == (2, batch["input_ids"].shape[1], len(fresh_tokenizer)) and torch.isfinite(logits).all()
+    same = build_random_causal_lm(arch, fresh_tokenizer, seed=3, hidden=32, layers=2)
+    other = build_random_causal_lm(arch, fresh_tokenizer, seed=4, hidden=32, layers=2)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), same.state_dict().values(), strict=True))
+    assert not torch.equal(model.get_input_embeddings().weight, other.get_input_embeddings().weight)
+
+
+def test_unknown_architecture_names_the_choices(fresh_tokenizer):
+    with pytest.raises(ValueError, match="'llama', 'qwen2', 'gpt2'"):
+        build_random_causal_lm("mamba", fresh_tokenizer, seed=0)
+
+
+def test_a_few_sft_steps_are_deterministic_and_the_callers_settings_come_back(fresh_tokenizer, monkeypatch):
+    monkeypatch.setitem(tiny.SFT, "steps", 3)
+    threads, rng_state = torch.get_num_threads(), torch.get_rng_state()
+
+    def train_once():
+        with tiny._build_settings(seed=5):
+            policy = build_random_causal_lm("llama", fresh_tokenizer, seed=5, hidden=32, layers=1)
+            tiny.train_sft(policy, fresh_tokenizer, random.Random(5), log=lambda message: None)
+        return policy.state_dict()
+
+    first, second = train_once(), train_once()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert torch.get_num_threads() == threads and torch.equal(torch.get_rng_state(), rng_state)
+
+
+# --- cache, lock, atomic build (a fake fast builder: these test the file handling, not the training) ----
+
+
+def _fake_build(calls: list[int], seconds: float = 0.0):
+    def build(root, seed, log):
+        calls.append(seed)
+        (root / "policy").mkdir()
+        time.sleep(seconds)
+        (root / "world.json").write_text(json.dumps({"seed": seed}))
+
+    return build
+
+
+def test_concurrent_callers_build_once(tmp_path, monkeypatch):
+    calls: list[int] = []
+    monkeypatch.setattr(tiny, "_build_world", _fake_build(calls, seconds=0.5))
+    worlds = []
+    threads = [threading.Thread(target=lambda: worlds.append(ensure_tiny_world(2, tmp_path))) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert calls == [2] and len(set(worlds)) == 1
+    assert worlds[0].root == tiny_world_dir(2, tmp_path) and (worlds[0].root / "world.json").is_file()
+    assert [p.name for p in worlds[0].root.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_failed_build_leaves_no_half_world(tmp_path, monkeypatch):
+    def failing(root, seed, log):
+        (root / "policy").mkdir()
+        (root / "world.json").write_text("{}")  # even a complete-looking folder must not be installed
+        raise RuntimeError("out of disk")
+
+    monkeypatch.setattr(tiny, "_build_world", failing)
+    with pytest.raises(RuntimeError, match="out of disk"):
+        ensure_tiny_world(seed=0, home=tmp_path)
+    assert load_tiny_world(seed=0, home=tmp_path) is None
+    assert [p.name for p in tiny_world_dir(0, tmp_path).parent.iterdir()] == [f"{tiny.TINY_WORLD_VERSION}-seed0.lock"]
+
+
+def test_a_killed_build_is_not_mistaken_for_a_world_and_is_cleaned_up(tmp_path, monkeypatch):
+    script = textwrap.dedent(f"""
+        import time
+        from rlsteps import tiny
+        def slow_build(root, seed, log):
+            (root / "policy").mkdir()
+            (root / "started").write_text("")
+            time.sleep(60)
+        tiny._build_world = slow_build
+        tiny.ensure_tiny_world(seed=0, home={str(tmp_path)!r})
+    """)
+    builder = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("tiny/.*/started")):
+            assert builder.poll() is None and time.monotonic() < deadline, "the build did not start"
+            time.sleep(0.1)
+    finally:
+        builder.kill()
+        builder.wait()
+    (leftover,) = [p for p in (tmp_path / "tiny").iterdir() if p.is_dir()]
+    assert leftover.name.startswith(".") and not tiny_world_dir(0, tmp_path).exists()
+    assert load_tiny_world(seed=0, home=tmp_path) is None
+
+    calls: list[int] = []
+    monkeypatch.setattr(tiny, "_build_world", _fake_build(calls))
+    world = ensure_tiny_world(seed=0, home=tmp_path)  # the killed build's lock died with it
+    assert calls == [0] and not leftover.exists() and (world.root / "world.json").is_file()
+
+
+def test_a_folder_without_world_json_at_the_target_is_reported(tmp_path):
+    tiny_world_dir(0, tmp_path).mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="not a finished tiny world.*delete it"):
+        ensure_tiny_world(seed=0, home=tmp_path)
+
+
+@pytest.mark.slow
+def test_two_fresh_builds_are_bit_identical(tmp_path):
+    """Two full builds (about 20 s each): same seed, same weights, tokenizer and prompts."""
+    digests = []
+    for home in (tmp_path / "a", tmp_path / "b"):
+        world = ensure_tiny_world(seed=0, home=home, log=lambda message: None)
+        files = sorted(p for p in world.root.rglob("*") if p.is_file() and p.name not in {"world.json", "README.md"})
+        digests.append({str(p.relative_to(world.root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files})
+    assert "policy/model.safetensors" in digests[0] and "reward_model/model.safetensors" in digests[0]
+    assert digests[0] == digests[1]
