@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
-import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-import torch
-import uvicorn
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
+from model_fixtures import save_reward_model, serving
 from rlsteps.engine.rewards.genrm import JudgeClient, judge_messages, parse_judgement
 from rlsteps.engine.rewards.judge_server import create_app, judgement_from_rewards, main
-from rlsteps.engine.rewards.process import free_port
 from rlsteps.engine.rewards.scorer import RewardScorer
 
 PROMPT = "Q: name an animal. A:"
@@ -27,44 +18,9 @@ CANDIDATES = [" cat", " the dog ran", " 1 2 3", " a cat sat on the mat.", " why?
 
 @pytest.fixture(scope="module")
 def scorer(tmp_path_factory: pytest.TempPathFactory) -> RewardScorer:
-    """A small random Llama reward model with a byte-level BPE tokenizer trained on a few lines."""
-    path: Path = tmp_path_factory.mktemp("judge_reward_model")
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator([PROMPT, *CANDIDATES] * 10, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="</s>", pad_token="<pad>")
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128, num_labels=1,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = LlamaForSequenceClassification(config)
-    torch.nn.init.normal_(model.score.weight, std=1.0)  # rewards of order 1
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    """A small random Llama reward model with a byte-level BPE tokenizer trained on the test texts."""
+    path = save_reward_model(tmp_path_factory.mktemp("judge_reward_model"), [PROMPT, *CANDIDATES] * 10, layers=1)
     return RewardScorer(path, max_length=64)
-
-
-@contextlib.contextmanager
-def serving(app) -> Iterator[str]:
-    """Run the app with uvicorn in a thread on a free loopback port; yields the /v1 base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the judge server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def test_judgement_from_rewards_hand_values():
@@ -82,7 +38,7 @@ def test_the_better_scored_response_wins_through_the_client(scorer: RewardScorer
     ranked = sorted(range(len(CANDIDATES)), key=direct.__getitem__)
     low, mid, high = (CANDIDATES[i] for i in (ranked[0], ranked[len(ranked) // 2], ranked[-1]))
     assert direct[ranked[-1]] - direct[ranked[0]] > 0.1, "the random reward model separates nothing"
-    with serving(create_app(scorer, "tiny-judge")) as url, JudgeClient(url, "tiny-judge") as client:
+    with serving(create_app(scorer, "tiny-judge"), path="/v1") as url, JudgeClient(url, "tiny-judge") as client:
         result = client.judge([(PROMPT, [mid, low, high]), (PROMPT, [low, high])])
     assert result.valid == [[True, True, True], [True, True]]
     assert result.stats["parse_failures"] == 0 and result.stats["retries"] == 0
@@ -95,7 +51,7 @@ def test_the_better_scored_response_wins_through_the_client(scorer: RewardScorer
 
 
 def test_openai_endpoints_and_the_answer_format(scorer: RewardScorer):
-    with serving(create_app(scorer, "tiny-judge")) as url:
+    with serving(create_app(scorer, "tiny-judge"), path="/v1") as url:
         assert httpx.get(url.removesuffix("/v1") + "/health").json()["status"] == "ok"
         assert httpx.get(f"{url}/models").json()["data"][0]["id"] == "tiny-judge"
         answer = httpx.post(f"{url}/chat/completions", json={
@@ -112,7 +68,7 @@ def test_openai_endpoints_and_the_answer_format(scorer: RewardScorer):
 
 
 def test_unreadable_requests_get_400_with_the_reason(scorer: RewardScorer):
-    with serving(create_app(scorer)) as url:
+    with serving(create_app(scorer), path="/v1") as url:
         not_json = httpx.post(f"{url}/chat/completions", content=b"{oops", headers={"Content-Type": "application/json"})
         no_messages = httpx.post(f"{url}/chat/completions", json={"model": "tiny-judge"})
         free_text = httpx.post(f"{url}/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
@@ -123,7 +79,7 @@ def test_unreadable_requests_get_400_with_the_reason(scorer: RewardScorer):
 
 def test_token_is_required_when_set(scorer: RewardScorer):
     body = {"model": "tiny-judge", "messages": judge_messages(PROMPT, " cat", " dog", None)}
-    with serving(create_app(scorer, token="s3cret")) as url:
+    with serving(create_app(scorer, token="s3cret"), path="/v1") as url:
         refused = httpx.post(f"{url}/chat/completions", json=body)
         wrong = httpx.post(f"{url}/chat/completions", json=body, headers={"Authorization": "Bearer nope"})
         with JudgeClient(url, "tiny-judge", api_key="s3cret") as client:

@@ -202,7 +202,7 @@ def test_local_server_is_stopped_when_the_block_is_interrupted(tmp_path: Path) -
 
 
 def test_local_reward_server_end_to_end(tmp_path: Path) -> None:
-    from test_reward_server import PROMPTS, RESPONSES, save_reward_model
+    from model_fixtures import PROMPTS, RESPONSES, save_reward_model
 
     model = save_reward_model(tmp_path / "rm")
     args = ["--model", str(model), "--device", "cpu", "--max-wait-ms", "1", "--token-env", "RM_TEST_TOKEN"]

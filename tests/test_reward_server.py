@@ -2,64 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-import uvicorn
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
 from rlsteps.engine.rewards.client import RewardClient
-from rlsteps.engine.rewards.process import free_port
+from model_fixtures import LINES, PROMPTS, RESPONSES, save_reward_model, serving
 from rlsteps.engine.rewards.scorer import RewardScorer
 from rlsteps.engine.rewards.server import create_app
 from rlsteps.engine.rewards.text import reward_input_text
-
-LINES = ["the cat sat on the mat.", "a dog ran in the park!", "count: 1 2 3 4 5", "Q: why? A: because."] * 20
-PROMPTS = ["Q: why?", "count:", "the cat", "a", "Q: what is the dog doing in the park today? A:", "1 2", "mat"]
-RESPONSES = [" because.", " 1 2 3", " sat on the mat.", " dog", " it ran.", " 3 4 5 6 7 8", "!"]
-
-
-def build_tokenizer(with_pad: bool = True) -> PreTrainedTokenizerFast:
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<pad>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    bpe.train_from_iterator(LINES, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="</s>", pad_token="<pad>" if with_pad else None)
-
-
-def save_reward_model(path: Path, with_pad: bool = True) -> Path:
-    tokenizer = build_tokenizer(with_pad)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, num_labels=1,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = LlamaForSequenceClassification(config)
-    torch.nn.init.normal_(model.score.weight, std=1.0)  # rewards of order 1, so tolerances mean something
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny forwards are fastest on one thread, above all on a shared, busy CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -69,24 +24,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def scorer(model_dir: Path) -> RewardScorer:
     return RewardScorer(model_dir, max_length=64, batch_size=4)
-
-
-@contextlib.contextmanager
-def serving(app) -> Iterator[str]:
-    """Run the app with uvicorn in a thread on a free loopback port."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 class SlowScorer:

@@ -11,6 +11,18 @@ from run_helpers import FAST, artifact_metadata, kill_group, rlsteps, run_dir, s
 pytestmark = pytest.mark.slow
 
 
+def _assert_stopped_cleanly(process, log_path, run):
+    """Exit 1 with a one-line cause, no traceback, every checkpoint complete, and no output artifact."""
+    code = process.wait(timeout=300)
+    log = log_path.read_text()
+    assert code == 1, log[-3000:]
+    assert "rewards unavailable at step" in log and "is intact and a rerun resumes from it" in log
+    assert "Traceback" not in log
+    checkpoints = sorted((run / "checkpoints").glob("step_*"))
+    assert checkpoints and all((c / "COMPLETE").exists() for c in checkpoints)
+    assert not (run / "policy").exists()
+
+
 def _mean(values):
     return sum(values) / len(values)
 
@@ -66,14 +78,7 @@ def test_reward_server_down_mid_run_stops_after_a_checkpoint_and_the_rerun_resum
                      log_path=tmp_path / "rm.log") as server:
         process = start_rlsteps("run", "rs", "-c", "tiny", f"rm.url={server.url}", *args, cwd=tmp_path, log=tmp_path / "run.log")
         wait_for(run_dir(tmp_path, "rl_rs") / "checkpoints" / "step_2" / "COMPLETE", 300, process)
-    code = process.wait(timeout=300)
-    log = (tmp_path / "run.log").read_text()
-    assert code == 1, log[-3000:]
-    assert "rewards unavailable at step" in log and "is intact and a rerun resumes from it" in log
-    assert "Traceback" not in log
-    checkpoints = sorted((run_dir(tmp_path, "rl_rs") / "checkpoints").glob("step_*"))
-    assert checkpoints and all((c / "COMPLETE").exists() for c in checkpoints)
-    assert not (run_dir(tmp_path, "rl_rs") / "policy").exists()  # no output artifact from a stopped run
+    _assert_stopped_cleanly(process, tmp_path / "run.log", run_dir(tmp_path, "rl_rs"))
 
     resumed = rlsteps("run", "rs", "-c", "tiny", *args, cwd=tmp_path)  # no rm.url: the step serves the tiny RM itself
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -128,13 +133,7 @@ def test_judge_down_mid_run_stops_cleanly_with_checkpoints_intact(tiny_world, tm
         process = start_rlsteps("run", "rlhf", "-c", "tiny", f"judge.url={server.url}/v1", *args, cwd=tmp_path,
                                 log=tmp_path / "run.log")
         wait_for(run_dir(tmp_path, "rl_rlhf") / "checkpoints" / "step_2" / "COMPLETE", 300, process)
-    code = process.wait(timeout=300)
-    log = (tmp_path / "run.log").read_text()
-    assert code == 1, log[-3000:]
-    assert "rewards unavailable at step" in log and "is intact and a rerun resumes from it" in log
-    assert "Traceback" not in log
-    checkpoints = sorted((run_dir(tmp_path, "rl_rlhf") / "checkpoints").glob("step_*"))
-    assert checkpoints and all((c / "COMPLETE").exists() for c in checkpoints)
+    _assert_stopped_cleanly(process, tmp_path / "run.log", run_dir(tmp_path, "rl_rlhf"))
 
 
 def test_batch_profile_detaches_and_the_job_finishes_in_the_background(tiny_world, tmp_path):
