@@ -43,15 +43,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one thread avoids the thread-pool overhead that dominates on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
     """A tiny byte-level BPE trained on synthetic sentences."""
