@@ -50,7 +50,6 @@ class RunResult:
     counters: Counters
     model: torch.nn.Module
     tokenizer: object
-    history: list[dict[str, float]] = field(default_factory=list)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -66,58 +65,60 @@ def train(cfg: RecipeConfig, recipe: Recipe, rewards: RewardSource, run_dir: Pat
     device = resolve_device(cfg.run.device)
     dtype = torch.bfloat16 if cfg.run.dtype == "bfloat16" else torch.float32
     model, tokenizer = pol.load_policy(cfg.inputs.policy, device=device, dtype=dtype)
-    reference = pol.frozen_copy(model) if recipe.needs_reference else None
+    reference = pol.frozen_copy(model) if recipe.needs_reference else None  # always the initial policy
     prompts = load_prompts(cfg.inputs.prompts, tokenizer, cfg.data.max_prompt_tokens)
     val_prompts = _validation_prompts(cfg, tokenizer)
     total_steps = min(cfg.train.max_steps, cfg.train.max_epochs * steps_per_epoch(len(prompts), cfg.rollout.prompts_per_step))
 
     checkpoints = CheckpointManager(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last,
                                     keep_top_k=cfg.checkpoint.keep_top_k, metric=cfg.checkpoint.metric)
-    counters = Counters()
     latest = checkpoints.latest()
-    if latest is not None:
-        loaded = checkpoints.load(latest)
+    loaded = checkpoints.load(latest) if latest is not None else None
+    counters = Counters()
+    if loaded is not None:
         model, tokenizer = pol.load_policy(loaded.policy_dir, device=device, dtype=dtype)
         counters = Counters(**{k: loaded.info[k] for k in ("step", "consumed_samples", "optimizer_steps", "epoch")})
         say(f"resuming from {latest} (step {counters.step}, {counters.consumed_samples} prompts consumed)")
-
-    optim_steps_per_rl_step = math.ceil(recipe.train_rows_per_step() / cfg.train.global_batch_size)
-    optimizer = pol.build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, tuple(cfg.train.betas))
-    scheduler = pol.build_scheduler(optimizer, warmup_steps=cfg.train.warmup_steps, schedule=cfg.train.schedule,
-                                    total_steps=max(1, total_steps * optim_steps_per_rl_step), min_lr_ratio=cfg.train.min_lr_ratio)
-    if latest is not None:
+    optimizer, scheduler = _optimizer_and_schedule(cfg, recipe, model, total_steps)
+    if loaded is not None:
         optimizer.load_state_dict(loaded.trainer_state["optimizer"])
         scheduler.load_state_dict(loaded.trainer_state["scheduler"])
         restore_rng_state(loaded.trainer_state["rng"])
 
-    sampler = Sampler(tokenizer, cfg.rollout, device)
-    run = _Run(cfg, recipe, rewards, model, tokenizer, reference, optimizer, scheduler, checkpoints, sampler, counters, device)
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", tensorboard_dir=run_dir / "tensorboard" if cfg.logging.tensorboard else None,
-                            wandb={"project": cfg.logging.wandb_project} if cfg.logging.wandb_project else None)
-    history: list[dict[str, float]] = []
-    with metrics, TrainingProgress(total=total_steps, initial=counters.step) as progress:
+    run = _Run(cfg, recipe, rewards, model, tokenizer, reference, optimizer, scheduler, checkpoints,
+               Sampler(tokenizer, cfg.rollout, device), counters, device)
+    with _metrics_writer(cfg, run_dir) as metrics, TrainingProgress(total=total_steps, initial=counters.step) as progress:
         if counters.step == 0 and val_prompts:
-            _log(metrics, history, 0, run.validate(val_prompts))
+            metrics.log(0, run.validate(val_prompts))
         while counters.step < total_steps:
             step_metrics = run.step(prompts)
             if val_prompts and cfg.validation.interval and counters.step % cfg.validation.interval == 0:
                 step_metrics.update(run.validate(val_prompts))
-            _log(metrics, history, counters.step, step_metrics)
+            metrics.log(counters.step, step_metrics)
             progress.update(counters.step, step_metrics)
             if counters.step == total_steps or (cfg.checkpoint.interval and counters.step % cfg.checkpoint.interval == 0):
                 run.save(step_metrics)
-    return RunResult(counters=counters, model=run.model, tokenizer=tokenizer, history=history)
+    return RunResult(counters=counters, model=run.model, tokenizer=tokenizer)
+
+
+def _optimizer_and_schedule(cfg: RecipeConfig, recipe: Recipe, model: torch.nn.Module, total_steps: int):
+    """AdamW and a schedule over every optimizer step of the run (several per RL step when batches are split)."""
+    per_rl_step = math.ceil(recipe.train_rows_per_step() / cfg.train.global_batch_size)
+    optimizer = pol.build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, tuple(cfg.train.betas))
+    scheduler = pol.build_scheduler(optimizer, warmup_steps=cfg.train.warmup_steps, schedule=cfg.train.schedule,
+                                    total_steps=max(1, total_steps * per_rl_step), min_lr_ratio=cfg.train.min_lr_ratio)
+    return optimizer, scheduler
+
+
+def _metrics_writer(cfg: RecipeConfig, run_dir: Path) -> MetricsWriter:
+    return MetricsWriter(run_dir / "metrics.jsonl", tensorboard_dir=run_dir / "tensorboard" if cfg.logging.tensorboard else None,
+                         wandb={"project": cfg.logging.wandb_project} if cfg.logging.wandb_project else None)
 
 
 def _validation_prompts(cfg: RecipeConfig, tokenizer) -> list[Prompt]:
     if not cfg.inputs.val_prompts or not cfg.validation.interval:
         return []
     return load_prompts(cfg.inputs.val_prompts, tokenizer, cfg.data.max_prompt_tokens)[: cfg.validation.num_prompts]
-
-
-def _log(metrics: MetricsWriter, history: list[dict[str, float]], step: int, values: dict[str, float]) -> None:
-    metrics.log(step, values)
-    history.append({"step": step, **values})
 
 
 @dataclass
