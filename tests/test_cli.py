@@ -131,3 +131,9 @@ def test_fast_paths_import_neither_torch_nor_transformers(argv):
 def test_console_script_runs():
     result = run_cli("--help")
     assert result.exit_code == 0 and "run" in result.stdout and "list" in result.stdout
+
+
+def test_unknown_command_and_bad_option_are_usage_errors_without_traceback():
+    for argv in (["nosuchcommand"], ["list", "--nope"]):
+        result = run_cli(*argv)
+        assert result.exit_code == 2 and "Traceback" not in result.stderr

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from rlsteps.cli_jobs import jobs_app
 from rlsteps.errors import RlstepsError, UsageError
 
 out = Console()
@@ -20,6 +21,7 @@ steps_app = typer.Typer(no_args_is_help=True, help="The step commands (the same 
 serve_app = typer.Typer(no_args_is_help=True, help="Serve a reward model or a judge over HTTP.")
 app.add_typer(steps_app, name="steps")
 app.add_typer(serve_app, name="serve")
+app.add_typer(jobs_app, name="jobs")
 
 RUN_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": False}
 
@@ -163,11 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     except (typer.Abort, KeyboardInterrupt):
         err.print("aborted")
         return 130
-    except Exception as error:  # click usage errors arrive here with standalone_mode=False
-        import click
-
-        if isinstance(error, click.ClickException):
-            error.show()
+    except Exception as error:  # usage errors of the command-line parser arrive here with standalone_mode=False
+        if callable(getattr(error, "show", None)) and isinstance(getattr(error, "exit_code", None), int):
+            error.show()  # typer bundles its own click: match the parser's exceptions by their interface
             return 2
         raise
     return 0

@@ -60,7 +60,7 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     compiled = compile_request(catalog, request)
     job = compiled.job
     step = catalog.find(job.step_id)
-    if job.config.get("tiny_world") is not None and job.executor == "local":
+    if job.config.get("tiny_world") is not None and job.executor in ("local", "slurm"):  # slurm: a shared filesystem
         _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
     inputs = resolve_inputs(catalog, step, job.config)
     job_dir = create_job_dir(job)
@@ -69,6 +69,9 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     write_job_files(job_dir, job, plan, inputs)
     say(f"job {job_dir.name}: {plan.summary}")
     submission = launcher.submit(job, plan, job_dir)
+    record = launcher.record(job, submission)
+    for directory in dict.fromkeys([job_dir, submission.job_dir]):  # the launcher may run it from a shared job dir
+        record.save(directory)
     if submission.exit_code not in (None, 0):
         raise RunFailed(f"{job.step_id} failed with exit code {submission.exit_code}", fix=f"see the log above and {job_dir}")
     return submission

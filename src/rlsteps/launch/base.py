@@ -8,16 +8,19 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
+import re
 import shlex
+import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from rlsteps.errors import UsageError
 from rlsteps.job import Job
 
 WORKER_MODULE = "rlsteps.engine.worker"
+HELPER_MODULES = {"base", "containers"}  # modules of this package that are shared helpers, not launchers
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,10 @@ class JobState(str, Enum):
     CANCELLED = "cancelled"
     UNKNOWN = "unknown"
 
+    @property
+    def ended(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
 
 @dataclass(frozen=True)
 class JobStatus:
@@ -72,8 +79,9 @@ class JobRecord:
     submitted: str
     extra: dict[str, Any] = field(default_factory=dict)  # backend details: log paths, workspace, node list...
 
-    def save(self) -> Path:
-        path = Path(self.job_dir) / RECORD_FILE
+    def save(self, directory: Path | None = None) -> Path:
+        """Write the record into its job dir, or into another directory that should find the job too."""
+        path = Path(directory or self.job_dir) / RECORD_FILE
         path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
         return path
 
@@ -100,6 +108,32 @@ class Launcher(Protocol):
     def cancel(self, record: JobRecord) -> None: ...
 
 
+def read_log(path: Path, follow: bool = False, finished: Callable[[], bool] = lambda: True,
+             poll_s: float = 0.5) -> Iterator[str]:
+    """The lines of a log file; with follow, new lines as they are written, until finished() and all is read."""
+    while follow and not path.exists() and not finished():
+        time.sleep(poll_s)
+    if not path.exists():
+        return
+    pending = ""
+    with path.open(errors="replace") as log:
+        while True:
+            done = not follow or finished()  # asked before reading, so the last read sees everything
+            pending += log.read()
+            *lines, pending = pending.split("\n")
+            yield from lines
+            if done:
+                if pending:
+                    yield pending
+                return
+            time.sleep(poll_s)
+
+
+def comment_safe(text: str) -> str:
+    """Text for a comment line in a generated script: a newline in it would start a new command."""
+    return re.sub(r"[\x00-\x1f\x7f]", "?", text)
+
+
 def worker_command(python: str, job_dir: Path, passthrough: list[str]) -> list[str]:
     return [python, "-m", WORKER_MODULE, str(job_dir / "config.yaml"), *passthrough]
 
@@ -107,7 +141,7 @@ def worker_command(python: str, job_dir: Path, passthrough: list[str]) -> list[s
 def available_launchers() -> list[str]:
     import rlsteps.launch as package
 
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name != "base")
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name not in HELPER_MODULES)
 
 
 def get_launcher(name: str) -> Launcher:

@@ -1,30 +1,47 @@
-"""Run here: an attached subprocess that streams to this terminal, or (-b) a detached one with a pid file."""
+"""Run here: an attached subprocess that streams to this terminal, or (-b) a detached one with a pid file.
+
+A detached job runs under a small shell wrapper that writes the worker's exit code to `exit_code`
+when it ends; `status` reads that file, or the pid while the job runs. `cancel` writes `cancelled`,
+then sends SIGTERM to the job's process group and SIGKILL to whatever is left after a grace period.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Iterator
 
+from rlsteps.errors import UsageError
 from rlsteps.job import Job
-from rlsteps.launch.base import LaunchPlan, Submission, worker_command
+from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission, read_log, worker_command
 
 LOG_FILE = "worker.log"
 PID_FILE = "worker.pid"
+EXIT_FILE = "exit_code"
+CANCELLED_FILE = "cancelled"
+CANCEL_GRACE_S = 10.0  # SIGTERM, then this long before SIGKILL
+KILL_WAIT_S = 5.0
+# $1 is the exit-code file, the rest is the worker's command; the file is renamed into place, never half written.
+EXIT_CODE_WRAPPER = 'exit_file=$1; shift; "$@"; code=$?; echo "$code" > "$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"; exit "$code"'
 
 
 class LocalLauncher:
     name = "local"
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
-        detached = job.mode == "batch"
-        how = f"detached, logs to {job_dir / LOG_FILE}" if detached else "attached to this terminal"
+        worker = worker_command(sys.executable, job_dir, job.passthrough)
+        if job.mode != "batch":
+            return LaunchPlan(launcher=self.name, summary=f"run {job.step_id} on this machine, attached to this terminal",
+                              command=worker)
         return LaunchPlan(
             launcher=self.name,
-            summary=f"run {job.step_id} on this machine, {how}",
-            command=worker_command(sys.executable, job_dir, job.passthrough),
-            env={"PYTHONUNBUFFERED": "1"} if detached else {},
+            summary=f"run {job.step_id} on this machine, detached, logs to {job_dir / LOG_FILE}",
+            command=["/bin/sh", "-c", EXIT_CODE_WRAPPER, "rlsteps-job", str(job_dir / EXIT_FILE), *worker],
+            env={"PYTHONUNBUFFERED": "1"},
         )
 
     def submit(self, job: Job, plan: LaunchPlan, job_dir: Path) -> Submission:
@@ -41,6 +58,119 @@ class LocalLauncher:
             )
         (job_dir / PID_FILE).write_text(f"{process.pid}\n")
         return Submission(job_id=str(process.pid), job_dir=job_dir)
+
+    def record(self, job: Job, submission: Submission) -> JobRecord:
+        extra: dict = {"mode": job.mode, "profile": job.profile_name}
+        if submission.exit_code is None:
+            pid = int(submission.job_id)
+            extra |= {"pid": pid, "pid_started": _process_start(pid), "log": str(submission.job_dir / LOG_FILE)}
+        else:
+            extra["exit_code"] = submission.exit_code
+        return JobRecord(launcher=self.name, job_id=submission.job_id, job_dir=str(submission.job_dir), step=job.step_id,
+                         submitted=job.created, extra=extra)
+
+    def status(self, record: JobRecord) -> JobStatus:
+        job_dir = Path(record.job_dir)
+        if "exit_code" in record.extra:
+            return _from_exit_code(int(record.extra["exit_code"]), "ran attached")
+        if (job_dir / CANCELLED_FILE).exists():
+            return JobStatus(JobState.CANCELLED, "cancelled with rlsteps jobs cancel")
+        if (job_dir / EXIT_FILE).exists():
+            return _from_exit_code(int((job_dir / EXIT_FILE).read_text().strip()), f"pid {record.job_id}")
+        if _alive(record):
+            return JobStatus(JobState.RUNNING, f"pid {record.job_id}")
+        return JobStatus(JobState.FAILED, f"pid {record.job_id} ended without writing {EXIT_FILE} (killed by a signal?)")
+
+    def logs(self, record: JobRecord, follow: bool = False) -> Iterator[str]:
+        if "log" not in record.extra:
+            raise UsageError(f"job {Path(record.job_dir).name} ran attached: its output went to the terminal",
+                             fix="see train.log in the run's output directory")
+        return read_log(Path(record.extra["log"]), follow, finished=lambda: self.status(record).state.ended)
+
+    def cancel(self, record: JobRecord) -> None:
+        if "pid" not in record.extra:
+            raise UsageError(f"job {Path(record.job_dir).name} ran attached and is not running", fix="nothing to cancel")
+        (Path(record.job_dir) / CANCELLED_FILE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
+        if not _alive(record):
+            return
+        group = int(record.extra["pid"])  # the job was started in its own session: its pid is its process group
+        _signal_group(group, signal.SIGTERM)
+        if not _wait_for_group_exit(group, CANCEL_GRACE_S):
+            _signal_group(group, signal.SIGKILL)
+            _wait_for_group_exit(group, KILL_WAIT_S)
+
+
+def _from_exit_code(code: int, where: str) -> JobStatus:
+    if code == 0:
+        return JobStatus(JobState.SUCCEEDED, f"{where}, exit code 0")
+    return JobStatus(JobState.FAILED, f"{where}, exit code {code}")
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), to tell it from a later process with the same pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[19]  # field 22 of proc(5); fields[0] is field 3
+
+
+def _process_state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _alive(record: JobRecord) -> bool:
+    pid = int(record.extra["pid"])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    started = record.extra.get("pid_started")
+    if started is not None and _process_start(pid) not in (started, None):
+        return False  # the pid was reused by another process
+    return _process_state(pid) != "Z"  # a zombie has ended; its parent has not reaped it yet
+
+
+def _group_exists(group: int) -> bool:
+    """Some process of the group is still running (zombies, ended but not yet reaped, do not count)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        try:
+            if entry.name.isdigit() and os.getpgid(int(entry.name)) == group and _process_state(int(entry.name)) != "Z":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _wait_for_group_exit(group: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _group_exists(group):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _signal_group(group: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 LAUNCHER = LocalLauncher()

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# A real single-node Slurm cluster on this machine, for the launcher tests.
+#
+#   bash .ci/slurm.sh up       install Debian's slurm-wlm and munge if needed, configure, start, wait until idle
+#   bash .ci/slurm.sh down     stop the daemons this script started (by their pid files)
+#   bash .ci/slurm.sh status   print sinfo
+#
+# Both are idempotent. Runs as root on Debian 12. The node is "localhost" with this machine's CPUs
+# and memory; one partition "debug". No accounting daemon: finished jobs stay visible to
+# `scontrol show job` for MinJobAge seconds, which is how rlsteps reads their final state.
+set -euo pipefail
+
+CONF_DIR=/etc/slurm
+CONF="$CONF_DIR/slurm.conf"
+RUN_DIR=/run/rlsteps-slurm
+LOG_DIR=/var/log/slurm
+MUNGE_PID=/run/munge/munged.pid
+CTLD_PID="$RUN_DIR/slurmctld.pid"
+SLURMD_PID="$RUN_DIR/slurmd.pid"
+PACKAGES=(slurm-wlm munge)
+
+say() { echo "slurm.sh: $*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+need_root() {
+    [ "$(id -u)" -eq 0 ] || die "run as root (it installs packages and starts the Slurm daemons)"
+}
+
+alive() {  # alive PIDFILE: the process named in the file is running
+    [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
+}
+
+install_packages() {
+    local missing=()
+    for p in "${PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return
+    say "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+write_config() {
+    local cpus mem_mb conf_tmp
+    cpus=$(nproc)
+    mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
+    mem_mb=$(( mem_mb > 2048 ? mem_mb - 1024 : mem_mb * 3 / 4 ))  # leave a margin for the daemons
+    mkdir -p "$CONF_DIR" "$RUN_DIR" "$LOG_DIR" /var/spool/slurmctld /var/spool/slurmd
+    conf_tmp=$(mktemp)
+    cat >"$conf_tmp" <<EOF
+# Written by .ci/slurm.sh: a single-node cluster on localhost.
+ClusterName=rlsteps-ci
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+SchedulerType=sched/backfill
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+# Keep finished jobs in slurmctld's memory for a day: job states come from scontrol, not sacct.
+MinJobAge=86400
+DefMemPerCPU=1024
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldPidFile=$CTLD_PID
+SlurmdPidFile=$SLURMD_PID
+SlurmctldLogFile=$LOG_DIR/slurmctld.log
+SlurmdLogFile=$LOG_DIR/slurmd.log
+SlurmctldTimeout=30
+SlurmdTimeout=60
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+EOF
+    if cmp -s "$conf_tmp" "$CONF"; then
+        rm -f "$conf_tmp"
+        return 1  # unchanged
+    fi
+    install -m 0644 "$conf_tmp" "$CONF"
+    rm -f "$conf_tmp"
+    say "wrote $CONF (CPUs=$cpus RealMemory=${mem_mb}MB)"
+    return 0
+}
+
+start_munge() {
+    alive "$MUNGE_PID" && return
+    mkdir -p /run/munge /var/log/munge /var/lib/munge
+    chown munge:munge /run/munge /var/log/munge /var/lib/munge
+    if [ ! -s /etc/munge/munge.key ]; then
+        mungekey --create --keyfile=/etc/munge/munge.key
+        chown munge:munge /etc/munge/munge.key
+        chmod 0600 /etc/munge/munge.key
+    fi
+    runuser -u munge -- /usr/sbin/munged --pid-file="$MUNGE_PID"
+    say "munged started"
+}
+
+start_slurm() {
+    alive "$CTLD_PID" || { /usr/sbin/slurmctld -f "$CONF"; say "slurmctld started"; }
+    alive "$SLURMD_PID" || { /usr/sbin/slurmd -f "$CONF" -N localhost; say "slurmd started"; }
+}
+
+stop_pidfile() {  # stop_pidfile NAME PIDFILE: TERM, wait, then KILL
+    local name=$1 file=$2 pid
+    alive "$file" || { rm -f "$file"; return 0; }
+    pid=$(cat "$file")
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$file"
+    say "$name stopped"
+}
+
+wait_idle() {
+    local state=""
+    for _ in $(seq 120); do
+        state=$(sinfo -h -n localhost -o %T 2>/dev/null | head -n 1 || true)
+        case "$state" in
+            idle|mixed|allocated) say "node localhost is $state"; return 0 ;;
+            down*|drain*|fail*) scontrol update NodeName=localhost State=RESUME >/dev/null 2>&1 || true ;;
+        esac
+        sleep 0.5
+    done
+    die "the node did not become idle (last state: '${state:-no answer}'); see $LOG_DIR/slurmctld.log and $LOG_DIR/slurmd.log"
+}
+
+up() {
+    need_root
+    install_packages
+    if write_config && { alive "$CTLD_PID" || alive "$SLURMD_PID"; }; then
+        say "configuration changed: restarting the daemons"
+        stop_pidfile slurmd "$SLURMD_PID"
+        stop_pidfile slurmctld "$CTLD_PID"
+    fi
+    start_munge
+    start_slurm
+    wait_idle
+}
+
+down() {
+    need_root
+    stop_pidfile slurmd "$SLURMD_PID"
+    stop_pidfile slurmctld "$CTLD_PID"
+    stop_pidfile munged "$MUNGE_PID"
+}
+
+case "${1:-}" in
+    up) up ;;
+    down) down ;;
+    status) sinfo ;;
+    *) echo "usage: bash .ci/slurm.sh up|down|status" >&2; exit 2 ;;
+esac

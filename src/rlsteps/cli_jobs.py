@@ -1,0 +1,95 @@
+"""`rlsteps jobs`: list submitted jobs, show one's status, print or follow its logs, cancel it. Presentation only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+out = Console()
+err = Console(stderr=True)
+
+jobs_app = typer.Typer(no_args_is_help=True, help="Submitted jobs (local -b, Slurm, Lepton): list, status, logs, cancel.")
+
+STATE_STYLES = {"pending": "yellow", "running": "cyan", "succeeded": "green", "failed": "bold red",
+                "cancelled": "magenta", "unknown": "dim"}
+JOB_ARGUMENT = "A job id (Slurm job id, pid, ...) or its job directory's name (a unique prefix will do)."
+
+
+def _state(value: str) -> Text:
+    return Text(value, style=STATE_STYLES.get(value, ""))
+
+
+@jobs_app.command("list")
+def list_jobs(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List the jobs recorded under ./.rlsteps/jobs and under each profile's job_dir, oldest first."""
+    from rlsteps.jobs import list_jobs as find
+
+    views = find()
+    if as_json:
+        out.print_json(json.dumps([v.as_dict() for v in views]))
+        return
+    if not views:
+        err.print("no jobs found under ./.rlsteps/jobs or any profile's job_dir")
+        return
+    table = Table(title="rlsteps jobs", header_style="bold")
+    for column in ("job", "launcher", "id", "step", "submitted", "state", "detail"):
+        table.add_column(column, overflow="fold")
+    for v in views:
+        table.add_row(Text(v.name, style="bold"), v.record.launcher, v.record.job_id, v.record.step, v.record.submitted,
+                      _state(v.status.state.value), v.status.detail)
+    out.print(table)
+
+
+@jobs_app.command("status")
+def show_status(job: str = typer.Argument(..., help=JOB_ARGUMENT),
+                as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Show a job's state as its launcher reports it."""
+    from rlsteps.jobs import JobView, find_job, job_status
+
+    record = find_job(job)
+    view = JobView(record, job_status(record))
+    if as_json:
+        out.print_json(json.dumps(view.as_dict()))
+        return
+    grid = Table.grid(padding=(0, 2))
+    for key, value in (("job", view.name), ("launcher", record.launcher), ("id", record.job_id), ("step", record.step),
+                       ("submitted", record.submitted), ("job dir", record.job_dir)):
+        grid.add_row(Text(key, style="bold"), value)
+    grid.add_row(Text("state", style="bold"), _state(view.status.state.value))
+    grid.add_row(Text("detail", style="bold"), view.status.detail)
+    out.print(grid)
+
+
+@jobs_app.command("logs")
+def show_logs(job: str = typer.Argument(..., help=JOB_ARGUMENT),
+              follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until the job ends.")) -> None:
+    """Print a job's log; with -f, follow it until the job ends (Ctrl-C stops following, the job goes on)."""
+    from rlsteps.jobs import find_job, job_logs
+
+    printed = False
+    for line in job_logs(find_job(job), follow=follow):
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        printed = True
+    if not printed:
+        err.print(f"no log lines yet for {job}")
+
+
+@jobs_app.command("cancel")
+def cancel(job: str = typer.Argument(..., help=JOB_ARGUMENT)) -> None:
+    """Cancel a job that has not ended."""
+    from rlsteps.jobs import cancel_job, find_job
+
+    record = find_job(job)
+    status, sent = cancel_job(record)
+    name = f"{Path(record.job_dir).name} ({record.launcher} {record.job_id})"
+    if not sent:
+        err.print(f"{name} already ended: {status.state.value}; nothing to cancel")
+        return
+    out.print(Text.assemble(f"{name}: ", _state(status.state.value), f"  {status.detail}"))

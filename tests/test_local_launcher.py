@@ -1,0 +1,145 @@
+"""The local launcher's detached jobs: status from the exit-code wrapper and the pid, logs, cancel.
+
+The wrapper is the launcher's own; the command inside it is a short Python script where a test
+needs a job that succeeds, runs on, or ignores SIGTERM, and the real worker where it can fail fast.
+"""
+
+import dataclasses
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlsteps.catalog import load_catalog
+from rlsteps.errors import UsageError
+from rlsteps.jobdir import create_job_dir, write_job_files
+from rlsteps.launch import local
+from rlsteps.launch.base import JobRecord, JobState, Submission
+from rlsteps.runner import RunRequest, compile_request
+
+LAUNCHER = local.LAUNCHER
+WRAPPER_WORDS = 5  # /bin/sh -c WRAPPER NAME EXIT_FILE, then the worker's command
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rlsteps.yaml").write_text("profiles:\n  here: {executor: local}\n")
+    return tmp_path
+
+
+def start(script: str | None = None, passthrough: tuple[str, ...] = ()) -> JobRecord:
+    """Submit a detached local job as the runner does; `script` replaces the worker inside the wrapper."""
+    compiled = compile_request(load_catalog(), RunRequest(step="rs", config="tiny", batch_profile="here",
+                                                          passthrough=passthrough))
+    job_dir = create_job_dir(compiled.job)
+    plan = LAUNCHER.plan(compiled.job, job_dir)
+    write_job_files(job_dir, compiled.job, plan, compiled.inputs)
+    if script is not None:
+        plan = dataclasses.replace(plan, command=[*plan.command[:WRAPPER_WORDS], sys.executable, "-c", script])
+    record = LAUNCHER.record(compiled.job, LAUNCHER.submit(compiled.job, plan, job_dir))
+    record.save()
+    return record
+
+
+def wait_until_ended(record: JobRecord, timeout: float = 60) -> JobState:
+    deadline = time.monotonic() + timeout
+    while not (state := LAUNCHER.status(record).state).ended:
+        assert time.monotonic() < deadline, f"still {state} after {timeout}s"
+        time.sleep(0.1)
+    return state
+
+
+def wait_for_line(record: JobRecord, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in "\n".join(LAUNCHER.logs(record)):
+        assert time.monotonic() < deadline, f"'{text}' not in the log after {timeout}s"
+        time.sleep(0.1)
+
+
+def test_the_detached_command_is_the_worker_inside_the_exit_code_wrapper(here):
+    compiled = compile_request(load_catalog(), RunRequest(step="rs", config="tiny", batch_profile="here"))
+    plan = LAUNCHER.plan(compiled.job, here / "jobdir")
+    assert plan.command[:2] == ["/bin/sh", "-c"] and plan.command[4] == str(here / "jobdir" / local.EXIT_FILE)
+    assert plan.command[WRAPPER_WORDS:] == [sys.executable, "-m", "rlsteps.engine.worker", str(here / "jobdir" / "config.yaml")]
+    attached = compile_request(load_catalog(), RunRequest(step="rs", config="tiny")).plan
+    assert attached.command[1:3] == ["-m", "rlsteps.engine.worker"]  # attached runs are unchanged: no wrapper
+
+
+def test_a_job_that_succeeds_runs_then_succeeds_and_keeps_its_log(here):
+    record = start("import time; print('started', flush=True); time.sleep(1.5); print('done')")
+    assert LAUNCHER.status(record).state is JobState.RUNNING
+    assert wait_until_ended(record) is JobState.SUCCEEDED
+    assert LAUNCHER.status(record).detail.endswith("exit code 0")
+    assert list(LAUNCHER.logs(record)) == ["started", "done"]
+    assert (Path(record.job_dir) / local.EXIT_FILE).read_text().strip() == "0"
+
+
+def test_the_real_worker_failing_gives_a_failed_status_and_its_log(here):
+    record = start(passthrough=("--no-such-option",))
+    assert wait_until_ended(record) is JobState.FAILED
+    assert LAUNCHER.status(record).detail == f"pid {record.job_id}, exit code 2"
+    assert "unrecognized arguments: --no-such-option" in "\n".join(LAUNCHER.logs(record))
+
+
+def test_following_the_log_returns_when_the_job_ends(here):
+    record = start("import time\nfor i in range(4):\n    print(f'line {i}', flush=True); time.sleep(0.3)")
+    started = time.monotonic()
+    lines = list(LAUNCHER.logs(record, follow=True))
+    assert lines == ["line 0", "line 1", "line 2", "line 3"]
+    assert time.monotonic() - started < 20 and LAUNCHER.status(record).state is JobState.SUCCEEDED
+
+
+def test_cancel_stops_the_whole_process_group(here):
+    child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+            "print('up', flush=True); time.sleep(60)"
+    record = start(child)
+    wait_for_line(record, "up")
+    group = int(record.extra["pid"])
+    started = time.monotonic()
+    LAUNCHER.cancel(record)
+    assert time.monotonic() - started < local.CANCEL_GRACE_S  # SIGTERM was enough
+    assert LAUNCHER.status(record).state is JobState.CANCELLED
+    assert not local._group_exists(group)
+    assert list(LAUNCHER.logs(record)) == ["up"]
+
+
+def test_cancel_kills_a_job_that_ignores_sigterm_after_the_grace_period(here, monkeypatch):
+    monkeypatch.setattr(local, "CANCEL_GRACE_S", 1.0)
+    record = start("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)")
+    wait_for_line(record, "up")
+    started = time.monotonic()
+    LAUNCHER.cancel(record)
+    assert 1.0 <= time.monotonic() - started < 10
+    assert not local._group_exists(int(record.extra["pid"]))
+    assert LAUNCHER.status(record).state is JobState.CANCELLED
+
+
+def test_a_job_killed_outside_rlsteps_is_failed_not_running(here):
+    record = start("import time; print('up', flush=True); time.sleep(60)")
+    wait_for_line(record, "up")
+    os.killpg(int(record.extra["pid"]), signal.SIGKILL)
+    assert wait_until_ended(record, timeout=10) is JobState.FAILED
+    assert "ended without writing exit_code" in LAUNCHER.status(record).detail
+
+
+def test_a_reused_pid_is_not_taken_for_the_job(here):
+    record = start("print('quick')")
+    wait_until_ended(record)
+    (Path(record.job_dir) / local.EXIT_FILE).unlink()
+    impostor = dataclasses.replace(record, extra={**record.extra, "pid": os.getpid(), "pid_started": "1"})
+    assert LAUNCHER.status(impostor).state is JobState.FAILED
+
+
+def test_an_attached_run_is_recorded_with_its_exit_code(here):
+    compiled = compile_request(load_catalog(), RunRequest(step="rs", config="tiny"))
+    record = LAUNCHER.record(compiled.job, Submission(job_id=compiled.job.name, job_dir=here, exit_code=3))
+    status = LAUNCHER.status(record)
+    assert status.state is JobState.FAILED and "exit code 3" in status.detail
+    with pytest.raises(UsageError, match="ran attached"):
+        LAUNCHER.logs(record)
+    with pytest.raises(UsageError, match="ran attached"):
+        LAUNCHER.cancel(record)
