@@ -173,3 +173,11 @@ def test_a_slurm_batch_pipeline_submits_dependent_jobs_and_returns_at_once(proje
     job_dirs = {d.name.rsplit("-", 1)[-1]: d for d in (project / ".rlsteps" / "jobs").iterdir()}
     assert sorted(job_dirs) == ["rl_reinforce", "rl_rlhf", "rl_rs"]
     assert "policy: .rlsteps/pipelines/tiny/rs/policy" in (job_dirs["rl_reinforce"] / "config.yaml").read_text()
+
+
+def test_publishing_without_a_store_fails_before_any_stage_runs(project, monkeypatch):
+    monkeypatch.delenv("RLSTEPS_ARTIFACTS", raising=False)
+    pipeline = write(project / "p.yaml", "name: p\nstages:\n  - {name: rs, step: rl/rs, config: tiny, publish: x}\n")
+    done = invoke("pipeline", "run", str(pipeline))
+    assert done.exit_code == 2 and "no artifact store is configured" in done.stderr
+    assert not (project / ".rlsteps").exists()

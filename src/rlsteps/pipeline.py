@@ -20,7 +20,7 @@ and resumes the failed stage from its last checkpoint.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -87,7 +87,6 @@ class PipelineRequest:
     batch_profile: str | None = None
     overrides: tuple[str, ...] = ()  # key=value for every stage, STAGE:key=value for one
     argv: tuple[str, ...] = ()
-    outcomes: list[StageOutcome] = field(default_factory=list)
 
 
 def load_pipeline(path: Path) -> PipelineSpec:
@@ -112,6 +111,10 @@ def load_pipeline(path: Path) -> PipelineSpec:
 def plan_pipeline(catalog: Catalog, spec: PipelineSpec, request: PipelineRequest) -> list[StagePlan]:
     """Compile every stage and type-check every input (bound ones against the upstream manifest); launch nothing."""
     shared, per_stage = _split_overrides(request.overrides, {s.name for s in spec.stages})
+    if any(s.publish for s in spec.stages):
+        from rlsteps.store import store_root
+
+        store_root()  # a stage that publishes needs a store: say so before anything runs
     plans: dict[str, StagePlan] = {}
     for stage in spec.stages:
         step = catalog.find(stage.step)
