@@ -1,5 +1,6 @@
 """Pipelines without training: planning, bindings, type checks before anything starts, conversion, Slurm chains."""
 
+import json
 import os
 import shutil
 import stat
@@ -181,3 +182,32 @@ def test_publishing_without_a_store_fails_before_any_stage_runs(project, monkeyp
     done = invoke("pipeline", "run", str(pipeline))
     assert done.exit_code == 2 and "no artifact store is configured" in done.stderr
     assert not (project / ".rlsteps").exists()
+
+
+def test_a_stage_is_fresh_only_with_the_same_config_hash_and_input_versions(project):
+    from rlsteps.compile import worker_config_hash
+    from rlsteps.engine.artifact import input_versions
+    from rlsteps.pipeline import PipelineRequest, _set_aside_stale_run, freshness, load_pipeline, plan_pipeline
+
+    def plans(*overrides):
+        request = PipelineRequest(path=TINY, overrides=overrides)
+        return plan_pipeline(load_catalog(), load_pipeline(TINY), request)
+
+    rs = plans()[0]
+    output = project / ".rlsteps" / "pipelines" / "tiny" / "rs" / "policy"
+    output.mkdir(parents=True)
+    metadata = {"config_hash": worker_config_hash(rs.step, rs.compiled.job.config),
+                "input_versions": input_versions(rs.compiled.job.config["inputs"])}
+    (output / "rlsteps_artifact.json").write_text(json.dumps(metadata))
+    assert freshness(rs) == (True, "output exists, same config and inputs")
+    assert freshness(plans("rs:train.lr=1e-5")[0]) == (False, "the config changed")
+    prompts = project / "other.jsonl"
+    prompts.write_text('{"prompt": "Describe the cat."}\n')
+    moved = plans(f"rs:inputs.prompts={prompts}")[0]
+    assert freshness(moved) == (False, "the config changed")  # the path is part of the config
+    (output / "rlsteps_artifact.json").write_text(json.dumps({**metadata, "input_versions": {"policy": "x"}}))
+    fresh, why = freshness(rs)
+    assert not fresh and why.startswith("input changed: ") and "policy" in why
+    _set_aside_stale_run(rs, why, say=lambda line: None)
+    assert not output.parent.exists()
+    assert len(list(output.parent.parent.glob("rs.replaced-*"))) == 1
