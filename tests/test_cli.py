@@ -110,7 +110,8 @@ def test_reward_model_required_unless_a_url_is_given(tmp_path):
     assert result.exit_code == 3 and "input 'reward_model' (reward_model_hf) is required" in result.stderr
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["list"], ["show", "rs"], ["run", "rs", "-c", "tiny", "--dry-run"]])
+@pytest.mark.parametrize("argv", [["--help"], ["list"], ["show", "rs"], ["run", "rs", "-c", "tiny", "--dry-run"],
+                                  ["pipeline", "run", "examples/pipelines/tiny.yaml", "--dry-run"]])
 def test_fast_paths_import_neither_torch_nor_transformers(argv):
     code = (
         "import sys, io, contextlib\n"

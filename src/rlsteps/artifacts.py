@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from fsspec.core import url_to_fs
 
-from rlsteps.catalog import Catalog, Step
+from rlsteps.catalog import ArtifactSpec, Catalog, Step
+from rlsteps.engine.artifact import METADATA_FILE
 from rlsteps.errors import ArtifactError
 
-from rlsteps.engine.artifact import METADATA_FILE
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
@@ -27,7 +27,7 @@ class ResolvedInput:
     ref: str | None
     required_type: str
     detected: list[str]
-    status: str  # ok | absent | missing | wrong_type
+    status: str  # ok | absent | missing | wrong_type | pending (an earlier pipeline stage will write it)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,25 +122,82 @@ def check_input(catalog: Catalog, spec_name: str, key: str, ref: str | None, req
     return ResolvedInput(spec_name, key, ref, required_type, detected, status)
 
 
-def resolve_inputs(catalog: Catalog, step: Step, config: dict[str, Any]) -> list[ResolvedInput]:
-    """Check every input the manifest declares; raise ArtifactError (exit 3) naming the first problem."""
-    resolved = [check_input(catalog, s.name, s.key, lookup(config, s.key), s.type) for s in step.consumes]
+def promised_input(catalog: Catalog, spec_name: str, key: str, ref: str, required_type: str, produced_type: str) -> ResolvedInput:
+    """An input an earlier pipeline stage will write: checked against the type that stage's manifest declares."""
+    status = "pending" if catalog.is_a(produced_type, required_type) else "wrong_type"
+    return ResolvedInput(spec_name, key, ref, required_type, [produced_type], status)
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A convert step (types.toml convert_to) that turns an input's type into the one a step requires."""
+
+    step_id: str
+    source: str
+    target: str
+
+
+def conversion_for(catalog: Catalog, detected: list[str], required: str) -> Conversion | None:
+    for found in detected:
+        for source in sorted(catalog.ancestors(found)):
+            for target, step_id in catalog.types[source].convert_to if source in catalog.types else ():
+                if catalog.is_a(target, required):
+                    return Conversion(step_id, source, target)
+    return None
+
+
+def required_here(spec: ArtifactSpec, config: dict[str, Any]) -> bool:
+    return spec.required and not (spec.required_unless and lookup(config, spec.required_unless))
+
+
+def resolve_inputs(catalog: Catalog, step: Step, config: dict[str, Any],
+                   promised: Mapping[str, str] = {}) -> list[ResolvedInput]:
+    """Check every input the manifest declares; raise ArtifactError (exit 3) naming the first problem.
+
+    promised: input name -> the type an earlier pipeline stage will write there (not on disk yet).
+    """
+    resolved = [
+        promised_input(catalog, s.name, s.key, lookup(config, s.key), s.type, promised[s.name]) if s.name in promised
+        else check_input(catalog, s.name, s.key, lookup(config, s.key), s.type)
+        for s in step.consumes
+    ]
     for spec, item in zip(step.consumes, resolved):
-        _raise_for(spec.required and not (spec.required_unless and lookup(config, spec.required_unless)), item)
+        raise_for(catalog, required_here(spec, config), item)
     return resolved
 
 
-def _raise_for(required: bool, item: ResolvedInput) -> None:
+def raise_for(catalog: Catalog, required: bool, item: ResolvedInput, allow_convert: bool = False) -> Conversion | None:
+    """Raise ArtifactError for an unusable input; return the conversion to run when one is allowed and available."""
     if item.status == "absent" and required:
         raise ArtifactError(f"input '{item.name}' ({item.required_type}) is required", fix=f"pass {item.key}=PATH")
     if item.status == "missing":
         raise ArtifactError(f"input '{item.name}': {item.ref} does not exist", fix=f"pass {item.key}=PATH to a {item.required_type}")
-    if item.status == "wrong_type":
-        what = " or ".join(item.detected) if item.detected else "not a recognised artifact"
-        raise ArtifactError(
-            f"input '{item.name}': {item.ref} is {what}, but a {item.required_type} is required",
-            fix=f"point {item.key} at a {item.required_type}",
-        )
+    if item.status != "wrong_type":
+        return None
+    what = " or ".join(item.detected) if item.detected else "not a recognised artifact"
+    problem = f"input '{item.name}': {item.ref} is {what}, but a {item.required_type} is required"
+    conversion = conversion_for(catalog, item.detected, item.required_type)
+    if conversion is None:
+        raise ArtifactError(problem, fix=f"point {item.key} at a {item.required_type}")
+    if not allow_convert:
+        raise ArtifactError(problem, fix=f"convert it with the step {conversion.step_id} (in a pipeline, set convert: true), "
+                                         f"or point {item.key} at a {item.required_type}")
+    if conversion.step_id not in catalog.steps:
+        raise ArtifactError(f"{problem}; converting {conversion.source} to {conversion.target} needs the step "
+                            f"{conversion.step_id}, which is not available in this catalog",
+                            fix=f"convert it outside rlsteps and point {item.key} at the {item.required_type}")
+    return conversion
+
+
+def output_ref(config: dict[str, Any], spec: ArtifactSpec) -> str:
+    """Where a step writes an output: the folder named after it in the run directory its key holds (<output.dir>/policy)."""
+    return f"{str(lookup(config, spec.key)).rstrip('/')}/{spec.name}"
+
+
+def with_value(config: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """A copy of the config with one dotted key set."""
+    head, _, rest = dotted.partition(".")
+    return {**config, head: with_value(config.get(head) or {}, rest, value) if rest else value}
 
 
 def lookup(config: dict[str, Any], dotted: str) -> Any:

@@ -9,7 +9,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from rlsteps.cli_artifacts import artifacts_app
 from rlsteps.cli_jobs import jobs_app
+from rlsteps.cli_pipeline import pipeline_app
 from rlsteps.errors import RlstepsError, UsageError
 
 out = Console()
@@ -22,6 +24,8 @@ serve_app = typer.Typer(no_args_is_help=True, help="Serve a reward model or a ju
 app.add_typer(steps_app, name="steps")
 app.add_typer(serve_app, name="serve")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(pipeline_app, name="pipeline")
+app.add_typer(artifacts_app, name="artifacts")
 
 RUN_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": False}
 

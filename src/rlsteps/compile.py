@@ -87,6 +87,7 @@ def compile_job(
     passthrough: list[str] = (),
     force_squash: bool = False,
     argv: list[str] = (),
+    depends_on: list[str] = (),
 ) -> Job:
     source = config_source(step, config_ref)
     cfg = load_config_chain(source)
@@ -112,6 +113,7 @@ def compile_job(
         passthrough=list(passthrough),
         force_squash=force_squash,
         argv=list(argv),
+        depends_on=list(depends_on),
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
 
@@ -126,7 +128,8 @@ def _resolve(cfg: DictConfig) -> dict[str, Any]:
         raise UsageError(f"config key '{key}': {str(err).splitlines()[0]}") from err
 
 
-def _validate(step: Step, cfg: dict[str, Any]) -> None:
+def _validate(step: Step, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config as the worker sees it (defaults filled in), or a UsageError naming every problem."""
     from rlsteps.engine.config import RECIPE_SCHEMAS  # torch-free
 
     algorithm = cfg.get("algorithm", step.algorithm)
@@ -136,9 +139,16 @@ def _validate(step: Step, cfg: dict[str, Any]) -> None:
     if schema is None:
         raise UsageError(f"{step.id}: no recipe schema for algorithm '{step.algorithm}'")
     try:
-        schema.model_validate(cfg)
+        return schema.model_validate(cfg).model_dump(mode="json")
     except ValidationError as err:
         raise UsageError("invalid config: " + "; ".join(_describe(e) for e in err.errors())) from None
+
+
+def worker_config_hash(step: Step, cfg: dict[str, Any]) -> str:
+    """The config hash the worker writes into its output artifact for this config."""
+    from rlsteps.engine.artifact import config_hash
+
+    return config_hash(_validate(step, cfg))
 
 
 def _describe(error: dict[str, Any]) -> str:

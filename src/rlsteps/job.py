@@ -36,6 +36,7 @@ class Job(BaseModel):
     force_squash: bool
     argv: list[str]
     created: str
+    depends_on: list[str] = []  # batch job ids that must succeed first (pipeline stages on Slurm)
 
     def public_config(self) -> dict[str, Any]:
         return secrets.mask(self.config)

@@ -6,14 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rlsteps.artifacts import ResolvedInput, check_input, lookup, resolve_inputs
-from rlsteps.catalog import Catalog
+from rlsteps.artifacts import ResolvedInput, check_input, lookup, promised_input, resolve_inputs, with_value
+from rlsteps.catalog import Catalog, Step
 from rlsteps.compile import compile_job
 from rlsteps.errors import RunFailed, UsageError
 from rlsteps.job import Job, Mode
 from rlsteps.jobdir import create_job_dir, planned_job_dir, write_job_files
 from rlsteps.launch.base import LaunchPlan, Submission, get_launcher
 from rlsteps.profiles import resolve_profile
+from rlsteps.store import SCHEME, resolve_reference
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class RunRequest:
     overrides: tuple[str, ...] = ()
     passthrough: tuple[str, ...] = ()
     argv: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()  # batch job ids this job waits for (a pipeline on Slurm)
+    promised: tuple[tuple[str, str], ...] = ()  # (input name, type) an earlier pipeline stage will write
 
 
 @dataclass(frozen=True)
@@ -48,11 +51,25 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
     job = compile_job(
         step, request.config, mode=mode, profile=profile, overrides=list(request.overrides),
         passthrough=list(request.passthrough), force_squash=request.force_squash, argv=list(request.argv),
+        depends_on=list(request.after),
     )
+    job = _with_store_references(step, job)
     job_dir = planned_job_dir(job)
     plan = get_launcher(job.executor).plan(job, job_dir)
-    inputs = [check_input(catalog, s.name, s.key, lookup(job.config, s.key), s.type) for s in step.consumes]
+    promised = dict(request.promised)
+    inputs = [promised_input(catalog, s.name, s.key, lookup(job.config, s.key), s.type, promised[s.name]) if s.name in promised
+              else check_input(catalog, s.name, s.key, lookup(job.config, s.key), s.type) for s in step.consumes]
     return Compiled(job=job, plan=plan, job_dir=job_dir, inputs=inputs)
+
+
+def _with_store_references(step: Step, job: Job) -> Job:
+    """Each input given as artifact:NAME[:vN|:latest] replaced by the URL of that version in the store."""
+    config = job.config
+    for spec in step.consumes:
+        ref = lookup(config, spec.key)
+        if isinstance(ref, str) and ref.startswith(SCHEME):
+            config = with_value(config, spec.key, resolve_reference(ref))
+    return job if config is job.config else job.model_copy(update={"config": config})
 
 
 def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = print) -> Submission:
@@ -62,7 +79,7 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     step = catalog.find(job.step_id)
     if job.config.get("tiny_world") is not None and job.executor in ("local", "slurm"):  # slurm: a shared filesystem
         _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
-    inputs = resolve_inputs(catalog, step, job.config)
+    inputs = resolve_inputs(catalog, step, job.config, promised=dict(request.promised))
     job_dir = create_job_dir(job)
     launcher = get_launcher(job.executor)
     plan = launcher.plan(job, job_dir)

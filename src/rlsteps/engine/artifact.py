@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from fsspec.core import url_to_fs
+
 METADATA_FILE = "rlsteps_artifact.json"
 
 
@@ -38,6 +40,26 @@ def write_artifact(target: Path, write_contents: Callable[[Path], None], metadat
     staging.rename(target)
     shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def fingerprint(ref: str) -> str:
+    """Which version of an input a run read: a typed artifact's content hash, else its producer job and
+    creation time; a plain file or folder: its size and modification time."""
+    fs, path = url_to_fs(ref)
+    meta_path = f"{path.rstrip('/')}/{METADATA_FILE}"
+    if fs.isfile(meta_path):
+        with fs.open(meta_path, "rt") as f:
+            meta = json.load(f)
+        if meta.get("content_hash"):
+            return str(meta["content_hash"])
+        return f"{(meta.get('producer') or {}).get('job')}@{meta.get('created')}"
+    info = fs.info(path)
+    return f"size={info.get('size')},mtime={info.get('mtime') or info.get('created')}"
+
+
+def input_versions(inputs: dict[str, Any]) -> dict[str, str]:
+    """name -> fingerprint for every input reference that is set."""
+    return {name: fingerprint(str(ref)) for name, ref in inputs.items() if ref}
 
 
 def read_artifact_metadata(directory: Path) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from rlsteps.engine.artifact import config_hash, write_artifact
+from rlsteps.engine.artifact import config_hash, input_versions, write_artifact
 from rlsteps.engine.config import RECIPE_SCHEMAS, RecipeConfig
 
 log = logging.getLogger("rlsteps")
@@ -44,6 +44,7 @@ def run(config_path: Path) -> int:
     if cfg.run.num_threads:
         torch.set_num_threads(cfg.run.num_threads)
     job = _job_record(config_path)
+    versions = input_versions(cfg.inputs.model_dump())  # before training: what this run actually reads
     log.info("%s: run directory %s", cfg.algorithm, run_dir)
     try:
         with open_reward_source(cfg, run_dir) as rewards:
@@ -51,12 +52,12 @@ def run(config_path: Path) -> int:
     except RunStopped as stopped:
         log.error("%s", stopped)
         return 1
-    _write_output(cfg, result, run_dir, job)
+    _write_output(cfg, result, run_dir, job, versions)
     _summarise(run_dir)
     return 0
 
 
-def _write_output(cfg: RecipeConfig, result, run_dir: Path, job: dict[str, Any]) -> None:
+def _write_output(cfg: RecipeConfig, result, run_dir: Path, job: dict[str, Any], versions: dict[str, str]) -> None:
     from rlsteps.engine.policy import save_policy
 
     metadata = {
@@ -64,6 +65,7 @@ def _write_output(cfg: RecipeConfig, result, run_dir: Path, job: dict[str, Any])
         "producer": {"step": job.get("job", {}).get("step"), "job": job.get("job", {}).get("name"), "algorithm": cfg.algorithm},
         "config_hash": config_hash(cfg.model_dump(mode="json")),
         "inputs": {name: ref for name, ref in cfg.inputs.model_dump().items() if ref},
+        "input_versions": versions,  # what a pipeline compares to skip a stage
         "counters": result.counters.as_dict(),
     }
     target = write_artifact(run_dir / "policy", lambda d: save_policy(result.model, result.tokenizer, d), metadata)

@@ -155,6 +155,7 @@ def directives(job: Job, profile: SlurmProfile, where: Placement) -> list[tuple[
         ("cpus-per-task", profile.cpus_per_task), ("mem", profile.mem), ("time", profile.time),
         ("exclusive", profile.exclusive or None), ("output", where.run_dir / LOG_NAME.format(job_id="%j")),
         ("open-mode", "append"), ("chdir", where.workdir), ("export", "ALL"),
+        ("dependency", "afterok:" + ":".join(job.depends_on) if job.depends_on else None),
     ]
     return [(flag, value) for flag, value in wanted if value is not None]
 
@@ -184,6 +185,7 @@ def sbatch_script(job: Job, profile: SlurmProfile, where: Placement) -> str:
 
 class SlurmLauncher:
     name = "slurm"
+    supports_dependencies = True  # a job may wait for others: #SBATCH --dependency=afterok:ID[:ID...]
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
         profile = load_profile(job)

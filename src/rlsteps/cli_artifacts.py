@@ -1,0 +1,76 @@
+"""`rlsteps artifacts`: the artifact store's names, versions, metadata and lineage; publishing. Presentation only."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+out = Console()
+err = Console(stderr=True)
+
+artifacts_app = typer.Typer(no_args_is_help=True,
+                            help="The artifact store (artifacts: {root: DIR_OR_URL} in rlsteps.yaml): list, show, lineage, publish.")
+REFERENCE = "NAME, NAME:vN or NAME:latest (artifact: in front is optional)."
+
+
+def _store():
+    from rlsteps.store import ArtifactStore, store_root
+
+    return ArtifactStore(store_root())
+
+
+def _version(reference: str):
+    from rlsteps.store import SCHEME
+
+    return _store().resolve(reference if reference.startswith(SCHEME) else SCHEME + reference)
+
+
+@artifacts_app.command("list")
+def list_artifacts(name: Optional[str] = typer.Argument(None, help="Only this name's versions."),
+                   as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List the names in the store, or one name's versions."""
+    store = _store()
+    versions = [v for n in ([name] if name else store.names()) for v in store.versions(n)]
+    if as_json:
+        out.print_json(json.dumps([{"artifact": v.label, "url": v.url, **v.metadata} for v in versions]))
+        return
+    if not versions:
+        err.print(f"no artifacts{' named ' + name if name else ''} in {store.root}")
+        return
+    table = Table(title=f"artifacts in {store.root}", header_style="bold")
+    for column in ("artifact", "type", "producer", "created", "size", "content hash"):
+        table.add_column(column, overflow="fold")
+    for v in versions:
+        m = v.metadata
+        table.add_row(v.label, str(m.get("type")), str((m.get("producer") or {}).get("step") or "-"), str(m.get("created")),
+                      f"{m.get('size_bytes', 0) / 1e6:.1f} MB", str(m.get("content_hash", ""))[:19])
+    out.print(table)
+
+
+@artifacts_app.command("show")
+def show_artifact(reference: str = typer.Argument(..., help=REFERENCE)) -> None:
+    """Print a version's metadata (JSON)."""
+    version = _version(reference)
+    out.print_json(json.dumps({"artifact": version.label, "url": version.url, **version.metadata}, default=str))
+
+
+@artifacts_app.command("lineage")
+def lineage(reference: str = typer.Argument(..., help=REFERENCE)) -> None:
+    """The chain of inputs that produced a version, through every published input."""
+    store = _store()
+    for depth, line in store.lineage(_version(reference)):
+        out.print("  " * depth + line, highlight=False, soft_wrap=True)
+
+
+@artifacts_app.command("publish")
+def publish(path: str = typer.Argument(..., help="The artifact to copy in: a path or an fsspec URL (a run's output, e.g. .rlsteps/runs/rl_rs-tiny/policy)."),
+            name: str = typer.Argument(..., help="The name to publish under; the next version number is taken.")) -> None:
+    """Copy an artifact into the store as NAME's next version (files first, the metadata last)."""
+    from rlsteps.catalog import load_catalog
+
+    version = _store().publish(load_catalog(), path, name)
+    out.print(f"published {version.label}: {version.url}")

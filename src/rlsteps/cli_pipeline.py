@@ -1,0 +1,63 @@
+"""`rlsteps pipeline run`: chain steps through their artifacts. Presentation only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+out = Console()
+err = Console(stderr=True)
+
+pipeline_app = typer.Typer(no_args_is_help=True, help="Pipelines: stages of steps bound by their artifacts.")
+
+
+@pipeline_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def run_pipeline(
+    ctx: typer.Context,
+    path: Path = typer.Argument(..., help="A pipeline YAML file (see examples/pipelines/tiny.yaml)."),
+    overrides: Optional[list[str]] = typer.Argument(None, help="key=value for every stage, STAGE:key=value for one."),
+    run_profile: Optional[str] = typer.Option(None, "-r", "--run", help="Run each stage attached on this profile."),
+    batch_profile: Optional[str] = typer.Option(None, "-b", "--batch", help="Submit the stages as dependent batch jobs (Slurm)."),
+    dry_run: bool = typer.Option(False, "-d", "--dry-run", help="Show each stage, its inputs and whether it would run."),
+    as_json: bool = typer.Option(False, "--json", help="With --dry-run: print JSON."),
+) -> None:
+    """Run a pipeline's stages in order; unchanged finished stages are skipped, a failed one resumes on rerun."""
+    from rlsteps.catalog import load_catalog
+    from rlsteps.errors import UsageError
+    from rlsteps import pipeline
+
+    if run_profile and batch_profile:
+        raise UsageError("-r and -b are exclusive", fix="use -r PROFILE to run attached or -b PROFILE to submit batch jobs")
+    words = list(overrides or []) + list(ctx.args)
+    stray = [w for w in words if "=" not in w]
+    if stray:
+        raise UsageError(f"unexpected argument '{stray[0]}'", fix="overrides are key=value or STAGE:key=value")
+    request = pipeline.PipelineRequest(path=path, run_profile=run_profile, batch_profile=batch_profile,
+                                       overrides=tuple(words), argv=tuple((ctx.obj or {}).get("argv", ())))
+    catalog = load_catalog()
+    if dry_run:
+        rows = pipeline.describe(pipeline.plan_pipeline(catalog, pipeline.load_pipeline(path), request))
+        if as_json:
+            out.print_json(json.dumps(rows))
+        else:
+            _print_stages(rows)
+        return
+    outcomes = pipeline.run_pipeline(catalog, request, say=lambda line: err.print(f"[bold]rlsteps[/] {line}"))
+    for o in outcomes:
+        out.print(f"{o.name}: {o.action}" + (f" (job {o.job_id})" if o.job_id else "") + (f" ({o.detail})" if o.detail else ""))
+
+
+def _print_stages(rows: list[dict]) -> None:
+    out.print("[bold]pipeline dry run[/]: nothing is started")
+    for r in rows:
+        out.print(f"[bold]stage {r['stage']}[/]: {r['action']} ({r['why']})", highlight=False)
+        out.print(f"  {r['step']} -c {r['config']} " + " ".join(r["overrides"]), highlight=False, soft_wrap=True)
+        for name, value in r["inputs"].items():
+            out.print(f"  in  {name}: {value}", highlight=False, soft_wrap=True)
+        for name, value in r["outputs"].items():
+            out.print(f"  out {name}: {value}" + (f", published as {r['publish']}" if r["publish"] else ""), highlight=False, soft_wrap=True)
+        out.print(f"  launch: {r['launch']}" + (f", after {', '.join(r['after'])}" if r["after"] else ""), highlight=False, soft_wrap=True)
