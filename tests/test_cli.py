@@ -51,6 +51,13 @@ def test_dry_run_masks_secrets_and_shows_overrides_and_passthrough():
     assert "--log-level debug" in result.stdout and "lr: 0.5" in result.stdout
 
 
+def test_worker_arguments_the_worker_would_reject_are_refused_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", "rs", "-c", "tiny", "--", "--no-such-option")
+    assert result.exit_code == 2 and "--no-such-option" in result.output and "--log-level" in result.output
+    assert not (tmp_path / ".rlsteps").exists()
+
+
 def test_steps_run_is_the_same_command():
     assert invoke("steps", "run", "rl/rs", "-c", "tiny", "--dry-run").exit_code == 0
 

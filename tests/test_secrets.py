@@ -18,3 +18,8 @@ def test_mask_nested_and_argv():
 def test_secret_paths_and_env_names():
     assert secret_paths({"judge": {"api_key": "k", "url": None}, "rm": {"token": ""}}) == {"judge.api_key": "k"}
     assert env_name("judge.api_key") == "RLSTEPS_SECRET_JUDGE_API_KEY"
+
+
+def test_mask_argv_masks_the_word_after_a_secret_flag():
+    assert mask_argv(["--hf-token", "abc", "--log-level", "debug", "--api-key=k", "x"]) == [
+        "--hf-token", MASK, "--log-level", "debug", f"--api-key={MASK}", "x"]

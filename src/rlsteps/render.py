@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -72,7 +73,7 @@ def dry_run(compiled: Compiled) -> Group:
         ("mode", f"{job.mode} on {where}, executor {job.executor}"),
         ("job dir", f"{compiled.job_dir} (not created: dry run)"),
         ("overrides", " ".join(mask_argv(job.overrides)) or "none"),
-        ("passthrough", " ".join(job.passthrough) or "none"),
+        ("passthrough", " ".join(mask_argv(job.passthrough)) or "none"),
         ("launch", plan.summary),
     ):
         summary.add_row(Text(key, style="bold"), value)
@@ -80,10 +81,10 @@ def dry_run(compiled: Compiled) -> Group:
     for column in ("name", "key", "reference", "required type", "status"):
         inputs.add_column(column, overflow="fold")
     for item in compiled.inputs:
-        status = {"ok": "[green]ok[/]", "absent": "not set", "missing": "[yellow]missing[/]", "wrong_type": "[red]wrong type[/]"}[item.status]
+        status = {"ok": "[green]ok[/]", "absent": "not set", "pending": "[cyan]from an earlier stage[/]", "missing": "[yellow]missing[/]", "wrong_type": "[red]wrong type[/]"}[item.status]
         inputs.add_row(item.name, item.key, item.ref or "-", item.required_type, status)
     parts = [Panel(summary, title="[bold]dry run[/]: nothing was written, started or sent"), inputs,
-             Panel(Syntax(plan.shell(), "bash", word_wrap=True), title="command")]
+             Panel(Syntax(shlex.join(mask_argv(plan.command)), "bash", word_wrap=True), title="command")]
     if plan.env:
         parts.append(Panel("\n".join(f"{k}={v}" for k, v in plan.env.items()), title="environment"))
     for name, content in plan.files.items():

@@ -45,6 +45,7 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
     if request.run_profile and request.batch_profile:
         raise UsageError("-r and -b are exclusive", fix="use -r PROFILE to run attached or -b PROFILE to submit a batch job")
     step = catalog.find(request.step)
+    _check_worker_arguments(list(request.passthrough))
     profile_name = request.run_profile or request.batch_profile
     profile = resolve_profile(profile_name) if profile_name else None
     mode: Mode = "batch" if request.batch_profile else "attached" if request.run_profile else "local"
@@ -98,3 +99,13 @@ def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:
     from rlsteps.tiny import ensure_tiny_world  # imports torch: only for real runs
 
     ensure_tiny_world(seed=seed, log=say)
+
+
+def _check_worker_arguments(passthrough: list[str]) -> None:
+    from rlsteps.engine.worker import build_parser, unknown_worker_arguments  # torch-free
+
+    unknown = unknown_worker_arguments(passthrough)
+    if unknown:
+        parser = build_parser()
+        options = " ".join(parser.format_usage().removeprefix(f"usage: {parser.prog}").replace(" config", "").split())
+        raise UsageError(f"the worker does not accept {' '.join(unknown)!r}", fix=f"after -- the worker takes: {options}")

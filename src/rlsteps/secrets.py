@@ -30,11 +30,15 @@ def mask(value: Any, key: str = "") -> Any:
 
 
 def mask_argv(argv: list[str]) -> list[str]:
-    """Mask the value of key=value words whose key is secret (overrides on the command line)."""
+    """Mask key=value and --key=value words whose key is secret, and the word after a secret `--key`."""
     out = []
-    for word in argv:
+    for i, word in enumerate(argv):
         key, sep, val = word.partition("=")
-        out.append(f"{key}={MASK}" if sep and val and is_secret_key(key.lstrip("+")) else word)
+        follows_flag = i > 0 and argv[i - 1].startswith("-") and "=" not in argv[i - 1] and is_secret_key(argv[i - 1].lstrip("-"))
+        if (sep and val and is_secret_key(key.lstrip("+-"))) or (follows_flag and not word.startswith("-")):
+            out.append(f"{key}={MASK}" if sep and not follows_flag else MASK)
+        else:
+            out.append(word)
     return out
 
 

@@ -27,7 +27,7 @@ def load_config(path: Path) -> RecipeConfig:
     return schema.model_validate(raw)
 
 
-def run(config_path: Path) -> int:
+def run(config_path: Path, log_level: str = "info") -> int:
     import torch
 
     from rlsteps.engine.loop import RunStopped, train
@@ -40,7 +40,7 @@ def run(config_path: Path) -> int:
     cfg = load_config(config_path)
     run_dir = Path(cfg.output.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _log_to(run_dir / "train.log")
+    _log_to(run_dir / "train.log", log_level)
     if cfg.run.num_threads:
         torch.set_num_threads(cfg.run.num_threads)
     job = _job_record(config_path)
@@ -92,25 +92,42 @@ def _job_record(config_path: Path) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(job_file)) if job_file.is_file() else {}
 
 
-def _log_to(path: Path) -> None:
+def _log_to(path: Path, level: str = "info") -> None:
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     stream = logging.StreamHandler(sys.stderr)
     stream.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     file = logging.FileHandler(path)
     file.setFormatter(fmt)
     root = logging.getLogger()
-    root.setLevel(logging.INFO)
+    root.setLevel(level.upper())
     root.handlers[:] = [stream, file]
     for noisy in ("httpx", "httpcore", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The worker's arguments; `rlsteps run STEP ... -- ARGS` passes ARGS here (checked before any job starts)."""
     parser = argparse.ArgumentParser(prog="python -m rlsteps.engine.worker", description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path, help="the compiled config.yaml in the job directory")
-    args = parser.parse_args(argv)
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="how much the worker logs (default info)")
+    return parser
+
+
+def unknown_worker_arguments(passthrough: list[str]) -> list[str]:
+    """The words of `passthrough` the worker would not accept (torch-free: the compiler calls it)."""
+    words = [w for w in passthrough if w not in ("-h", "--help")]  # valid, but parsing them would exit
     try:
-        sys.exit(run(args.config))
+        _, unknown = build_parser().parse_known_args(["config.yaml", *words])
+    except SystemExit:  # a known option with a bad value; argparse has printed why
+        return words
+    return unknown
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        sys.exit(run(args.config, args.log_level))
     except KeyboardInterrupt:
         log.error("interrupted: the last checkpoint is intact; rerun the same command to resume")
         sys.exit(130)
