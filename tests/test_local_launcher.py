@@ -31,13 +31,16 @@ def here(tmp_path, monkeypatch):
     return tmp_path
 
 
-def start(script: str | None = None, passthrough: tuple[str, ...] = ()) -> JobRecord:
-    """Submit a detached local job as the runner does; `script` replaces the worker inside the wrapper."""
+def start(script: str | None = None, passthrough: tuple[str, ...] = (), config_text: str | None = None) -> JobRecord:
+    """Submit a detached local job as the runner does; `script` replaces the worker inside the wrapper,
+    `config_text` the worker's config file."""
     compiled = compile_request(load_catalog(), RunRequest(step="rs", config="tiny", batch_profile="here",
                                                           passthrough=passthrough))
     job_dir = create_job_dir(compiled.job)
     plan = LAUNCHER.plan(compiled.job, job_dir)
     write_job_files(job_dir, compiled.job, plan, compiled.inputs)
+    if config_text is not None:
+        (job_dir / "config.yaml").write_text(config_text)
     if script is not None:
         plan = dataclasses.replace(plan, command=[*plan.command[:WRAPPER_WORDS], sys.executable, "-c", script])
     record = LAUNCHER.record(compiled.job, LAUNCHER.submit(compiled.job, plan, job_dir))
@@ -79,10 +82,11 @@ def test_a_job_that_succeeds_runs_then_succeeds_and_keeps_its_log(here):
 
 
 def test_the_real_worker_failing_gives_a_failed_status_and_its_log(here):
-    record = start(passthrough=("--log-level", "loud"))  # a bad value the compiler would refuse; the worker says why
+    record = start(config_text="algorithm: rs\ninputs: {prompts: p.jsonl}\n")  # no policy, no output dir
     assert wait_until_ended(record) is JobState.FAILED
-    assert LAUNCHER.status(record).detail == f"pid {record.job_id}, exit code 2"
-    assert "invalid choice: 'loud'" in "\n".join(LAUNCHER.logs(record))
+    assert LAUNCHER.status(record).detail == f"pid {record.job_id}, exit code 1"
+    log = "\n".join(LAUNCHER.logs(record))
+    assert "inputs.policy" in log and "Field required" in log
 
 
 def test_following_the_log_returns_when_the_job_ends(here):
@@ -143,3 +147,33 @@ def test_an_attached_run_is_recorded_with_its_exit_code(here):
         LAUNCHER.logs(record)
     with pytest.raises(UsageError, match="ran attached"):
         LAUNCHER.cancel(record)
+
+
+def test_ctrl_c_lets_an_attached_worker_finish_its_cleanup(tmp_path):
+    """The worker gets SIGINT with us; we wait for its cleanup instead of killing it after a fraction of a second."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    marker = tmp_path / "cleaned-up"
+    worker = textwrap.dedent(f"""
+        import signal, time, pathlib
+        try:
+            time.sleep(30)
+        except KeyboardInterrupt:
+            time.sleep(1.0)  # e.g. stopping a reward server
+            pathlib.Path({str(marker)!r}).write_text("yes")
+            raise SystemExit(130)
+    """)
+    parent = textwrap.dedent(f"""
+        import os, sys
+        from rlsteps.launch.local import _run_attached
+        print(_run_attached([sys.executable, "-c", {worker!r}], dict(os.environ)), flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    out, _ = proc.communicate(timeout=30)
+    assert out.strip() == "130"
+    assert marker.read_text() == "yes"

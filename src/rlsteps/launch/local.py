@@ -47,11 +47,7 @@ class LocalLauncher:
     def submit(self, job: Job, plan: LaunchPlan, job_dir: Path) -> Submission:
         env = {**os.environ, **plan.env, **job.secret_env()}
         if job.mode != "batch":
-            try:
-                code = subprocess.call(plan.command, env=env)
-            except KeyboardInterrupt:
-                code = 130
-            return Submission(job_id=job.name, job_dir=job_dir, exit_code=code)
+            return Submission(job_id=job.name, job_dir=job_dir, exit_code=_run_attached(plan.command, env))
         with open(job_dir / LOG_FILE, "ab") as log:
             process = subprocess.Popen(
                 plan.command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -174,3 +170,18 @@ def _signal_group(group: int, sig: signal.Signals) -> None:
 
 
 LAUNCHER = LocalLauncher()
+
+
+def _run_attached(command: list[str], env: dict[str, str], grace_s: float = 60.0) -> int:
+    """Run in the foreground. Ctrl-C reaches the worker too (same process group): let it stop its servers and
+    exit; a second Ctrl-C, or a worker still alive after the grace period, is killed."""
+    process = subprocess.Popen(command, env=env)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        try:
+            process.wait(grace_s)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            process.kill()
+            process.wait()
+        return 130
