@@ -211,3 +211,19 @@ def test_a_stage_is_fresh_only_with_the_same_config_hash_and_input_versions(proj
     _set_aside_stale_run(rs, why, say=lambda line: None)
     assert not output.parent.exists()
     assert len(list(output.parent.parent.glob("rs.replaced-*"))) == 1
+
+
+def test_a_finished_run_is_set_aside_whatever_the_reason_but_a_failed_run_is_resumed(project):
+    """In a batch pipeline an upstream stage that reruns leaves its downstream stage's input unwritten: the
+    downstream's finished run must still be set aside, or its worker would resume it and hand back old weights."""
+    from rlsteps.pipeline import PipelineRequest, _set_aside_stale_run, load_pipeline, plan_pipeline
+
+    reinforce = plan_pipeline(load_catalog(), load_pipeline(TINY), PipelineRequest(path=TINY))[1]
+    run = project / ".rlsteps" / "pipelines" / "tiny" / reinforce.name
+    (run / "checkpoints" / "step_2").mkdir(parents=True)  # a failed run: checkpoints, no output
+    _set_aside_stale_run(reinforce, "an input is not written yet", say=lambda line: None)
+    assert run.is_dir()
+    (run / "policy").mkdir()
+    (run / "policy" / "rlsteps_artifact.json").write_text("{}")  # a finished run
+    _set_aside_stale_run(reinforce, "an input is not written yet", say=lambda line: None)
+    assert not run.exists() and len(list(run.parent.glob(f"{reinforce.name}.replaced-*"))) == 1

@@ -257,15 +257,17 @@ def _publish(catalog: Catalog, plan: StagePlan, say: Callable[[str], None]) -> s
 
 
 def _set_aside_stale_run(plan: StagePlan, why: str, say: Callable[[str], None]) -> None:
-    """A finished run from another config or other inputs would be resumed as if it were this one: move it aside."""
-    if not why.startswith(("the config changed", "input changed")):
-        return
+    """The stage is about to run. A finished run in its directory (an output with metadata) came from another
+    config, other inputs, or an upstream stage that runs again: resuming it would hand back its old weights, so
+    move it aside. A failed run has no output yet and is resumed."""
+    config = plan.compiled.job.config
     for spec in plan.step.produces:
-        run_dir = Path(str(lookup(plan.compiled.job.config, spec.key)))
-        if run_dir.is_dir():
-            kept = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-            run_dir.rename(kept)
-            say(f"stage {plan.name}: {why}; the previous run is kept at {kept}")
+        if read_artifact_metadata(Path(output_ref(config, spec))) is None:
+            continue
+        run_dir = Path(str(lookup(config, spec.key)))
+        kept = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(kept)
+        say(f"stage {plan.name}: {why}; the previous run is kept at {kept}")
 
 
 def describe(plans: list[StagePlan]) -> list[dict[str, Any]]:
