@@ -100,16 +100,18 @@ def test_cli_list_status_logs_and_cancel(workspace):
 def test_a_detached_run_writes_its_record_and_jobs_reads_it(tiny_world, workspace):
     root, here, _ = workspace
     (root / "rlsteps.yaml").write_text("profiles:\n  here: {executor: local}\n")
-    submitted = run_cli("run", "rs", "-c", "tiny", "-b", "here", "--", "--no-such-option", cwd=root)
+    bad = root / "bad.jsonl"
+    bad.write_text('{"prompt": "Describe the cat."\n')  # the worker finds this at run time and fails
+    submitted = run_cli("run", "rs", "-c", "tiny", "-b", "here", f"inputs.prompts={bad}", "run.num_threads=1", cwd=root)
     assert submitted.exit_code == 0, submitted.output
     [record] = jobs.find_records()
     assert record.launcher == "local" and record.step == "rl/rs" and record.job_id in submitted.stdout
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while not jobs.job_status(record).state.ended:
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert jobs_cli("status", record.job_id).output.count("failed") == 1
-    assert "unrecognized arguments: --no-such-option" in jobs_cli("logs", record.job_id).output
+    assert f"{bad}:1:" in jobs_cli("logs", record.job_id).output
 
 
 def test_rlsteps_jobs_is_a_command_group_of_the_cli(workspace):

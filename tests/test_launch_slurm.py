@@ -92,9 +92,9 @@ def script_of(profile: str, **kwargs) -> str:
 
 
 def test_the_script_takes_resources_from_the_profile_and_the_partition_from_the_mode(project):
-    batch = compiled("big").plan
+    big = compiled("big")  # once: a second compile may fall in the next second and name another job dir
+    batch, job_dir = big.plan, big.job_dir
     script = batch.files[slurm.SCRIPT_FILE]
-    job_dir = compiled("big").job_dir
     for line in ("#SBATCH --account=proj", "#SBATCH --partition=long", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
                  "#SBATCH --gpus-per-node=4", "#SBATCH --mem=0", "#SBATCH --time=04:00:00", "#SBATCH --exclusive",
                  f"#SBATCH --chdir={project}", "#SBATCH --export=ALL", "#SBATCH --open-mode=append",
@@ -107,8 +107,8 @@ def test_the_script_takes_resources_from_the_profile_and_the_partition_from_the_
 
 
 def test_one_process_runs_the_worker_and_many_run_one_torchrun_per_node(project):
-    single = script_of("ci").rstrip().splitlines()[-1]
-    job_dir = compiled("ci").job_dir
+    ci = compiled("ci")  # once: a second compile may fall in the next second and name another job dir
+    single, job_dir = ci.plan.files[slurm.SCRIPT_FILE].rstrip().splitlines()[-1], ci.job_dir
     assert single.startswith("srun --nodes=1 --ntasks-per-node=1 ")
     assert single.endswith(f"-m rlsteps.engine.worker {job_dir / 'config.yaml'}") and "torch.distributed.run" not in single
     multi = script_of("big")
