@@ -145,3 +145,14 @@ def test_unknown_command_and_bad_option_are_usage_errors_without_traceback():
     for argv in (["nosuchcommand"], ["list", "--nope"]):
         result = run_cli(*argv)
         assert result.exit_code == 2 and "Traceback" not in result.stderr
+
+
+def test_on_a_fresh_machine_tiny_inputs_are_pending_not_missing(tmp_path):
+    """The tiny world is built when a real run starts: dry runs of a step and of a pipeline must not fail on it."""
+    env = {"RLSTEPS_HOME": str(tmp_path / "empty-home")}
+    step = run_cli("run", "rs", "-c", "tiny", "--dry-run", cwd=tmp_path, env=env)
+    assert step.exit_code == 0 and "written before the run" in step.stdout and "missing" not in step.stdout
+    pipeline = run_cli("pipeline", "run", str(REPO / "examples" / "pipelines" / "tiny.yaml"), "--dry-run", cwd=tmp_path,
+                       env={**env, "RLSTEPS_ARTIFACTS": str(tmp_path / "store")})
+    assert pipeline.exit_code == 0, pipeline.output
+    assert not (tmp_path / "empty-home").exists()  # a dry run builds nothing

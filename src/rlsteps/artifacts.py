@@ -7,7 +7,7 @@ A reference is a local path or any fsspec URL. Detection reads only small metada
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Mapping
 
 from fsspec.core import url_to_fs
@@ -27,7 +27,7 @@ class ResolvedInput:
     ref: str | None
     required_type: str
     detected: list[str]
-    status: str  # ok | absent | missing | wrong_type | pending (an earlier pipeline stage will write it)
+    status: str  # ok | absent | missing | wrong_type | pending (an earlier stage, or the run itself, writes it first)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,17 +150,28 @@ def required_here(spec: ArtifactSpec, config: dict[str, Any]) -> bool:
     return spec.required and not (spec.required_unless and lookup(config, spec.required_unless))
 
 
-def resolve_inputs(catalog: Catalog, step: Step, config: dict[str, Any],
-                   promised: Mapping[str, str] = {}) -> list[ResolvedInput]:
-    """Check every input the manifest declares; raise ArtifactError (exit 3) naming the first problem.
+def check_inputs(catalog: Catalog, step: Step, config: dict[str, Any], promised: Mapping[str, str] = {},
+                 built_before_run: str | None = None) -> list[ResolvedInput]:
+    """The state of every input the manifest declares, raising nothing.
 
     promised: input name -> the type an earlier pipeline stage will write there (not on disk yet).
+    built_before_run: a folder the run fills before it starts (the tiny world): missing inputs in it are pending.
     """
-    resolved = [
-        promised_input(catalog, s.name, s.key, lookup(config, s.key), s.type, promised[s.name]) if s.name in promised
-        else check_input(catalog, s.name, s.key, lookup(config, s.key), s.type)
-        for s in step.consumes
-    ]
+    resolved = []
+    for s in step.consumes:
+        ref = lookup(config, s.key)
+        item = (promised_input(catalog, s.name, s.key, ref, s.type, promised[s.name]) if s.name in promised
+                else check_input(catalog, s.name, s.key, ref, s.type))
+        if item.status == "missing" and built_before_run and str(ref).startswith(built_before_run):
+            item = replace(item, status="pending")
+        resolved.append(item)
+    return resolved
+
+
+def resolve_inputs(catalog: Catalog, step: Step, config: dict[str, Any],
+                   promised: Mapping[str, str] = {}) -> list[ResolvedInput]:
+    """Check every input the manifest declares; raise ArtifactError (exit 3) naming the first problem."""
+    resolved = check_inputs(catalog, step, config, promised)
     for spec, item in zip(step.consumes, resolved):
         raise_for(catalog, required_here(spec, config), item)
     return resolved

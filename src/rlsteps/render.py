@@ -81,7 +81,7 @@ def dry_run(compiled: Compiled) -> Group:
     for column in ("name", "key", "reference", "required type", "status"):
         inputs.add_column(column, overflow="fold")
     for item in compiled.inputs:
-        status = {"ok": "[green]ok[/]", "absent": "not set", "pending": "[cyan]from an earlier stage[/]", "missing": "[yellow]missing[/]", "wrong_type": "[red]wrong type[/]"}[item.status]
+        status = {"ok": "[green]ok[/]", "absent": "not set", "pending": "[cyan]written before the run[/]", "missing": "[yellow]missing[/]", "wrong_type": "[red]wrong type[/]"}[item.status]
         inputs.add_row(item.name, item.key, item.ref or "-", item.required_type, status)
     parts = [Panel(summary, title="[bold]dry run[/]: nothing was written, started or sent"), inputs,
              Panel(Syntax(shlex.join(mask_argv(plan.command)), "bash", word_wrap=True), title="command")]

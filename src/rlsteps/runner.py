@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rlsteps.artifacts import ResolvedInput, check_input, lookup, promised_input, resolve_inputs, with_value
+from rlsteps.artifacts import ResolvedInput, check_inputs, lookup, resolve_inputs, with_value
 from rlsteps.catalog import Catalog, Step
 from rlsteps.compile import compile_job
 from rlsteps.errors import RunFailed, UsageError
@@ -15,6 +15,9 @@ from rlsteps.jobdir import create_job_dir, planned_job_dir, write_job_files
 from rlsteps.launch.base import LaunchPlan, Submission, get_launcher
 from rlsteps.profiles import resolve_profile
 from rlsteps.store import SCHEME, resolve_reference
+
+
+TINY_WORLD_EXECUTORS = ("local", "slurm")  # launchers that share this machine's filesystem: the world is built here
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,18 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
     job = _with_store_references(step, job)
     job_dir = planned_job_dir(job)
     plan = get_launcher(job.executor).plan(job, job_dir)
-    promised = dict(request.promised)
-    inputs = [promised_input(catalog, s.name, s.key, lookup(job.config, s.key), s.type, promised[s.name]) if s.name in promised
-              else check_input(catalog, s.name, s.key, lookup(job.config, s.key), s.type) for s in step.consumes]
+    inputs = check_inputs(catalog, step, job.config, dict(request.promised), built_before_run=_tiny_world_built_by(job))
     return Compiled(job=job, plan=plan, job_dir=job_dir, inputs=inputs)
+
+
+def _tiny_world_built_by(job: Job) -> str | None:
+    """The tiny world's folder when this run builds it before it starts (here, or on Slurm's shared filesystem)."""
+    from rlsteps.tiny_layout import tiny_world_dir  # torch-free
+
+    world = job.config.get("tiny_world")
+    if world is None or job.executor not in TINY_WORLD_EXECUTORS:
+        return None
+    return str(tiny_world_dir(int(world.get("seed", 0))))
 
 
 def _with_store_references(step: Step, job: Job) -> Job:
@@ -78,7 +89,7 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     compiled = compile_request(catalog, request)
     job = compiled.job
     step = catalog.find(job.step_id)
-    if job.config.get("tiny_world") is not None and job.executor in ("local", "slurm"):  # slurm: a shared filesystem
+    if _tiny_world_built_by(job) is not None:
         _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
     inputs = resolve_inputs(catalog, step, job.config, promised=dict(request.promised))
     job_dir = create_job_dir(job)
