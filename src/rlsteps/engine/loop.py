@@ -20,6 +20,7 @@ from rlsteps.engine import policy as pol
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from rlsteps.engine.config import RecipeConfig
+from rlsteps.engine.device import resolve_device
 from rlsteps.engine.data import Prompt, load_prompts, prompt_indices, steps_per_epoch
 from rlsteps.engine.metrics import MetricsWriter, Timers, TrainingProgress
 from rlsteps.engine.recipes import Recipe, loss_mask
@@ -50,14 +51,6 @@ class RunResult:
     counters: Counters
     model: torch.nn.Module
     tokenizer: object
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("run.device=cuda but no CUDA device is visible; use run.device=cpu or auto")
-    return torch.device(name)
 
 
 def train(cfg: RecipeConfig, recipe: Recipe, rewards: RewardSource, run_dir: Path,

@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from rlsteps.engine.rewards.auth import bearer_matches, token_from_env
+from rlsteps.engine.rewards.auth import bearer_matches, server_token
 from rlsteps.engine.rewards.genrm import parse_judge_request
 
 log = logging.getLogger("rlsteps.rewards.judge_server")
@@ -150,11 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-env", metavar="VAR", help="environment variable holding the bearer token")
     args = parser.parse_args(argv)
 
-    try:
-        token = token_from_env(args.token_env)
-    except ValueError as err:
-        parser.error(str(err))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    token = server_token(parser, args.token_env)
     serve(args.model, args.host, args.port, args.model_name, token, device=args.device)
 
 

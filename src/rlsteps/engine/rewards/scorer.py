@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from rlsteps.engine.device import resolve_device
 from rlsteps.engine.rewards.text import reward_input_text
 
 
@@ -22,7 +23,7 @@ class RewardScorer:
         if max_length < 1 or batch_size < 1:
             raise ValueError(f"max_length and batch_size must be >= 1, got {max_length} and {batch_size}")
         self.name = str(model_path)
-        self.device = torch.device(resolve_device(device))
+        self.device = resolve_device(device)
         self.max_length = max_length
         self.batch_size = batch_size
 
@@ -95,10 +96,3 @@ class RewardScorer:
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)
         ).logits  # [B, 1]
         return logits[:, 0].float().cpu().tolist()
-
-
-def resolve_device(device: str) -> str:
-    """'auto' picks the GPU when there is one."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device

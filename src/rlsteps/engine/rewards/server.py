@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, model_validator
 
-from rlsteps.engine.rewards.auth import bearer_matches, token_from_env
+from rlsteps.engine.rewards.auth import bearer_matches, server_token
 
 log = logging.getLogger(__name__)
 
@@ -262,11 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-env", metavar="VAR", help="environment variable holding the bearer token")
     args = parser.parse_args(argv)
 
-    try:
-        token = token_from_env(args.token_env)
-    except ValueError as err:
-        parser.error(str(err))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    token = server_token(parser, args.token_env)
     serve(
         args.model, args.host, args.port,
         device=args.device, max_length=args.max_length, batch_size=args.batch_size,
