@@ -54,7 +54,12 @@ def series(run: Path, key: str) -> list[float]:
 
 
 def weights(model_dir: Path) -> dict:
-    return load_file(str(model_dir / "model.safetensors"))
+    """name -> tensor of a checkpoint_hf (its safetensors) or a checkpoint_megatron (through the engine's reader)."""
+    if (model_dir / "model.safetensors").is_file():
+        return load_file(str(model_dir / "model.safetensors"))
+    from rlsteps.engine.policy import load_policy
+
+    return load_policy(model_dir)[0].state_dict()
 
 
 def artifact_metadata(run: Path) -> dict:

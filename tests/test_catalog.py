@@ -18,7 +18,7 @@ def test_every_manifest_loads_with_known_types_unique_ids_and_existing_configs(c
         for name in step.configs:
             assert step.config_path(name).is_file()
         assert {"default", "tiny"} <= set(step.configs)
-        assert step.resources.get("launch") and step.resources.get("gpus_per_node")
+        assert step.resources.get("launch") and "gpus_per_node" in step.resources
 
 
 def test_type_graph_follows_is_a_transitively(catalog):
@@ -45,7 +45,9 @@ def test_unknown_step_suggests_the_closest(catalog):
 def test_filters(catalog):
     assert [s.id for s in catalog.filter(tag="grpo")] == ["rl/rlhf"]
     assert {s.id for s in catalog.filter(consumes="reward_model_hf")} == {"rl/rs", "rl/reinforce"}
-    assert {s.id for s in catalog.filter(produces="checkpoint_hf")} == {"rl/rs", "rl/reinforce", "rl/rlhf"}
+    assert {s.id for s in catalog.filter(produces="checkpoint_megatron")} == {"rl/rs", "rl/reinforce", "rl/rlhf", "convert/hf_to_megatron"}
+    assert {s.id for s in catalog.filter(produces="checkpoint_hf")} == {"convert/megatron_to_hf"}
+    assert {s.id for s in catalog.filter(consumes="checkpoint_megatron")} == {"convert/megatron_to_hf"}
 
 
 def _write_root(tmp_path, types, step):

@@ -7,7 +7,7 @@ import pytest
 
 from cli_helpers import REPO, invoke, run_cli
 
-STEPS = ["rl/rs", "rl/reinforce", "rl/rlhf"]
+STEPS = ["rl/rs", "rl/reinforce", "rl/rlhf", "convert/hf_to_megatron", "convert/megatron_to_hf"]
 
 
 def test_list_table_and_json():
@@ -36,7 +36,8 @@ def test_show_each_step(step):
 @pytest.mark.parametrize("config", ["tiny", "default"])
 def test_dry_run_each_step_prints_config_and_command_and_writes_nothing(step, config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    extra = ["inputs.prompts=/data/p.jsonl", "inputs.policy=/ckpt/sft"] if config == "default" else []
+    inputs = ["inputs.checkpoint=/ckpt/x"] if step.startswith("convert/") else ["inputs.prompts=/data/p.jsonl", "inputs.policy=/ckpt/sft"]
+    extra = inputs if config == "default" else []
     result = invoke("run", step, "-c", config, "--dry-run", *extra)
     assert result.exit_code == 0, result.output
     assert "merged config" in result.stdout and "rlsteps.engine.worker" in result.stdout
@@ -103,7 +104,7 @@ def test_mistyped_input_artifact_exits_3_and_names_both_types(tmp_path):
     result = run_cli("run", "rs", "-c", "default", f"inputs.prompts={prompts}", f"inputs.policy={prompts}",
                      "rm.url=http://127.0.0.1:9", cwd=tmp_path)
     assert result.exit_code == 3
-    assert "is prompt_jsonl, but a checkpoint_hf is required" in result.stderr
+    assert "is prompt_jsonl, but a checkpoint (checkpoint_hf or checkpoint_megatron) is required" in result.stderr
 
 
 def test_reward_model_required_unless_a_url_is_given(tmp_path):

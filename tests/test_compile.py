@@ -61,7 +61,7 @@ def test_malformed_override_is_an_error():
 def test_compile_tiny_resolves_the_tiny_world_paths(rs, tmp_path, monkeypatch):
     monkeypatch.setenv("RLSTEPS_HOME", str(tmp_path))
     job = compile_job(rs, "tiny")
-    assert job.config["inputs"]["policy"] == str(tmp_path / "tiny" / f"{TINY_WORLD_VERSION}-seed0" / "policy")
+    assert job.config["inputs"]["policy"] == str(tmp_path / "tiny" / f"{TINY_WORLD_VERSION}-seed0" / "policy_megatron")
     assert job.config["algorithm"] == "rs" and job.config["rollout"]["top_n_rollouts"] == 1
     assert job.name.endswith("-rl_rs") and job.mode == "local" and job.executor == "local"
 

@@ -297,7 +297,7 @@ def test_a_batch_job_trains_on_slurm_and_jobs_reports_it(tiny_world, project, mo
     wait_until(record, ended(record))
     assert "succeeded" in jobs_cli("status", record.job_id)
     assert artifact_metadata(run_dir(project, "rl_rs"))["counters"]["step"] == 2
-    assert "output artifact (checkpoint_hf)" in jobs_cli("logs", Path(record.job_dir).name)
+    assert "output artifact (checkpoint_megatron)" in jobs_cli("logs", Path(record.job_dir).name)
     elsewhere = project / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

@@ -48,7 +48,7 @@ def test_a_bound_input_of_the_wrong_type_fails_with_exit_3_before_any_stage_runs
     """)
     done = invoke("pipeline", "run", str(pipeline))
     assert done.exit_code == 3
-    assert "checkpoint_hf, but a reward_model_hf is required" in done.stderr
+    assert "is checkpoint_megatron, but a reward_model_hf is required" in done.stderr
     assert not (project / ".rlsteps").exists()  # the first stage never started
 
 
@@ -59,7 +59,7 @@ def test_a_path_input_of_the_wrong_type_fails_with_exit_3(project, tiny_world):
           - {{name: rs, step: rl/rs, config: tiny, inputs: {{policy: "{tiny_world.train_prompts}"}}}}
     """)
     done = invoke("pipeline", "run", str(pipeline), "--dry-run")
-    assert done.exit_code == 3 and "is prompt_jsonl, but a checkpoint_hf is required" in done.stderr
+    assert done.exit_code == 3 and "is prompt_jsonl, but a checkpoint (checkpoint_hf or checkpoint_megatron) is required" in done.stderr
 
 
 @pytest.mark.parametrize("text, message", [
@@ -80,14 +80,18 @@ def test_an_override_for_an_unknown_stage_names_the_stages(project):
 
 @pytest.fixture
 def megatron_catalog(tmp_path, monkeypatch):
-    """The real catalog, except that rl/rs requires a checkpoint_megatron policy."""
+    """The real catalog, except that rl/rs requires a checkpoint_megatron policy, its tiny config gives it the
+    Hugging Face one, and there are no convert steps."""
     root = tmp_path / "catalog"
     shutil.copytree(REPO / "manifests", root / "manifests")
     shutil.copytree(REPO / "steps", root / "steps")
     rs = root / "manifests" / "rl" / "rs.toml"
     rs.write_text(rs.read_text().replace('key = "inputs.policy"', 'key = "inputs.policy"', 1)
-                  .replace('name = "policy"\ntype = "checkpoint_hf"\nkey = "inputs.policy"',
+                  .replace('name = "policy"\ntype = "checkpoint"\nkey = "inputs.policy"',
                            'name = "policy"\ntype = "checkpoint_megatron"\nkey = "inputs.policy"'))
+    tiny = root / "steps" / "rl" / "rs" / "tiny.yaml"
+    tiny.write_text(tiny.read_text().replace("${tiny:policy_megatron}", "${tiny:policy}"))
+    shutil.rmtree(root / "manifests" / "convert")
     monkeypatch.setenv("RLSTEPS_ROOT", str(root))
     assert load_catalog().find("rl/rs").consumes[2].type == "checkpoint_megatron"
     return root

@@ -36,7 +36,7 @@ def test_three_stages_chain_publish_show_their_lineage_and_skip_when_unchanged(t
     assert reinforce["input_versions"]["policy"] == fingerprint(str(rs_out))  # it read that very rs output
 
     lineage = rlsteps("artifacts", "lineage", "tiny-rlhf", cwd=tmp_path).stdout.splitlines()
-    assert lineage[0].startswith("tiny-rlhf:v1 (checkpoint_hf) from rl/rlhf")
+    assert lineage[0].startswith("tiny-rlhf:v1 (checkpoint_megatron) from rl/rlhf")
     assert "  policy <- tiny-reinforce:v1" in lineage
     assert "      policy <- tiny-rs:v1" in lineage
     assert any(line.startswith("          policy <- ") and line.endswith(")") and str(tiny_world.policy) in line for line in lineage)

@@ -258,5 +258,5 @@ def test_save_then_load_round_trips_and_pads_with_eos(tmp_path):
 
 
 def test_load_policy_from_a_non_model_dir_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="not a Hugging Face model directory"):
+    with pytest.raises(ValueError, match="neither a Hugging Face model directory .* nor a Megatron checkpoint"):
         load_policy(tmp_path)

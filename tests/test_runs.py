@@ -36,9 +36,14 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     assert len(train) == 16 and len(val) == 5  # step 0, then every 4 steps
     assert _mean(train[-4:]) > _mean(train[:4]), train
     assert val[-1] > val[0], val
-    meta = artifact_metadata(run)
-    assert meta["type"] == "checkpoint_hf" and meta["producer"]["step"] == step
+    meta = artifact_metadata(run)  # Megatron in (the tiny configs read policy_megatron), Megatron out
+    assert meta["type"] == "checkpoint_megatron" and meta["producer"]["step"] == step
     assert meta["counters"] == {"step": 16, "consumed_samples": 256, "optimizer_steps": meta["counters"]["optimizer_steps"], "epoch": 0}
+    iteration = meta["counters"]["optimizer_steps"]
+    assert (run / "policy" / "latest_checkpointed_iteration.txt").read_text() == str(iteration)
+    assert (run / "policy" / f"iter_{iteration:07d}" / "metadata.json").is_file()
+    trained, initial = weights(run / "policy"), weights(tiny_world.policy)
+    assert trained.keys() == initial.keys() and any(not torch.equal(trained[k], initial[k]) for k in trained)
     assert (run / "metrics.png").stat().st_size > 10_000
     job_dir = next((tmp_path / ".rlsteps" / "jobs").iterdir())
     job = OmegaConf.to_container(OmegaConf.load(job_dir / "job.yaml"))
@@ -103,8 +108,8 @@ def test_malformed_prompt_file_fails_before_training_with_file_and_line(tiny_wor
     assert not (run_dir(tmp_path, "rl_rs") / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
-def test_a_differently_configured_architecture_trains(tiny_world, tmp_path, arch):
+@pytest.mark.parametrize("arch, output", [("qwen2", "checkpoint_megatron"), ("gpt2", "checkpoint_hf")])
+def test_a_differently_configured_architecture_trains(tiny_world, tmp_path, arch, output):
     from transformers import AutoTokenizer
 
     from rlsteps.tiny import build_random_causal_lm
@@ -116,11 +121,30 @@ def test_a_differently_configured_architecture_trains(tiny_world, tmp_path, arch
     tokenizer.save_pretrained(policy)
     for slug, step in (("rl_rs", "rl/rs"), ("rl_reinforce", "rl/reinforce")):
         done = rlsteps("run", step, "-c", "tiny", f"inputs.policy={policy}", "train.max_steps=2",
-                       "validation.interval=0", "rollout.sampling.max_new_tokens=12", *FAST, cwd=tmp_path)
+                       "validation.interval=0", "rollout.sampling.max_new_tokens=12", f"output.type={output}", *FAST,
+                       cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
-        config = json.loads((run_dir(tmp_path, slug) / "policy" / "config.json").read_text())
-        assert config["model_type"] == arch
-        assert artifact_metadata(run_dir(tmp_path, slug))["counters"]["optimizer_steps"] >= 2
+        from rlsteps.engine.policy import load_policy
+
+        assert load_policy(run_dir(tmp_path, slug) / "policy")[0].config.model_type == arch
+        meta = artifact_metadata(run_dir(tmp_path, slug))
+        assert meta["type"] == output and meta["counters"]["optimizer_steps"] >= 2
+
+
+def test_a_policy_without_a_megatron_layout_fails_before_training_when_megatron_output_is_asked(tiny_world, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlsteps.tiny import build_random_causal_lm
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_world.policy)
+    policy = tmp_path / "gpt2-policy"
+    build_random_causal_lm("gpt2", tokenizer, seed=1, hidden=48, layers=2).save_pretrained(policy)
+    tokenizer.save_pretrained(policy)
+    done = rlsteps("run", "rs", "-c", "tiny", f"inputs.policy={policy}", *FAST, cwd=tmp_path, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "GPT2LMHeadModel is not supported for Megatron checkpoints" in done.stderr
+    assert "output.type=checkpoint_hf" in done.stderr
+    assert not (run_dir(tmp_path, "rl_rs") / "checkpoints").exists()  # it stopped before the first step
 
 
 def test_judge_down_mid_run_stops_cleanly_with_checkpoints_intact(tiny_world, tmp_path):

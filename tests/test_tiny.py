@@ -60,6 +60,18 @@ def test_models_and_tokenizer_load_with_the_auto_classes(tiny_world):
         assert config["tokenizer_class"] == "PreTrainedTokenizerFast"  # readable by older transformers too
 
 
+def test_the_policy_is_also_a_megatron_checkpoint_with_the_same_weights(tiny_world):
+    from rlsteps.engine.policy import load_policy
+
+    hf, hf_tokenizer = load_policy(tiny_world.policy)
+    megatron, megatron_tokenizer = load_policy(tiny_world.policy_megatron)
+    assert (tiny_world.policy_megatron / "iter_0000000" / "metadata.json").is_file()
+    expected, got = hf.state_dict(), megatron.state_dict()
+    assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
+    assert megatron_tokenizer("Describe the castle.").input_ids == hf_tokenizer("Describe the castle.").input_ids
+    assert megatron_tokenizer.chat_template == hf_tokenizer.chat_template
+
+
 def test_chat_template_renders_roles_and_the_assistant_header(tiny_world):
     tokenizer = AutoTokenizer.from_pretrained(tiny_world.reward_model)
     chat = [
@@ -336,7 +348,9 @@ def test_two_fresh_builds_are_bit_identical(tmp_path):
     digests = []
     for home in (tmp_path / "a", tmp_path / "b"):
         world = ensure_tiny_world(seed=0, home=home, log=lambda message: None)
-        files = sorted(p for p in world.root.rglob("*") if p.is_file() and p.name not in {"world.json", "README.md"})
+        # torch DCP's .metadata records the folder and a fresh save id on every save; the tensors are in *.distcp
+        files = sorted(p for p in world.root.rglob("*") if p.is_file() and p.name not in {"world.json", "README.md", ".metadata"})
         digests.append({str(p.relative_to(world.root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files})
     assert "policy/model.safetensors" in digests[0] and "reward_model/model.safetensors" in digests[0]
+    assert "policy_megatron/iter_0000000/__0_0.distcp" in digests[0]
     assert digests[0] == digests[1]

@@ -14,6 +14,7 @@ from fsspec.core import url_to_fs
 
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
 from rlsteps.engine.artifact import METADATA_FILE
+from rlsteps.engine.megatron import TRACKER_FILE as MEGATRON_TRACKER
 from rlsteps.errors import ArtifactError
 
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
@@ -81,8 +82,16 @@ def _is_hf_any_model(ref: str) -> bool:
 
 
 def _is_megatron_dist(ref: str) -> bool:
-    meta = _read_json(ref, "metadata.json") or {}
-    return meta.get("sharded_backend") == "torch_dist"
+    """A torch_dist checkpoint folder, or a Megatron checkpoint root whose tracker file names one."""
+    if (_read_json(ref, "metadata.json") or {}).get("sharded_backend") == "torch_dist":
+        return True
+    fs, path = url_to_fs(ref)
+    tracker = f"{path.rstrip('/')}/{MEGATRON_TRACKER}"
+    if not fs.isfile(tracker):
+        return False
+    iteration = fs.cat_file(tracker).decode(errors="replace").strip()
+    folder = "release" if iteration == "release" else f"iter_{int(iteration):07d}" if iteration.isdigit() else None
+    return folder is not None and _is_megatron_dist(f"{ref.rstrip('/')}/{folder}")
 
 
 DETECTORS: dict[str, Callable[[str], bool]] = {
@@ -177,19 +186,26 @@ def resolve_inputs(catalog: Catalog, step: Step, config: dict[str, Any],
     return resolved
 
 
+def type_phrase(catalog: Catalog, name: str) -> str:
+    """A type as a message names it: an abstract one with the types that stand for it."""
+    kinds = [t.name for t in catalog.types.values() if name in t.is_a]
+    return f"{name} ({' or '.join(kinds)})" if catalog.types[name].abstract and kinds else name
+
+
 def raise_for(catalog: Catalog, required: bool, item: ResolvedInput, allow_convert: bool = False) -> Conversion | None:
     """Raise ArtifactError for an unusable input; return the conversion to run when one is allowed and available."""
+    wanted = type_phrase(catalog, item.required_type)
     if item.status == "absent" and required:
-        raise ArtifactError(f"input '{item.name}' ({item.required_type}) is required", fix=f"pass {item.key}=PATH")
+        raise ArtifactError(f"input '{item.name}' ({wanted}) is required", fix=f"pass {item.key}=PATH")
     if item.status == "missing":
-        raise ArtifactError(f"input '{item.name}': {item.ref} does not exist", fix=f"pass {item.key}=PATH to a {item.required_type}")
+        raise ArtifactError(f"input '{item.name}': {item.ref} does not exist", fix=f"pass {item.key}=PATH to a {wanted}")
     if item.status != "wrong_type":
         return None
     what = " or ".join(item.detected) if item.detected else "not a recognised artifact"
-    problem = f"input '{item.name}': {item.ref} is {what}, but a {item.required_type} is required"
+    problem = f"input '{item.name}': {item.ref} is {what}, but a {wanted} is required"
     conversion = conversion_for(catalog, item.detected, item.required_type)
     if conversion is None:
-        raise ArtifactError(problem, fix=f"point {item.key} at a {item.required_type}")
+        raise ArtifactError(problem, fix=f"point {item.key} at a {wanted}")
     if not allow_convert:
         raise ArtifactError(problem, fix=f"convert it with the step {conversion.step_id} (in a pipeline, set convert: true), "
                                          f"or point {item.key} at a {item.required_type}")
@@ -198,6 +214,12 @@ def raise_for(catalog: Catalog, required: bool, item: ResolvedInput, allow_conve
                             f"{conversion.step_id}, which is not available in this catalog",
                             fix=f"convert it outside rlsteps and point {item.key} at the {item.required_type}")
     return conversion
+
+
+def produced_type(spec: ArtifactSpec, config: dict[str, Any]) -> str:
+    """The type a step writes for an output: the value of its type_key in this config, else the manifest's type."""
+    chosen = lookup(config, spec.type_key) if spec.type_key else None
+    return str(chosen or spec.type)
 
 
 def output_ref(config: dict[str, Any], spec: ArtifactSpec) -> str:

@@ -34,6 +34,7 @@ class ArtifactSpec:
     description: str = ""
     required: bool = True
     required_unless: str | None = None  # a config key that, when set, makes this input unnecessary
+    type_key: str | None = None  # an output only: a config key that chooses its type (`type` is the default)
 
 
 @dataclass(frozen=True)

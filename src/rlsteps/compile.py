@@ -130,14 +130,14 @@ def _resolve(cfg: DictConfig) -> dict[str, Any]:
 
 def _validate(step: Step, cfg: dict[str, Any]) -> dict[str, Any]:
     """The config as the worker sees it (defaults filled in), or a UsageError naming every problem."""
-    from rlsteps.engine.config import RECIPE_SCHEMAS  # torch-free
+    from rlsteps.engine.config import STEP_SCHEMAS  # torch-free
 
     algorithm = cfg.get("algorithm", step.algorithm)
     if algorithm != step.algorithm:
         raise UsageError(f"config says algorithm '{algorithm}' but {step.id} runs '{step.algorithm}'")
-    schema = RECIPE_SCHEMAS.get(step.algorithm)
+    schema = STEP_SCHEMAS.get(step.algorithm)
     if schema is None:
-        raise UsageError(f"{step.id}: no recipe schema for algorithm '{step.algorithm}'")
+        raise UsageError(f"{step.id}: no config schema for algorithm '{step.algorithm}'")
     try:
         return schema.model_validate(cfg).model_dump(mode="json")
     except ValidationError as err:

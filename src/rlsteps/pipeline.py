@@ -27,7 +27,7 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rlsteps.artifacts import Conversion, lookup, output_ref, raise_for, required_here
+from rlsteps.artifacts import Conversion, lookup, output_ref, produced_type, raise_for, required_here
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
 from rlsteps.compile import worker_config_hash
 from rlsteps.engine.artifact import input_versions, read_artifact_metadata
@@ -130,7 +130,7 @@ def plan_pipeline(catalog: Catalog, spec: PipelineSpec, request: PipelineRequest
             conversion = raise_for(catalog, required_here(input_spec, compiled.job.config), item, allow_convert=allow)
             if conversion is not None:  # plan again with the convert stage in place
                 return plan_pipeline(catalog, _with_conversion(catalog, spec, stage, input_spec, conversion, item.ref), request)
-        outputs = {o.name: (o.type, output_ref(compiled.job.config, o)) for o in step.produces}
+        outputs = {o.name: (produced_type(o, compiled.job.config), output_ref(compiled.job.config, o)) for o in step.produces}
         plans[stage.name] = StagePlan(stage.name, step, run_request, compiled, outputs, upstream, stage.publish)
     return list(plans.values())
 
@@ -167,8 +167,8 @@ def _bind_inputs(step: Step, stage: StageSpec, plans: dict[str, StagePlan]) -> t
             outputs = plans[source].outputs
             if not output and len(outputs) != 1:
                 raise UsageError(f"stage '{source}' has several outputs", fix=f"write stage:{source}.OUTPUT with OUTPUT in {', '.join(outputs)}")
-            produced_type, ref = outputs[output] if output in outputs else next(iter(outputs.values()))
-            promised[input_name] = produced_type
+            promised_type, ref = outputs[output] if output in outputs else next(iter(outputs.values()))
+            promised[input_name] = promised_type
             upstream.append(source)
         overrides.append(f"{by_name[input_name].key}={ref}")
     return overrides, promised, tuple(dict.fromkeys(upstream))

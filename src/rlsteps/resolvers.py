@@ -1,7 +1,7 @@
 """Custom OmegaConf resolvers available in every step config.
 
-`${tiny:NAME}`: a path inside the offline tiny world (policy, reward_model, train_prompts,
-val_prompts), for the seed in the config's `tiny_world.seed`. Resolving only computes the path;
+`${tiny:NAME}`: a path inside the offline tiny world (policy, policy_megatron, reward_model,
+train_prompts, val_prompts), for the seed in the config's `tiny_world.seed`. Resolving only computes the path;
 the world itself is built before the run starts (never during --dry-run).
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-TINY_PARTS = ("policy", "reward_model", "train_prompts", "val_prompts")
+TINY_PARTS = ("policy", "policy_megatron", "reward_model", "train_prompts", "val_prompts")
 
 
 def _tiny_path(part: str, *, _root_: Any) -> str:

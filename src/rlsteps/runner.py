@@ -107,8 +107,11 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
 
 
 def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:
-    from rlsteps.tiny import ensure_tiny_world  # imports torch: only for real runs
-
+    try:
+        from rlsteps.tiny import ensure_tiny_world  # imports torch (and megatron-core): only for real runs
+    except ImportError as missing:
+        raise RunFailed(f"the tiny world cannot be built: {missing}",
+                        fix="pip install torch==2.13.0 first, then pip install -e '.[engine,megatron]'") from None
     ensure_tiny_world(seed=seed, log=say)
 
 

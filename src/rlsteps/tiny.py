@@ -37,6 +37,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
+    AutoTokenizer,
     GPT2Config,
     LlamaConfig,
     PreTrainedModel,
@@ -46,6 +47,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from rlsteps import tiny_task
+from rlsteps.engine.megatron.checkpoint import save_megatron_checkpoint
 from rlsteps.engine.rewards.text import reward_input_text
 from rlsteps.tiny_layout import TINY_WORLD_VERSION, TinyWorld, tiny_world_dir, tiny_world_paths
 
@@ -384,6 +386,8 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         sft_loss = train_sft(policy, tokenizer, rng, log)
         policy.save_pretrained(root / "policy")
         shutil.copytree(root / "tokenizer", root / "policy", dirs_exist_ok=True)
+        log("writing the policy as a Megatron-Core distributed checkpoint too")
+        save_megatron_checkpoint(policy, AutoTokenizer.from_pretrained(root / "policy"), root / "policy_megatron")
 
         log("Bradley-Terry training of the reward model")
         reward_model = reward_model_from_policy(policy)
@@ -428,7 +432,8 @@ def _readme(metadata: dict) -> str:
     return (
         f"# rlsteps tiny world {metadata['version']} (seed {metadata['seed']})\n\n"
         f"{metadata['task']}\n\nHidden preference: {metadata['preference']}.\n\n"
-        "Folders: `tokenizer/`, `policy/` (LlamaForCausalLM after SFT), `reward_model/`\n"
+        "Folders: `tokenizer/`, `policy/` (LlamaForCausalLM after SFT), `policy_megatron/` (the same\n"
+        "policy as a Megatron-Core distributed checkpoint), `reward_model/`\n"
         "(LlamaForSequenceClassification, one label, Bradley-Terry), all Hugging Face save_pretrained\n"
         "with safetensors. Prompts: `train.jsonl`, `val.jsonl`. The reward model scores\n"
         "`rlsteps.engine.rewards.text.reward_input_text(chat_prompt, response, eos_token)`.\n\n"

@@ -1,6 +1,6 @@
 """Where the offline tiny world lives on disk. Torch-free, so configs can name its paths cheaply.
 
-$RLSTEPS_HOME (default ~/.cache/rlsteps) / tiny / <version>-seed<seed> / {policy, reward_model, train.jsonl, val.jsonl}
+$RLSTEPS_HOME (default ~/.cache/rlsteps) / tiny / <version>-seed<seed> / {policy, policy_megatron, reward_model, train.jsonl, val.jsonl}
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HOME_ENV = "RLSTEPS_HOME"
-TINY_WORLD_VERSION = "v2"  # bump when the tiny world's recipe changes: it is part of the cache key
+TINY_WORLD_VERSION = "v3"  # bump when the tiny world's recipe changes: it is part of the cache key
 
 
 @dataclass(frozen=True)
 class TinyWorld:
     root: Path
     policy: Path
+    policy_megatron: Path  # the same SFT policy as a Megatron-Core distributed checkpoint
     reward_model: Path
     train_prompts: Path
     val_prompts: Path
@@ -35,6 +36,7 @@ def tiny_world_paths(seed: int = 0, home: Path | None = None) -> TinyWorld:
     return TinyWorld(
         root=root,
         policy=root / "policy",
+        policy_megatron=root / "policy_megatron",
         reward_model=root / "reward_model",
         train_prompts=root / "train.jsonl",
         val_prompts=root / "val.jsonl",

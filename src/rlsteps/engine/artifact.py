@@ -27,6 +27,7 @@ def write_artifact(target: Path, write_contents: Callable[[Path], None], metadat
 
     A kill at any point leaves either the previous artifact or the new one, never a mix.
     """
+    recover_interrupted_write(target)
     staging = target.with_name(f".tmp-{target.name}-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -40,6 +41,30 @@ def write_artifact(target: Path, write_contents: Callable[[Path], None], metadat
     staging.rename(target)
     shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def recover_interrupted_write(target: Path) -> None:
+    """Undo what a writer killed mid-way left: put back a previous artifact it had moved aside (a kill between
+    its two renames), and delete the staging and set-aside folders of writers no longer running."""
+    if not target.exists():
+        previous = [p for p in sorted(target.parent.glob(f".old-{target.name}-*")) if (p / METADATA_FILE).is_file()]
+        if previous:
+            previous[-1].rename(target)
+    for leftover in [*target.parent.glob(f".tmp-{target.name}-*"), *target.parent.glob(f".old-{target.name}-*")]:
+        if not _running(leftover.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _running(pid: str) -> bool:
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def fingerprint(ref: str) -> str:

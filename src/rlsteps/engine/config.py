@@ -97,8 +97,12 @@ class CheckpointConfig(Section):
     metric: str | None = "val/reward_mean"
 
 
+CheckpointForm = Literal["checkpoint_megatron", "checkpoint_hf"]
+
+
 class OutputConfig(Section):
     dir: str
+    type: CheckpointForm = "checkpoint_megatron"  # the form of the output artifact <dir>/policy
 
 
 class LoggingConfig(Section):
@@ -201,3 +205,26 @@ RECIPE_SCHEMAS: dict[str, type[RecipeConfig]] = {
     "reinforce": ReinforceConfig,
     "grpo": GRPOConfig,
 }
+
+
+class ConvertInputs(Section):
+    checkpoint: str
+
+
+class ConvertRunConfig(Section):
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: the dtype the source checkpoint stores
+    num_threads: PositiveInt | None = None
+
+
+class ConvertConfig(Section):
+    """A checkpoint converted between its Hugging Face and Megatron forms, weights unchanged."""
+
+    algorithm: Literal["convert"]
+    seed: NonNegativeInt = 0
+    run: ConvertRunConfig = ConvertRunConfig()
+    inputs: ConvertInputs
+    output: OutputConfig
+    tiny_world: TinyWorldConfig | None = None
+
+
+STEP_SCHEMAS: dict[str, type[Section]] = {**RECIPE_SCHEMAS, "convert": ConvertConfig}

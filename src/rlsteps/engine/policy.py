@@ -30,15 +30,36 @@ SCHEDULES = ("cosine", "linear", "constant")
 
 
 def load_policy(
-    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A causal LM and its tokenizer from a Hugging Face model directory."""
+    """A causal LM and its tokenizer from a Hugging Face model directory or a Megatron checkpoint (checkpoint_megatron).
+
+    dtype "auto" keeps the dtype the checkpoint stores."""
     path = Path(path)
+    if is_megatron_checkpoint(path):
+        from rlsteps.engine.megatron.checkpoint import load_megatron_checkpoint
+
+        model, tokenizer_dir = load_megatron_checkpoint(path, device, dtype)
+        return model, load_tokenizer(tokenizer_dir)
     if not (path / "config.json").is_file():
         raise ValueError(
-            f"policy path {path} is not a Hugging Face model directory (no config.json); "
-            "pass a directory written by save_pretrained (config.json, weights, tokenizer files)"
+            f"policy path {path} is neither a Hugging Face model directory (no config.json) nor a Megatron "
+            "checkpoint (no metadata.json or latest_checkpointed_iteration.txt); pass a directory written by "
+            "save_pretrained (config.json, weights, tokenizer files) or by convert/hf_to_megatron"
         )
+    tokenizer = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    return model, tokenizer
+
+
+def is_megatron_checkpoint(path: Path) -> bool:
+    from rlsteps.engine.megatron import TRACKER_FILE
+
+    return (path / "metadata.json").is_file() or (path / TRACKER_FILE).is_file()
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in `path`, with its EOS token as pad when it has no pad token."""
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
@@ -50,14 +71,24 @@ def load_policy(
             raise ValueError(f"the tokenizer of {path} has neither a pad nor an EOS token; give it a pad token")
         tokenizer.pad_token = tokenizer.eos_token
         log.info("the tokenizer of %s has no pad token; using its EOS token %r as pad", path, tokenizer.eos_token)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    return model, tokenizer
+    return tokenizer
 
 
-def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> None:
-    """Weights as safetensors, config and tokenizer: a directory load_policy (and HF) can read."""
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+def save_policy(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path,
+    form: str = "checkpoint_hf", iteration: int = 0,
+) -> None:
+    """The policy as checkpoint_hf (safetensors, config, tokenizer: what load_policy and HF read) or as
+    checkpoint_megatron (a Megatron-Core distributed checkpoint at `iteration`)."""
+    if form == "checkpoint_megatron":
+        from rlsteps.engine.megatron.checkpoint import save_megatron_checkpoint
+
+        save_megatron_checkpoint(model, tokenizer, out_dir, iteration=iteration)
+    elif form == "checkpoint_hf":
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+    else:
+        raise ValueError(f"unknown checkpoint form {form!r}; choose checkpoint_hf or checkpoint_megatron")
 
 
 def frozen_copy(model: nn.Module, device: str | torch.device | None = None) -> nn.Module:

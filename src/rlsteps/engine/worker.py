@@ -1,12 +1,14 @@
-"""The worker: `python -m rlsteps.engine.worker JOB_DIR/config.yaml` runs one recipe to its end.
+"""The worker: `python -m rlsteps.engine.worker JOB_DIR/config.yaml` runs one step to its end.
 
-It reads the compiled config (secrets arrive through the environment), serves or reaches the
-reward source, runs the shared loop, and writes the typed output artifact and a metrics plot.
+It reads the compiled config (secrets arrive through the environment). A recipe serves or reaches
+the reward source, runs the shared loop, and writes the typed output artifact and a metrics plot;
+a convert step reads the checkpoint and writes it in the other form.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -15,24 +17,26 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from rlsteps.engine.artifact import config_hash, input_versions, write_artifact
-from rlsteps.engine.config import RECIPE_SCHEMAS, RecipeConfig
+from rlsteps.engine.config import STEP_SCHEMAS, ConvertConfig, RecipeConfig
 
 log = logging.getLogger("rlsteps")
 PLOTTED = ["train/reward", "val/reward_mean", "train/loss", "train/response_length"]
 
 
-def load_config(path: Path) -> RecipeConfig:
+OUTPUT_NAME = "policy"  # the output artifact is <output.dir>/policy, as every manifest names it
+StepConfig = RecipeConfig | ConvertConfig
+
+
+def load_config(path: Path) -> StepConfig:
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    schema = RECIPE_SCHEMAS[raw["algorithm"]]
+    schema = STEP_SCHEMAS[raw["algorithm"]]
     return schema.model_validate(raw)
 
 
 def run(config_path: Path, log_level: str = "info") -> int:
     import torch
 
-    from rlsteps.engine.loop import RunStopped, train
-    from rlsteps.engine.recipes import RECIPES
-    from rlsteps.engine.rewards.sources import open_reward_source
+    from rlsteps.engine.loop import RunStopped
 
     from transformers.utils import logging as hf_logging
 
@@ -43,33 +47,76 @@ def run(config_path: Path, log_level: str = "info") -> int:
     _log_to(run_dir / "train.log", log_level)
     if cfg.run.num_threads:
         torch.set_num_threads(cfg.run.num_threads)
+    if cfg.output.type == "checkpoint_megatron":
+        _check_megatron_output(cfg)
     job = _job_record(config_path)
-    versions = input_versions(cfg.inputs.model_dump())  # before training: what this run actually reads
+    versions = input_versions(cfg.inputs.model_dump())  # before the step: what this run actually reads
     log.info("%s: run directory %s", cfg.algorithm, run_dir)
     try:
-        with open_reward_source(cfg, run_dir) as rewards:
-            result = train(cfg, RECIPES[cfg.algorithm](cfg), rewards, run_dir, say=log.info)
+        model, tokenizer, counters = _convert(cfg) if isinstance(cfg, ConvertConfig) else _train(cfg, run_dir)
     except RunStopped as stopped:
         log.error("%s", stopped)
         return 1
-    _write_output(cfg, result, run_dir, job, versions)
-    _summarise(run_dir)
+    _write_output(cfg, model, tokenizer, counters, run_dir, job, versions)
+    if not isinstance(cfg, ConvertConfig):
+        _summarise(run_dir)
     return 0
 
 
-def _write_output(cfg: RecipeConfig, result, run_dir: Path, job: dict[str, Any], versions: dict[str, str]) -> None:
+def _check_megatron_output(cfg: StepConfig) -> None:
+    """A run that could not write its Megatron output fails now, not after training: no megatron-core,
+    or a Hugging Face policy whose architecture has no Megatron GPT layout."""
+    from rlsteps.engine.megatron.compat import import_megatron
+    from rlsteps.engine.megatron.layout import LayoutError, gpt_shape
+
+    import_megatron()
+    source = Path(cfg.inputs.checkpoint if isinstance(cfg, ConvertConfig) else cfg.inputs.policy)
+    if (source / "config.json").is_file():
+        try:
+            gpt_shape(json.loads((source / "config.json").read_text()))
+        except LayoutError as error:
+            raise LayoutError(f"{error}; the output would be a checkpoint_megatron: pass output.type=checkpoint_hf "
+                              "to write the Hugging Face form") from error
+
+
+def _train(cfg: RecipeConfig, run_dir: Path) -> tuple[Any, Any, dict[str, int]]:
+    from rlsteps.engine.loop import train
+    from rlsteps.engine.recipes import RECIPES
+    from rlsteps.engine.rewards.sources import open_reward_source
+
+    with open_reward_source(cfg, run_dir) as rewards:
+        result = train(cfg, RECIPES[cfg.algorithm](cfg), rewards, run_dir, say=log.info)
+    return result.model, result.tokenizer, result.counters.as_dict()
+
+
+def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:
+    import torch
+
+    from rlsteps.engine.policy import load_policy
+
+    dtype = "auto" if cfg.run.dtype == "auto" else getattr(torch, cfg.run.dtype)
+    model, tokenizer = load_policy(cfg.inputs.checkpoint, dtype=dtype)
+    log.info("read %s (%s, %s parameters); writing it as %s", cfg.inputs.checkpoint, model.dtype,
+             f"{sum(p.numel() for p in model.parameters()):,}", cfg.output.type)
+    return model, tokenizer, {}
+
+
+def _write_output(cfg: StepConfig, model: Any, tokenizer: Any, counters: dict[str, int], run_dir: Path,
+                  job: dict[str, Any], versions: dict[str, str]) -> None:
     from rlsteps.engine.policy import save_policy
 
+    form = cfg.output.type
     metadata = {
-        "type": "checkpoint_hf",
+        "type": form,
         "producer": {"step": job.get("job", {}).get("step"), "job": job.get("job", {}).get("name"), "algorithm": cfg.algorithm},
         "config_hash": config_hash(cfg.model_dump(mode="json")),
         "inputs": {name: ref for name, ref in cfg.inputs.model_dump().items() if ref},
         "input_versions": versions,  # what a pipeline compares to skip a stage
-        "counters": result.counters.as_dict(),
+        "counters": counters,
     }
-    target = write_artifact(run_dir / "policy", lambda d: save_policy(result.model, result.tokenizer, d), metadata)
-    log.info("output artifact (checkpoint_hf): %s", target)
+    iteration = counters.get("optimizer_steps", 0)
+    target = write_artifact(run_dir / OUTPUT_NAME, lambda d: save_policy(model, tokenizer, d, form, iteration), metadata)
+    log.info("output artifact (%s): %s", form, target)
 
 
 def _summarise(run_dir: Path) -> None:
@@ -131,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         log.error("interrupted: the last checkpoint is intact; rerun the same command to resume")
         sys.exit(130)
-    except (ValueError, FileNotFoundError) as error:  # bad data or paths: say what and where, no traceback
+    except (ValueError, FileNotFoundError, ImportError) as error:  # bad data, paths or a missing extra: say what, no traceback
         log.error("%s", error)
         sys.exit(1)
 

@@ -1,0 +1,298 @@
+"""checkpoint_megatron: read and write Megatron-Core distributed checkpoints (torch_dist) of HF causal LMs.
+
+The folder is laid out as Megatron-Bridge writes an imported model, so Megatron-LM, Megatron-Bridge and
+NeMo-RL find what they look for:
+
+    <root>/latest_checkpointed_iteration.txt   the iteration, as Megatron-LM's tracker file
+    <root>/iter_0000000/                       megatron.core.dist_checkpointing.save: metadata.json,
+                                               common.pt ({checkpoint_version: 3.0, iteration}), .metadata, *.distcp
+    <root>/iter_0000000/run_config.yaml        `model:` the Megatron GPT config that rebuilds the model
+    <root>/iter_0000000/tokenizer/             the tokenizer, save_pretrained
+    <root>/iter_0000000/hf_config/             the Hugging Face config.json (and generation_config.json), so the
+                                               model converts back to exactly the same HF model
+
+Tensor names and layouts are in layout.py. Reading accepts the root, or an iter_* folder itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlsteps.engine.megatron import TRACKER_FILE
+from rlsteps.engine.megatron.compat import import_megatron, megatron_runtime
+from rlsteps.engine.megatron.layout import (
+    EXTRA_STATE_KEYS,
+    LAYER_PREFIX,
+    GPTShape,
+    LayoutError,
+    expected_shapes,
+    gpt_shape,
+    rope_scaling,
+    to_hf,
+    to_megatron,
+)  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+RUN_CONFIG_FILE = "run_config.yaml"
+TOKENIZER_DIR = "tokenizer"
+HF_CONFIG_DIR = "hf_config"
+CHECKPOINT_VERSION = 3.0
+PADDED_VOCAB_KEYS = ("embedding.word_embeddings.weight", "output_layer.weight")  # Megatron may pad the vocab rows
+
+
+def iteration_dir(root: Path, iteration: int) -> Path:
+    return root / f"iter_{iteration:07d}"
+
+
+def resolve_checkpoint_dir(ref: str | Path) -> Path:
+    """The dist-checkpoint folder of a checkpoint root (through the tracker file) or of an iter_* folder itself."""
+    path = Path(ref)
+    if (path / "metadata.json").is_file():
+        return path
+    tracker = path / TRACKER_FILE
+    if tracker.is_file():
+        text = tracker.read_text().strip()
+        candidate = path / "release" if text == "release" else iteration_dir(path, int(text)) if text.isdigit() else None
+        if candidate is None:
+            raise ValueError(f"{tracker} says {text!r}: expected an iteration number or 'release'")
+        if (candidate / "metadata.json").is_file():
+            return candidate
+        raise ValueError(f"{tracker} points at {candidate}, which is not a Megatron distributed checkpoint (no metadata.json)")
+    iterations = sorted(p for p in path.glob("iter_*") if (p / "metadata.json").is_file())
+    if iterations:
+        return iterations[-1]
+    raise ValueError(f"{path} is not a Megatron checkpoint: no metadata.json, no {TRACKER_FILE}, no iter_* folder")
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def save_megatron_checkpoint(model: Any, tokenizer: Any, root: str | Path, iteration: int = 0) -> Path:
+    """Write an HF causal LM (and its tokenizer) as a Megatron-Core distributed checkpoint under `root`.
+
+    Returns the iter_* folder. Raises LayoutError, naming the tensor, for a model the layout does not fit.
+    """
+    root = Path(root)
+    if not model.config.architectures:  # a model built from a config; save_pretrained fills this in the same way
+        model.config.architectures = [type(model).__name__]
+    hf_config = model.config.to_dict()
+    shape = gpt_shape(hf_config)
+    tensors = to_megatron(shape, {name: t.detach().cpu() for name, t in model.state_dict().items()})
+    target = iteration_dir(root, iteration)
+    target.mkdir(parents=True, exist_ok=False)  # dist_checkpointing.save wants an empty folder
+    state = {"model": _sharded_model(shape, tensors), "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
+    _dist_save(state, target)
+    _write_run_config(target / RUN_CONFIG_FILE, shape, hf_config, model.dtype)
+    model.config.save_pretrained(target / HF_CONFIG_DIR)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(target / HF_CONFIG_DIR)
+    tokenizer.save_pretrained(target / TOKENIZER_DIR)
+    (root / TRACKER_FILE).write_text(str(iteration))
+    return target
+
+
+def _sharded_model(shape: GPTShape, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The sharded state dict GPTModel itself would give on one rank: one shard per layer on a prepended axis."""
+    mapping = import_megatron("megatron.core.dist_checkpointing.mapping")
+    n = shape.num_layers
+    sharded: dict[str, Any] = {}
+    for key, tensor in tensors.items():
+        if not key.startswith(LAYER_PREFIX):
+            sharded[key] = mapping.ShardedTensor.from_rank_offsets(key, tensor, replica_id=0)
+            continue
+        for i in range(n):
+            sharded[f"{key}#{i}"] = mapping.ShardedTensor.from_rank_offsets(
+                key, tensor[i], (0, i, n), replica_id=0, prepend_axis_num=1)
+    for key in EXTRA_STATE_KEYS:
+        for i in range(n):
+            sharded[f"{key}#{i}"] = mapping.ShardedObject(key, None, (n,), (i,), replica_id=0)
+    return sharded
+
+
+def _dist_save(state: dict[str, Any], target: Path) -> None:
+    dist_checkpointing = import_megatron()
+    extra = {}
+    if "content_metadata" in inspect.signature(dist_checkpointing.save).parameters:
+        extra["content_metadata"] = {"singleton_local_shards": False}  # as GPTModel's sharded_state_dict lays it out
+    with megatron_runtime():
+        dist_checkpointing.save(state, str(target), **extra)
+
+
+def _write_run_config(path: Path, shape: GPTShape, hf_config: dict[str, Any], dtype: torch.dtype) -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.save({"model": megatron_model_config(shape, hf_config, dtype)}, path)
+
+
+def megatron_model_config(shape: GPTShape, hf_config: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """The Megatron-Core TransformerConfig and GPTModel fields of this model (Megatron-Bridge's provider names)."""
+    rope = rope_scaling(hf_config)
+    return {
+        "hf_architecture": shape.architecture,
+        "num_layers": shape.num_layers,
+        "hidden_size": shape.hidden_size,
+        "ffn_hidden_size": shape.ffn_hidden_size,
+        "num_attention_heads": shape.num_attention_heads,
+        "num_query_groups": shape.num_query_groups,
+        "kv_channels": shape.kv_channels,
+        "vocab_size": shape.vocab_size,
+        "make_vocab_size_divisible_by": vocab_divisor(shape.vocab_size),
+        "seq_length": int(hf_config.get("max_position_embeddings", 4096)),
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": float(hf_config.get("rms_norm_eps", 1e-6)),
+        "gated_linear_unit": True,
+        "activation_func": "silu",
+        "add_bias_linear": False,
+        "add_qkv_bias": shape.qkv_bias,
+        "position_embedding_type": "rope",
+        "rotary_base": float(hf_config.get("rope_theta") or rope.get("rope_theta", 10000.0)),
+        "rope_scaling": rope["rope_type"] == "llama3",
+        "rope_scaling_factor": float(rope.get("factor", 8.0)),
+        "share_embeddings_and_output_weights": shape.tied_embeddings,
+        "params_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def vocab_divisor(vocab_size: int) -> int:
+    """Megatron-Bridge's make_vocab_size_divisible_by: the largest power of two up to 128 dividing the vocab (no padding)."""
+    base = 128
+    while vocab_size % base:
+        base //= 2
+    return base
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def read_hf_config(checkpoint_dir: Path) -> dict[str, Any]:
+    """The Hugging Face config: hf_config/config.json as written here, else one derived from run_config.yaml
+    (a checkpoint Megatron-LM or Megatron-Bridge wrote)."""
+    config_file = checkpoint_dir / HF_CONFIG_DIR / "config.json"
+    if config_file.is_file():
+        return json.loads(config_file.read_text())
+    run_config = checkpoint_dir / RUN_CONFIG_FILE
+    if not run_config.is_file():
+        raise ValueError(f"{checkpoint_dir} has neither {HF_CONFIG_DIR}/config.json nor {RUN_CONFIG_FILE}: "
+                         "nothing says which model the weights belong to")
+    from omegaconf import OmegaConf
+
+    model = OmegaConf.to_container(OmegaConf.load(run_config)).get("model") or {}
+    return hf_config_from_megatron(model, str(run_config))
+
+
+def hf_config_from_megatron(model: dict[str, Any], source: str) -> dict[str, Any]:
+    """A Llama or Qwen2 config.json dict from Megatron GPT config fields (ours or a Megatron-Bridge provider's)."""
+    required = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
+    missing = [key for key in required if model.get(key) is None]
+    if missing:
+        raise ValueError(f"{source}: model.{missing[0]} is not set, so the model cannot be rebuilt")
+    if model.get("normalization", "RMSNorm") != "RMSNorm" or not model.get("gated_linear_unit", True):
+        raise LayoutError(f"{source}: only RMSNorm models with a gated (SwiGLU) MLP are supported")
+    target = str(model.get("_target_", "")).lower()
+    qwen = model.get("hf_architecture") == "Qwen2ForCausalLM" or "qwen" in target or bool(model.get("add_qkv_bias"))
+    heads = int(model["num_attention_heads"])
+    return {
+        "architectures": ["Qwen2ForCausalLM" if qwen else model.get("hf_architecture") or "LlamaForCausalLM"],
+        "model_type": "qwen2" if qwen else "llama",
+        "num_hidden_layers": model["num_layers"],
+        "hidden_size": model["hidden_size"],
+        "intermediate_size": model["ffn_hidden_size"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": model.get("num_query_groups") or heads,
+        "head_dim": model.get("kv_channels") or model["hidden_size"] // heads,
+        "vocab_size": model["vocab_size"],
+        "max_position_embeddings": model.get("seq_length", 4096),
+        "rms_norm_eps": model.get("layernorm_epsilon", 1e-5),
+        "rope_theta": model.get("rotary_base", 10000.0),
+        "tie_word_embeddings": bool(model.get("share_embeddings_and_output_weights", False)),
+        "hidden_act": "silu",
+    }
+
+
+def load_megatron_tensors(checkpoint_dir: Path, shape: GPTShape) -> dict[str, torch.Tensor]:
+    """Every tensor the model reads, full size (layers stacked), checked against the checkpoint's metadata first."""
+    dist_checkpointing = import_megatron()
+    mapping = import_megatron("megatron.core.dist_checkpointing.mapping")
+    with megatron_runtime():
+        available = dist_checkpointing.load_tensors_metadata(str(checkpoint_dir))
+        wanted = _checked_shapes(checkpoint_dir, shape, available)
+        request = {key: mapping.ShardedTensor.from_rank_offsets(key, torch.empty(size, dtype=available[key].dtype), replica_id=0)
+                   for key, size in wanted.items()}
+        loaded = dist_checkpointing.load(request, str(checkpoint_dir), validate_access_integrity=False)
+    return {key: tensor[: shape.vocab_size] if key in PADDED_VOCAB_KEYS else tensor for key, tensor in loaded.items()}
+
+
+def _checked_shapes(checkpoint_dir: Path, shape: GPTShape, available: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """key -> shape stored in the checkpoint; LayoutError naming the first missing, mismatched or unknown tensor."""
+    wanted = expected_shapes(shape)
+    where = f"Megatron checkpoint {checkpoint_dir} ({shape.architecture}, from its config)"
+    for key, expected in wanted.items():
+        if key not in available:
+            raise LayoutError(f"{where}: tensor {key} is missing")
+        stored = tuple(available[key].global_shape)
+        padded_vocab = key in PADDED_VOCAB_KEYS and stored[1:] == expected[1:] and stored[0] >= expected[0]
+        if stored != expected and not padded_vocab:
+            raise LayoutError(f"{where}: tensor {key} has shape {stored}, the config expects {expected}")
+    unknown = sorted(k for k in available if k not in wanted and _is_model_tensor(k))
+    if unknown:
+        raise LayoutError(f"{where}: tensor {unknown[0]} has no place in the supported GPT layout "
+                          f"({len(unknown)} such tensor{'s' if len(unknown) > 1 else ''}: {', '.join(unknown[:4])})")
+    return {key: tuple(available[key].global_shape) for key in wanted}
+
+
+def _is_model_tensor(key: str) -> bool:
+    """Model weights, as opposed to optimizer, RNG and scheduler state that training checkpoints also hold."""
+    return key.startswith(("embedding.", "decoder.", "output_layer."))
+
+
+def load_megatron_checkpoint(ref: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32):
+    """(model, tokenizer folder): the HF causal LM a checkpoint_megatron holds, on `device` in `dtype`
+    ("auto": the dtype the checkpoint stores)."""
+    from transformers import AutoModelForCausalLM
+
+    checkpoint_dir = resolve_checkpoint_dir(ref)
+    tokenizer_dir = checkpoint_dir / TOKENIZER_DIR
+    if not tokenizer_dir.is_dir():
+        raise ValueError(f"{checkpoint_dir} has no {TOKENIZER_DIR}/ folder (Megatron-LM does not write one): copy the "
+                         f"model's Hugging Face tokenizer files (tokenizer.json, tokenizer_config.json) into {tokenizer_dir}")
+    hf_config = read_hf_config(checkpoint_dir)
+    shape = gpt_shape(hf_config)
+    hf_state = to_hf(shape, load_megatron_tensors(checkpoint_dir, shape))
+    if dtype == "auto":
+        dtype = hf_state["model.embed_tokens.weight"].dtype
+    config = _hf_config_object(checkpoint_dir, hf_config)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    missing, unexpected = model.load_state_dict(hf_state, strict=False)
+    missing = [m for m in missing if not (shape.tied_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise LayoutError(f"{checkpoint_dir}: the {shape.architecture} model and the checkpoint disagree: "
+                          f"missing {missing or 'none'}, unexpected {unexpected or 'none'}")
+    if shape.tied_embeddings:
+        model.tie_weights()
+    _load_generation_config(model, checkpoint_dir / HF_CONFIG_DIR)
+    return model.to(device).eval(), tokenizer_dir
+
+
+def _hf_config_object(checkpoint_dir: Path, hf_config: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    if (checkpoint_dir / HF_CONFIG_DIR / "config.json").is_file():
+        return AutoConfig.from_pretrained(checkpoint_dir / HF_CONFIG_DIR)  # exactly the config that was written
+    fields = {k: v for k, v in hf_config.items() if k != "model_type"}
+    return AutoConfig.for_model(hf_config["model_type"], **fields)
+
+
+def _load_generation_config(model: Any, folder: Path) -> None:
+    if (folder / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(folder)

@@ -1,0 +1,100 @@
+"""Running megatron-core's checkpointing (and, for checks, its GPTModel) in one process without CUDA.
+
+megatron-core is written for CUDA ranks. Its dist_checkpointing save and load work on the CPU with a
+one-rank gloo group once two CUDA calls stop failing; GPTModel needs one more. Every patch here is
+applied only while CUDA is absent, only inside `megatron_runtime()`, and undone on exit:
+
+- `torch.cuda.synchronize`: a no-op (the checkpoint writer calls it before and after writing);
+- `torch.cuda.current_device`: answers "cpu" (the writer builds a small flag tensor on that device);
+- the model-parallel RNG tracker's `fork()`: a plain context (it swaps CUDA RNG states around dropout).
+
+With CUDA present nothing is patched. What needs a GPU regardless: Transformer Engine layer specs,
+fused kernels, and any tensor or pipeline parallelism above one rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import warnings
+from collections.abc import Iterator
+from types import ModuleType
+
+import torch
+
+INSTALL_HINT = "pip install 'rlsteps[megatron]' (megatron-core and psutil)"
+
+
+class MegatronUnavailable(ImportError):
+    """megatron-core (or psutil, which its checkpoint writer needs) is not installed."""
+
+
+def import_megatron(module: str = "megatron.core.dist_checkpointing") -> ModuleType:
+    """Import a megatron-core module quietly (it warns at import that Transformer Engine and Apex are absent)."""
+    logging.getLogger("megatron").setLevel(logging.WARNING)  # its INFO lines (FSDP detection, timings) are not ours
+    try:
+        importlib.import_module("psutil")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|apex|transformer_engine).*")
+            warnings.filterwarnings("ignore", category=FutureWarning, module="megatron")
+            return importlib.import_module(module)
+    except ImportError as error:
+        raise MegatronUnavailable(f"Megatron checkpoints need megatron-core: {INSTALL_HINT} ({error})") from error
+
+
+@contextlib.contextmanager
+def megatron_runtime() -> Iterator[None]:
+    """A one-rank process group (unless one exists) and, without CUDA, the CPU patches above."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message=".*load_state_dict. is deprecated.*", category=FutureWarning)
+        if not torch.cuda.is_available():
+            stack.enter_context(_cpu_patches())
+        stack.enter_context(_single_rank_group())
+        yield
+
+
+@contextlib.contextmanager
+def _single_rank_group() -> Iterator[None]:
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # under torchrun, or a caller's own group: use it as it is
+        yield
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _cpu_patches() -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(torch.cuda, "synchronize", lambda *args, **kwargs: None))
+        stack.enter_context(_patched(torch.cuda, "current_device", lambda: "cpu"))
+        yield
+
+
+@contextlib.contextmanager
+def _patched(owner: object, name: str, replacement: object) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def cpu_model_patches() -> Iterator[None]:
+    """For building and running GPTModel without CUDA: the RNG tracker forks into a plain context."""
+    if torch.cuda.is_available():
+        yield
+        return
+    random = import_megatron("megatron.core.tensor_parallel.random")
+    tracker = random.get_cuda_rng_tracker()
+    with _patched(tracker, "fork", lambda *args, **kwargs: contextlib.nullcontext()):
+        yield

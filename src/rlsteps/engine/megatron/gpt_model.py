@@ -1,0 +1,125 @@
+"""Load a checkpoint_megatron into Megatron-Core's own GPTModel and compare its logits with the engine's model.
+
+This is the proof that a checkpoint written here is a Megatron checkpoint and not only a file format:
+GPTModel is built from the checkpoint's run_config.yaml, reads the weights through its own
+sharded_state_dict, and must give the logits of the Hugging Face model the engine loads.
+
+    python -m rlsteps.engine.megatron.gpt_model CHECKPOINT [--device cuda] [--dtype bfloat16] [--spec te]
+
+On the CPU it runs with the local layer spec (compat.py explains the patches); Transformer Engine
+specs need a GPU and the transformer-engine package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlsteps.engine.megatron.checkpoint import RUN_CONFIG_FILE, resolve_checkpoint_dir
+from rlsteps.engine.megatron.compat import (
+    cpu_model_patches,
+    import_megatron,
+    megatron_runtime,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+Logits = Callable[[torch.Tensor], torch.Tensor]  # tokens [B, T] -> logits [B, T, V] (fp32, on the CPU)
+
+
+def transformer_config(model: dict[str, Any], dtype: torch.dtype) -> Any:
+    """A TransformerConfig from the `model:` section of run_config.yaml; dropout off, no fused kernels."""
+    config_module = import_megatron("megatron.core.transformer.transformer_config")
+    return config_module.TransformerConfig(
+        num_layers=model["num_layers"], hidden_size=model["hidden_size"], ffn_hidden_size=model["ffn_hidden_size"],
+        num_attention_heads=model["num_attention_heads"], num_query_groups=model["num_query_groups"],
+        kv_channels=model["kv_channels"], normalization=model["normalization"], layernorm_epsilon=model["layernorm_epsilon"],
+        gated_linear_unit=model["gated_linear_unit"], activation_func=getattr(torch.nn.functional, model["activation_func"]),
+        add_bias_linear=model["add_bias_linear"], add_qkv_bias=model["add_qkv_bias"],
+        params_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=True,
+        hidden_dropout=0.0, attention_dropout=0.0, bias_dropout_fusion=False, apply_rope_fusion=False,
+        masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+    )  # fmt: skip
+
+
+def _layer_spec(spec: str, model: dict[str, Any]) -> Any:
+    specs = import_megatron("megatron.core.models.gpt.gpt_layer_specs")
+    if spec == "te":
+        return specs.get_gpt_layer_with_transformer_engine_spec()
+    return specs.get_gpt_layer_local_spec(normalization=model["normalization"])
+
+
+@contextlib.contextmanager
+def megatron_gpt(ref: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, spec: str = "local") -> Iterator[Logits]:
+    """Yields logits(tokens) of a GPTModel that loaded the checkpoint through its own sharded_state_dict."""
+    from omegaconf import OmegaConf
+
+    checkpoint_dir = resolve_checkpoint_dir(ref)
+    model_cfg = OmegaConf.to_container(OmegaConf.load(checkpoint_dir / RUN_CONFIG_FILE))["model"]
+    dist_checkpointing = import_megatron()
+    parallel_state = import_megatron("megatron.core.parallel_state")
+    gpt = import_megatron("megatron.core.models.gpt")
+    with megatron_runtime(), cpu_model_patches():
+        parallel_state.initialize_model_parallel(1, 1)
+        try:
+            model = gpt.GPTModel(
+                transformer_config(model_cfg, dtype), _layer_spec(spec, model_cfg), vocab_size=model_cfg["vocab_size"],
+                max_sequence_length=model_cfg["seq_length"], position_embedding_type="rope",
+                rotary_base=int(model_cfg["rotary_base"]), rope_scaling=model_cfg.get("rope_scaling", False),
+                rope_scaling_factor=model_cfg.get("rope_scaling_factor", 8.0),
+                share_embeddings_and_output_weights=model_cfg["share_embeddings_and_output_weights"],
+            )  # fmt: skip
+            state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(checkpoint_dir))
+            model.load_state_dict(state["model"])
+            model.to(device).eval()
+            yield lambda tokens: _logits(model, tokens.to(device))
+        finally:
+            parallel_state.destroy_model_parallel()
+
+
+@torch.no_grad()
+def _logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
+    b, t = tokens.shape
+    positions = torch.arange(t, device=tokens.device).expand(b, t)
+    causal = torch.triu(torch.ones(1, 1, t, t, dtype=torch.bool, device=tokens.device), diagonal=1)  # True = masked
+    return model(tokens, positions, attention_mask=causal).float().cpu()
+
+
+def compare_with_engine(ref: str | Path, device: str = "cpu", dtype: str = "float32", spec: str = "local",
+                        tokens: torch.Tensor | None = None) -> dict[str, Any]:
+    """Max and mean |logit difference| between GPTModel and the engine's HF model, on the same tokens."""
+    from rlsteps.engine.policy import load_policy
+
+    torch_dtype = DTYPES[dtype]
+    hf_model, tokenizer = load_policy(ref, device=device, dtype=torch_dtype)
+    if tokens is None:
+        generator = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, len(tokenizer), (2, 24), generator=generator)
+    with torch.no_grad():
+        expected = hf_model(input_ids=tokens.to(device)).logits.float().cpu()
+    with megatron_gpt(ref, device, torch_dtype, spec) as gpt_logits:
+        got = gpt_logits(tokens)
+    diff = (got - expected).abs()
+    return {"device": device, "dtype": dtype, "spec": spec, "tokens": list(tokens.shape),
+            "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+            "logit_scale": float(expected.abs().max()),
+            "same_argmax": float((got.argmax(-1) == expected.argmax(-1)).float().mean())}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rlsteps.engine.megatron.gpt_model", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", help="a checkpoint_megatron folder")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--spec", default="local", choices=["local", "te"], help="layer spec (te needs transformer-engine)")
+    args = parser.parse_args(argv)
+    print(json.dumps(compare_with_engine(args.checkpoint, args.device, args.dtype, args.spec), indent=2))
+
+
+if __name__ == "__main__":
+    main()
