@@ -231,3 +231,21 @@ def test_a_finished_run_is_set_aside_whatever_the_reason_but_a_failed_run_is_res
     (run / "policy" / "rlsteps_artifact.json").write_text("{}")  # a finished run
     _set_aside_stale_run(reinforce, "an input is not written yet", say=lambda line: None)
     assert not run.exists() and len(list(run.parent.glob(f"{reinforce.name}.replaced-*"))) == 1
+
+
+def test_pipeline_wide_overrides_reach_the_stages_that_have_the_key_and_a_key_none_has_is_an_error(project):
+    pipeline = write(project / "p.yaml", """
+        name: mixed
+        overrides: [train.max_steps=3, run.num_threads=1]
+        stages:
+          - {name: rs, step: rl/rs, config: tiny}
+          - {name: to-hf, step: convert/megatron_to_hf, config: tiny, inputs: {checkpoint: "stage:rs"}}
+    """)
+    shown = invoke("pipeline", "run", str(pipeline), "--dry-run", "--json")
+    assert shown.exit_code == 0, shown.output
+    stages = {s["stage"]: s for s in json.loads(shown.stdout)}
+    assert "train.max_steps=3" in stages["rs"]["overrides"] and "run.num_threads=1" in stages["rs"]["overrides"]
+    assert "run.num_threads=1" in stages["to-hf"]["overrides"]
+    assert not any(o.startswith("train.") for o in stages["to-hf"]["overrides"])  # a convert step has no train section
+    typo = invoke("pipeline", "run", str(pipeline), "--dry-run", "train.max_stepz=3")
+    assert typo.exit_code == 2 and "unknown config key 'train.max_stepz'" in typo.stderr and "train.max_steps" in typo.stderr

@@ -1,12 +1,14 @@
 """Pipelines end to end on the tiny world: three stages chained and published, skipped when unchanged, resumed after a failure."""
 
 import json
+import shutil
 
 import pytest
+import torch
 
 from cli_helpers import REPO
 from rlsteps.engine.artifact import fingerprint
-from run_helpers import rlsteps
+from run_helpers import rlsteps, weights
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +41,7 @@ def test_three_stages_chain_publish_show_their_lineage_and_skip_when_unchanged(t
     assert lineage[0].startswith("tiny-rlhf:v1 (checkpoint_megatron) from rl/rlhf")
     assert "  policy <- tiny-reinforce:v1" in lineage
     assert "      policy <- tiny-rs:v1" in lineage
-    assert any(line.startswith("          policy <- ") and line.endswith(")") and str(tiny_world.policy) in line for line in lineage)
+    assert any(line.startswith("          policy <- ") and line.endswith(")") and str(tiny_world.policy_megatron) in line for line in lineage)
 
     again = rlsteps("pipeline", "run", str(pipeline), cwd=tmp_path, timeout=60)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -73,3 +75,31 @@ stages:
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "rs: skipped" in resumed.stdout and "reinforce: ran" in resumed.stdout
     assert (tmp_path / OUTPUTS.format(pipeline="two", stage="reinforce") / "rlsteps_artifact.json").is_file()
+
+
+def test_a_needed_conversion_runs_as_a_real_convert_stage_before_the_step(tiny_world, tmp_path, monkeypatch):
+    """A catalog whose rl/rs takes only checkpoint_megatron, given the Hugging Face policy, with convert: true."""
+    root = tmp_path / "catalog"
+    shutil.copytree(REPO / "manifests", root / "manifests")
+    shutil.copytree(REPO / "steps", root / "steps")
+    rs = root / "manifests" / "rl" / "rs.toml"
+    rs.write_text(rs.read_text().replace('type = "checkpoint"\nkey = "inputs.policy"', 'type = "checkpoint_megatron"\nkey = "inputs.policy"'))
+    monkeypatch.setenv("RLSTEPS_ROOT", str(root))
+    (tmp_path / "p.yaml").write_text(f"""
+name: conv
+convert: true
+overrides: [train.max_steps=2, validation.interval=0, run.num_threads=1]
+stages:
+  - {{name: rs, step: rl/rs, config: tiny, inputs: {{policy: "{tiny_world.policy}"}}}}
+""")
+    done = rlsteps("pipeline", "run", str(tmp_path / "p.yaml"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rs-convert-policy: ran" in done.stdout and "rs: ran" in done.stdout
+    converted = tmp_path / OUTPUTS.format(pipeline="conv", stage="rs-convert-policy")
+    assert json.loads((converted / "rlsteps_artifact.json").read_text())["type"] == "checkpoint_megatron"
+    from rlsteps.engine.policy import load_policy
+
+    expected, got = load_policy(tiny_world.policy)[0].state_dict(), weights(converted)
+    assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
+    rs_meta = json.loads((tmp_path / OUTPUTS.format(pipeline="conv", stage="rs") / "rlsteps_artifact.json").read_text())
+    assert rs_meta["inputs"]["policy"] == OUTPUTS.format(pipeline="conv", stage="rs-convert-policy")

@@ -42,7 +42,7 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     iteration = meta["counters"]["optimizer_steps"]
     assert (run / "policy" / "latest_checkpointed_iteration.txt").read_text() == str(iteration)
     assert (run / "policy" / f"iter_{iteration:07d}" / "metadata.json").is_file()
-    trained, initial = weights(run / "policy"), weights(tiny_world.policy)
+    trained, initial = weights(run / "policy"), weights(tiny_world.policy_megatron)
     assert trained.keys() == initial.keys() and any(not torch.equal(trained[k], initial[k]) for k in trained)
     assert (run / "metrics.png").stat().st_size > 10_000
     job_dir = next((tmp_path / ".rlsteps" / "jobs").iterdir())
@@ -171,3 +171,21 @@ def test_batch_profile_detaches_and_the_job_finishes_in_the_background(tiny_worl
     wait_for(run_dir(tmp_path, "rl_rs") / "policy" / "rlsteps_artifact.json", 300)
     assert "output artifact" in (job_dir / "worker.log").read_text()
     assert str(pid) in done.stdout
+
+
+def test_the_convert_steps_round_trip_the_tiny_policy_bit_for_bit(tiny_world, tmp_path):
+    from rlsteps.engine.policy import load_policy
+
+    to_megatron = rlsteps("run", "convert/hf_to_megatron", "-c", "tiny", cwd=tmp_path, timeout=300)
+    assert to_megatron.returncode == 0, to_megatron.stderr[-3000:]
+    megatron = run_dir(tmp_path, "convert_hf_to_megatron") / "policy"
+    back = rlsteps("run", "convert/megatron_to_hf", "-c", "tiny", f"inputs.checkpoint={megatron}", cwd=tmp_path, timeout=300)
+    assert back.returncode == 0, back.stderr[-3000:]
+    hf = run_dir(tmp_path, "convert_megatron_to_hf") / "policy"
+    assert artifact_metadata(hf.parent)["type"] == "checkpoint_hf" and artifact_metadata(megatron.parent)["type"] == "checkpoint_megatron"
+    original, returned = weights(tiny_world.policy), weights(hf)
+    assert original.keys() == returned.keys() and all(torch.equal(original[k], returned[k]) for k in original)
+    assert json.loads((hf / "config.json").read_text()) == json.loads((tiny_world.policy / "config.json").read_text())
+    (a, tokenizer), (b, _) = load_policy(tiny_world.policy), load_policy(hf)
+    tokens = torch.tensor([tokenizer("Describe the castle. The castle looks lovely.").input_ids])
+    assert torch.equal(a(tokens).logits, b(tokens).logits)

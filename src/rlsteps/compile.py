@@ -77,6 +77,16 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     return cfg
 
 
+def overrides_for(step: Step, config_ref: str, overrides: list[str], strict: bool = False) -> list[str]:
+    """The key=value overrides whose key this step's config has (or that add a key with +): what a pipeline-wide
+    setting means for a stage of another kind, such as a convert stage among RL steps. strict: an override this
+    config lacks raises the unknown-key UsageError instead."""
+    cfg = load_config_chain(config_source(step, config_ref))
+    if strict:
+        apply_overrides(cfg, overrides)
+    return [item for item in overrides if item.startswith("+") or _has_key(cfg, item.partition("=")[0])]
+
+
 def compile_job(
     step: Step,
     config_ref: str,

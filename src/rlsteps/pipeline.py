@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rlsteps.artifacts import Conversion, lookup, output_ref, produced_type, raise_for, required_here
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
-from rlsteps.compile import worker_config_hash
+from rlsteps.compile import overrides_for, worker_config_hash
 from rlsteps.engine.artifact import input_versions, read_artifact_metadata
 from rlsteps.errors import RunFailed, UsageError
 from rlsteps.launch.base import get_launcher
@@ -115,12 +115,13 @@ def plan_pipeline(catalog: Catalog, spec: PipelineSpec, request: PipelineRequest
         from rlsteps.store import store_root
 
         store_root()  # a stage that publishes needs a store: say so before anything runs
+    wide = _pipeline_wide(catalog, spec, [*spec.overrides, *shared])
     plans: dict[str, StagePlan] = {}
     for stage in spec.stages:
         step = catalog.find(stage.step)
         defaults = [f"{o.key}={RUNS_DIR / spec.name / stage.name}" for o in step.produces]
         bindings, promised, upstream = _bind_inputs(step, stage, plans)
-        overrides = [*defaults, *spec.overrides, *stage.overrides, *shared, *per_stage.get(stage.name, []), *bindings]
+        overrides = [*defaults, *wide[stage.name], *stage.overrides, *per_stage.get(stage.name, []), *bindings]
         run_request = RunRequest(step=step.id, config=stage.config, run_profile=request.run_profile,
                                  batch_profile=request.batch_profile, overrides=tuple(overrides),
                                  argv=request.argv, promised=tuple(promised.items()))
@@ -172,6 +173,16 @@ def _bind_inputs(step: Step, stage: StageSpec, plans: dict[str, StagePlan]) -> t
             upstream.append(source)
         overrides.append(f"{by_name[input_name].key}={ref}")
     return overrides, promised, tuple(dict.fromkeys(upstream))
+
+
+def _pipeline_wide(catalog: Catalog, spec: PipelineSpec, overrides: list[str]) -> dict[str, list[str]]:
+    """stage -> the pipeline-wide overrides whose key its config has; one that no stage has is an unknown key."""
+    per_stage = {s.name: overrides_for(catalog.find(s.step), s.config, overrides) for s in spec.stages}
+    unused = [item for item in overrides if not any(item in kept for kept in per_stage.values())]
+    if unused:
+        first = spec.stages[0]
+        overrides_for(catalog.find(first.step), first.config, unused, strict=True)  # raises, naming the closest key
+    return per_stage
 
 
 def _split_overrides(overrides: tuple[str, ...], stages: set[str]) -> tuple[list[str], dict[str, list[str]]]:
