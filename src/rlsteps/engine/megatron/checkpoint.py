@@ -270,8 +270,10 @@ def load_megatron_checkpoint(ref: str | Path, device: str | torch.device = "cpu"
     if dtype == "auto":
         dtype = hf_state["model.embed_tokens.weight"].dtype
     config = _hf_config_object(checkpoint_dir, hf_config)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    missing, unexpected = model.load_state_dict(hf_state, strict=False)
+    with _skip_weight_init():  # every weight is overwritten next; random init would cost more than the load
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    hf_state = {name: tensor.to(dtype) for name, tensor in hf_state.items()}  # no copy when the dtype matches
+    missing, unexpected = model.load_state_dict(hf_state, strict=False, assign=True)  # take the tensors, no second copy
     missing = [m for m in missing if not (shape.tied_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise LayoutError(f"{checkpoint_dir}: the {shape.architecture} model and the checkpoint disagree: "
@@ -280,6 +282,14 @@ def load_megatron_checkpoint(ref: str | Path, device: str | torch.device = "cpu"
         model.tie_weights()
     _load_generation_config(model, checkpoint_dir / HF_CONFIG_DIR)
     return model.to(device).eval(), tokenizer_dir
+
+
+def _skip_weight_init():
+    try:
+        from transformers.initialization import no_init_weights  # transformers 5
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights  # transformers 4
+    return no_init_weights()
 
 
 def _hf_config_object(checkpoint_dir: Path, hf_config: dict[str, Any]) -> Any:
