@@ -33,6 +33,24 @@ def test_detects_each_kind(catalog, tmp_path):
     assert detect_types(catalog, str(meg)) == ["checkpoint_megatron"]
 
 
+@pytest.mark.parametrize("root", ["local", "memory"])
+def test_a_megatron_root_is_found_through_its_tracker_file_or_its_newest_iter_folder(catalog, tmp_path, root):
+    import fsspec
+
+    base = str(tmp_path / "ckpt") if root == "local" else "memory://ckpt-detect"
+    fs, _ = fsspec.core.url_to_fs(base)
+    fs.makedirs(f"{base}/iter_0000007", exist_ok=True)
+    fs.pipe(f"{base}/iter_0000007/metadata.json", json.dumps({"sharded_backend": "torch_dist"}).encode())
+    assert detect_types(catalog, base) == ["checkpoint_megatron"]  # no tracker: the newest iter_* folder
+    fs.pipe(f"{base}/latest_checkpointed_iteration.txt", b"7")
+    assert detect_types(catalog, base) == ["checkpoint_megatron"]
+    fs.pipe(f"{base}/latest_checkpointed_iteration.txt", b"9")  # points at nothing
+    assert detect_types(catalog, base) == []
+    fs.pipe(f"{base}/iter_0000007/metadata.json", json.dumps({"sharded_backend": "zarr"}).encode())
+    fs.pipe(f"{base}/latest_checkpointed_iteration.txt", b"7")
+    assert detect_types(catalog, base) == []  # only torch_dist is read here
+
+
 def test_a_model_dir_without_weights_is_not_a_checkpoint(catalog, tmp_path):
     lm = _hf_dir(tmp_path / "lm", "LlamaForCausalLM")
     (lm / "model.safetensors").unlink()

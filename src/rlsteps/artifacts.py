@@ -14,7 +14,7 @@ from fsspec.core import url_to_fs
 
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
 from rlsteps.engine.artifact import METADATA_FILE
-from rlsteps.engine.megatron import TRACKER_FILE as MEGATRON_TRACKER
+from rlsteps.engine.megatron import find_checkpoint_dir
 from rlsteps.errors import ArtifactError
 
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
@@ -82,16 +82,9 @@ def _is_hf_any_model(ref: str) -> bool:
 
 
 def _is_megatron_dist(ref: str) -> bool:
-    """A torch_dist checkpoint folder, or a Megatron checkpoint root whose tracker file names one."""
-    if (_read_json(ref, "metadata.json") or {}).get("sharded_backend") == "torch_dist":
-        return True
+    """A torch_dist checkpoint folder, or a Megatron checkpoint root whose tracker file (or newest iter_*) holds one."""
     fs, path = url_to_fs(ref)
-    tracker = f"{path.rstrip('/')}/{MEGATRON_TRACKER}"
-    if not fs.isfile(tracker):
-        return False
-    iteration = fs.cat_file(tracker).decode(errors="replace").strip()
-    folder = "release" if iteration == "release" else f"iter_{int(iteration):07d}" if iteration.isdigit() else None
-    return folder is not None and _is_megatron_dist(f"{ref.rstrip('/')}/{folder}")
+    return find_checkpoint_dir(fs, path)[0] is not None
 
 
 DETECTORS: dict[str, Callable[[str], bool]] = {

@@ -53,9 +53,12 @@ def load_policy(
 
 
 def is_megatron_checkpoint(path: Path) -> bool:
-    from rlsteps.engine.megatron import TRACKER_FILE
+    """A checkpoint root or iter folder (a tracker file that points nowhere counts, so its error is the one shown)."""
+    from fsspec.implementations.local import LocalFileSystem
 
-    return (path / "metadata.json").is_file() or (path / TRACKER_FILE).is_file()
+    from rlsteps.engine.megatron import TRACKER_FILE, find_checkpoint_dir
+
+    return (path / TRACKER_FILE).is_file() or find_checkpoint_dir(LocalFileSystem(), str(path.absolute()))[0] is not None
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:

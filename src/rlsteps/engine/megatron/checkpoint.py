@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from rlsteps.engine.megatron import TRACKER_FILE
+from rlsteps.engine.megatron import TRACKER_FILE, find_checkpoint_dir, iteration_folder
 from rlsteps.engine.megatron.compat import import_megatron, megatron_runtime
 from rlsteps.engine.megatron.layout import (
     EXTRA_STATE_KEYS,
@@ -48,27 +48,17 @@ PADDED_VOCAB_KEYS = ("embedding.word_embeddings.weight", "output_layer.weight") 
 
 
 def iteration_dir(root: Path, iteration: int) -> Path:
-    return root / f"iter_{iteration:07d}"
+    return root / iteration_folder(iteration)
 
 
 def resolve_checkpoint_dir(ref: str | Path) -> Path:
     """The dist-checkpoint folder of a checkpoint root (through the tracker file) or of an iter_* folder itself."""
-    path = Path(ref)
-    if (path / "metadata.json").is_file():
-        return path
-    tracker = path / TRACKER_FILE
-    if tracker.is_file():
-        text = tracker.read_text().strip()
-        candidate = path / "release" if text == "release" else iteration_dir(path, int(text)) if text.isdigit() else None
-        if candidate is None:
-            raise ValueError(f"{tracker} says {text!r}: expected an iteration number or 'release'")
-        if (candidate / "metadata.json").is_file():
-            return candidate
-        raise ValueError(f"{tracker} points at {candidate}, which is not a Megatron distributed checkpoint (no metadata.json)")
-    iterations = sorted(p for p in path.glob("iter_*") if (p / "metadata.json").is_file())
-    if iterations:
-        return iterations[-1]
-    raise ValueError(f"{path} is not a Megatron checkpoint: no metadata.json, no {TRACKER_FILE}, no iter_* folder")
+    from fsspec.implementations.local import LocalFileSystem
+
+    found, why_not = find_checkpoint_dir(LocalFileSystem(), str(Path(ref).absolute()))
+    if found is None:
+        raise ValueError(why_not)
+    return Path(found)
 
 
 # ---------------------------------------------------------------------------------------------
