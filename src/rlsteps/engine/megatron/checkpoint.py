@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from rlsteps.engine.megatron.compat import import_megatron, megatron_runtime
 from rlsteps.engine.megatron.layout import (
     EXTRA_STATE_KEYS,
     LAYER_PREFIX,
+    LLAMA3_ROPE_FIXED,
     GPTShape,
     LayoutError,
     expected_shapes,
@@ -37,8 +37,6 @@ from rlsteps.engine.megatron.layout import (
     to_hf,
     to_megatron,
 )  # fmt: skip
-
-log = logging.getLogger(__name__)
 
 RUN_CONFIG_FILE = "run_config.yaml"
 TOKENIZER_DIR = "tokenizer"
@@ -205,7 +203,16 @@ def hf_config_from_megatron(model: dict[str, Any], source: str) -> dict[str, Any
         "rope_theta": model.get("rotary_base", 10000.0),
         "tie_word_embeddings": bool(model.get("share_embeddings_and_output_weights", False)),
         "hidden_act": "silu",
+        **_rope_fields(model),
     }
+
+
+def _rope_fields(model: dict[str, Any]) -> dict[str, Any]:
+    """Llama 3.1 RoPE scaling when the Megatron config turns it on (megatron-core fixes all but the factor)."""
+    if not model.get("rope_scaling"):
+        return {}
+    rope = {"rope_type": "llama3", "factor": float(model.get("rope_scaling_factor", 8.0)), **LLAMA3_ROPE_FIXED}
+    return {"rope_parameters": {**rope, "rope_theta": model.get("rotary_base", 10000.0)}, "rope_scaling": rope}
 
 
 def load_megatron_tensors(checkpoint_dir: Path, shape: GPTShape) -> dict[str, torch.Tensor]:
