@@ -6,7 +6,7 @@ is its own forward pass) and one with the defaults, --max-batch 64 --max-wait-ms
 C client threads (one RewardClient each) send R requests of P (prompt, response) pairs one after
 another, all threads at once. The rounds alternate between the two servers so drifting load on a
 shared machine hits both alike. Prompts are the tiny world's train.jsonl rendered with its chat
-template; responses are short synthetic sentences from rlsteps.tiny_task.
+template; responses are short synthetic sentences from rlsteps.tiny.task.
 
     python benchmarks/bench_reward_server.py                          # about a minute on 2 cores
     python benchmarks/bench_reward_server.py --clients 64 --requests 16 --pairs 2 --rounds 5
@@ -30,14 +30,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlsteps import tiny_task
+from rlsteps.tiny import task as tiny_task
 from rlsteps.engine.rewards.client import RewardClient
 from rlsteps.engine.rewards.process import LocalServer
-from rlsteps.tiny_layout import TinyWorld, tiny_world_paths
+from rlsteps.tiny.layout import TinyWorld, tiny_world_paths
 
 SERVER_MODULE = "rlsteps.engine.rewards.server"
 SERVER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-BUILD_HINT = "python -c 'from rlsteps.tiny import ensure_tiny_world; ensure_tiny_world()'"
+BUILD_HINT = "python -c 'from rlsteps.tiny.build import ensure_tiny_world; ensure_tiny_world()'"
 
 Pairs = tuple[list[str], list[str]]  # (prompts, responses) of one request
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from rlsteps.cli import app, split_passthrough
+from rlsteps.cli.app import app, split_passthrough
 from rlsteps.errors import RlstepsError
 
 REPO = Path(__file__).resolve().parents[1]

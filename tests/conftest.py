@@ -15,8 +15,8 @@ def tiny_world():
 
     Subprocesses (`rlsteps run ... -c tiny`) resolve the same folder from the same environment.
     """
-    from rlsteps.tiny import ensure_tiny_world
-    from rlsteps.tiny_layout import rlsteps_home
+    from rlsteps.tiny.build import ensure_tiny_world
+    from rlsteps.tiny.layout import rlsteps_home
 
     return ensure_tiny_world(seed=0, home=rlsteps_home())
 

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from rlsteps.artifacts import check_input, detect_types, resolve_inputs
+from rlsteps.artifacts.detect import detect_types
+from rlsteps.artifacts.inputs import check_input, resolve_inputs
 from rlsteps.catalog import load_catalog
 from rlsteps.errors import ArtifactError
 

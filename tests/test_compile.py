@@ -2,11 +2,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlsteps.catalog import load_catalog
-from rlsteps.compile import apply_overrides, compile_job, load_config_chain
+from rlsteps.plan.compile import apply_overrides, compile_job, load_config_chain
 from rlsteps.errors import UsageError
-from rlsteps.profiles import resolve_profile
+from rlsteps.plan.profiles import resolve_profile
 from rlsteps.secrets import MASK
-from rlsteps.tiny_layout import TINY_WORLD_VERSION
+from rlsteps.tiny.layout import TINY_WORLD_VERSION
 
 
 @pytest.fixture(scope="module")

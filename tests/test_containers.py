@@ -10,7 +10,7 @@ import pytest
 from cli_helpers import invoke
 from rlsteps.catalog import load_catalog
 from rlsteps.launch import containers
-from rlsteps.runner import RunRequest, compile_request
+from rlsteps.plan.runner import RunRequest, compile_request
 
 IMAGE = "nvcr.io/nvidia/pytorch:25.10-py3"
 

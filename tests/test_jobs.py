@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli_helpers import run_cli
-from rlsteps import jobs
-from rlsteps.cli_jobs import jobs_app
+from rlsteps.plan import submitted_jobs as jobs
+from rlsteps.cli.jobs import jobs_app
 from rlsteps.errors import UsageError
 from rlsteps.launch import local
 from rlsteps.launch.base import RECORD_FILE, JobRecord

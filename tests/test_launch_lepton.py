@@ -21,12 +21,12 @@ from lepton_stub_server import LeptonStub  # noqa: E402
 from leptonai.api.v2.types.job import LeptonJob, LeptonJobState  # noqa: E402
 
 from rlsteps.catalog import load_catalog  # noqa: E402
-from rlsteps.compile import compile_job  # noqa: E402
+from rlsteps.plan.compile import compile_job  # noqa: E402
 from rlsteps.errors import RunFailed, UsageError  # noqa: E402
-from rlsteps.jobdir import write_job_files  # noqa: E402
+from rlsteps.plan.job_dir import write_job_files  # noqa: E402
 from rlsteps.launch import lepton  # noqa: E402
 from rlsteps.launch.base import JobState  # noqa: E402
-from rlsteps.profiles import resolve_profile  # noqa: E402
+from rlsteps.plan.profiles import resolve_profile  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:The `dict` method is deprecated")  # raised inside the SDK
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlsteps import jobs
+from rlsteps.plan import submitted_jobs as jobs
 from rlsteps.catalog import load_catalog
-from rlsteps.cli_jobs import jobs_app
+from rlsteps.cli.jobs import jobs_app
 from rlsteps.errors import UsageError
 from rlsteps.launch import containers, slurm
 from rlsteps.launch.base import JobRecord, JobState
-from rlsteps.runner import RunRequest, compile_request
+from rlsteps.plan.runner import RunRequest, compile_request
 from run_helpers import FAST, artifact_metadata, rlsteps, run_dir
 
 STEPS = Path(__file__).resolve().parents[1] / "steps"

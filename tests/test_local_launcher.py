@@ -15,10 +15,10 @@ import pytest
 
 from rlsteps.catalog import load_catalog
 from rlsteps.errors import UsageError
-from rlsteps.jobdir import create_job_dir, write_job_files
+from rlsteps.plan.job_dir import create_job_dir, write_job_files
 from rlsteps.launch import local
 from rlsteps.launch.base import JobRecord, JobState, Submission
-from rlsteps.runner import RunRequest, compile_request
+from rlsteps.plan.runner import RunRequest, compile_request
 
 LAUNCHER = local.LAUNCHER
 WRAPPER_WORDS = 5  # /bin/sh -c WRAPPER NAME EXIT_FILE, then the worker's command

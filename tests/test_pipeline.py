@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import REPO, invoke
-from rlsteps.artifacts import Conversion
+from rlsteps.artifacts.inputs import Conversion
 from rlsteps.catalog import load_catalog
-from rlsteps.pipeline import StageSpec, PipelineSpec, _with_conversion
+from rlsteps.plan.pipeline import StageSpec, PipelineSpec, _with_conversion
 
 TINY = REPO / "examples" / "pipelines" / "tiny.yaml"
 
@@ -189,9 +189,9 @@ def test_publishing_without_a_store_fails_before_any_stage_runs(project, monkeyp
 
 
 def test_a_stage_is_fresh_only_with_the_same_config_hash_and_input_versions(project):
-    from rlsteps.compile import worker_config_hash
+    from rlsteps.plan.compile import worker_config_hash
     from rlsteps.engine.artifact import input_versions
-    from rlsteps.pipeline import PipelineRequest, _set_aside_stale_run, freshness, load_pipeline, plan_pipeline
+    from rlsteps.plan.pipeline import PipelineRequest, _set_aside_stale_run, freshness, load_pipeline, plan_pipeline
 
     def plans(*overrides):
         request = PipelineRequest(path=TINY, overrides=overrides)
@@ -220,7 +220,7 @@ def test_a_stage_is_fresh_only_with_the_same_config_hash_and_input_versions(proj
 def test_a_finished_run_is_set_aside_whatever_the_reason_but_a_failed_run_is_resumed(project):
     """In a batch pipeline an upstream stage that reruns leaves its downstream stage's input unwritten: the
     downstream's finished run must still be set aside, or its worker would resume it and hand back old weights."""
-    from rlsteps.pipeline import PipelineRequest, _set_aside_stale_run, load_pipeline, plan_pipeline
+    from rlsteps.plan.pipeline import PipelineRequest, _set_aside_stale_run, load_pipeline, plan_pipeline
 
     reinforce = plan_pipeline(load_catalog(), load_pipeline(TINY), PipelineRequest(path=TINY))[1]
     run = project / ".rlsteps" / "pipelines" / "tiny" / reinforce.name

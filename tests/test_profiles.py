@@ -1,7 +1,7 @@
 import pytest
 
 from rlsteps.errors import UsageError
-from rlsteps.profiles import profile_files, resolve_profile
+from rlsteps.plan.profiles import profile_files, resolve_profile
 
 
 def test_lookup_order_cwd_then_env_then_home(tmp_path, monkeypatch):

@@ -112,7 +112,7 @@ def test_malformed_prompt_file_fails_before_training_with_file_and_line(tiny_wor
 def test_a_differently_configured_architecture_trains(tiny_world, tmp_path, arch, output):
     from transformers import AutoTokenizer
 
-    from rlsteps.tiny import build_random_causal_lm
+    from rlsteps.tiny.models import build_random_causal_lm
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_world.policy)
     model = build_random_causal_lm(arch, tokenizer, seed=1, hidden=48, layers=3)
@@ -134,7 +134,7 @@ def test_a_differently_configured_architecture_trains(tiny_world, tmp_path, arch
 def test_a_policy_without_a_megatron_layout_fails_before_training_when_megatron_output_is_asked(tiny_world, tmp_path):
     from transformers import AutoTokenizer
 
-    from rlsteps.tiny import build_random_causal_lm
+    from rlsteps.tiny.models import build_random_causal_lm
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_world.policy)
     policy = tmp_path / "gpt2-policy"

@@ -10,7 +10,7 @@ from cli_helpers import invoke
 from rlsteps.catalog import load_catalog
 from rlsteps.engine.artifact import METADATA_FILE, fingerprint
 from rlsteps.errors import ArtifactError, UsageError
-from rlsteps.store import ArtifactStore, parse_reference, resolve_reference, store_root
+from rlsteps.artifacts.store import ArtifactStore, parse_reference, resolve_reference, store_root
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_a_remote_store_through_fsspec_memory_filesystem(catalog, tmp_path):
         assert f.read() == prompts.read_text()
     assert ArtifactStore(root).names() == ["policy", "prompts"]
     assert policy.metadata["type"] == "checkpoint_hf" and version.metadata["type"] == "prompt_jsonl"
-    from rlsteps.artifacts import check_input
+    from rlsteps.artifacts.inputs import check_input
 
     assert check_input(catalog, "policy", "inputs.policy", policy.url, "checkpoint_hf").status == "ok"
     assert check_input(catalog, "prompts", "inputs.prompts", version.url, "prompt_jsonl").status == "ok"

@@ -14,10 +14,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from rlsteps import tiny, tiny_task
-from rlsteps.tiny import build_random_causal_lm, ensure_tiny_world, load_tiny_world, tiny_world_dir
-from rlsteps.tiny_layout import rlsteps_home
-from rlsteps.tiny_task import BEST_TRUE_REWARD, true_reward
+from rlsteps.tiny import build, evaluate, recipe, training
+from rlsteps.tiny.tokenizer import chat_prompt, train_tokenizer
+from rlsteps.tiny import task as tiny_task
+from rlsteps.tiny.build import ensure_tiny_world, load_tiny_world
+from rlsteps.tiny.layout import TINY_WORLD_VERSION, tiny_world_dir
+from rlsteps.tiny.models import build_random_causal_lm
+from rlsteps.tiny.layout import rlsteps_home
+from rlsteps.tiny.task import BEST_TRUE_REWARD, true_reward
 
 RESPONSE_FORMAT = re.compile(r"^(The [a-z]+|It) (is|looks|seems) [a-z]+((, [a-z]+)* and [a-z]+)?\.$")
 
@@ -29,13 +33,13 @@ def test_the_world_is_built_and_a_second_call_returns_it_without_rebuilding(tiny
     for path in (tiny_world.policy, tiny_world.reward_model, tiny_world.train_prompts, tiny_world.val_prompts):
         assert path.exists(), path
     metadata = json.loads((tiny_world.root / "world.json").read_text())
-    assert metadata["version"] == tiny.TINY_WORLD_VERSION and metadata["seed"] == 0
+    assert metadata["version"] == TINY_WORLD_VERSION and metadata["seed"] == 0
     assert "Hidden preference" in (tiny_world.root / "README.md").read_text()
 
     def no_rebuild(*args, **kwargs):
         raise AssertionError("a built world was built again")
 
-    monkeypatch.setattr(tiny, "_build_world", no_rebuild)
+    monkeypatch.setattr(build, "_build_world", no_rebuild)
     started = time.perf_counter()
     assert ensure_tiny_world(seed=0, home=rlsteps_home()) == tiny_world
     assert time.perf_counter() - started < 1.0
@@ -124,10 +128,10 @@ def sft_samples(models, tiny_world):
     tokenizer, policy, _ = models
     val = [json.loads(line)["messages"][0]["content"] for line in tiny_world.val_prompts.read_text().splitlines()]
     prompts = val * 3
-    rendered = [tiny.chat_prompt(tokenizer, p) for p in prompts]
+    rendered = [chat_prompt(tokenizer, p) for p in prompts]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(7)
-        samples = tiny.sample_responses(policy, tokenizer, rendered, max_new_tokens=32)
+        samples = evaluate.sample_responses(policy, tokenizer, rendered, max_new_tokens=32)
     return [(p, r, text, ended) for p, r, (text, ended) in zip(prompts, rendered, samples)]
 
 
@@ -145,14 +149,14 @@ def test_sft_samples_end_with_eos_look_like_the_task_and_leave_room_to_improve(s
 def test_reward_model_ranks_held_out_preference_pairs(models):
     tokenizer, _, reward_model = models
     pairs = tiny_task.preference_pairs(random.Random(2024), 256)  # the build draws pairs from seed 0 and 1
-    assert tiny.pair_accuracy(reward_model, tokenizer, pairs) > 0.9
+    assert evaluate.pair_accuracy(reward_model, tokenizer, pairs) > 0.9
 
 
 def test_reward_model_scores_correlate_with_true_reward_on_sft_samples(models, sft_samples):
     tokenizer, _, reward_model = models
     prompts, rendered, responses, _ = zip(*sft_samples)
     with torch.no_grad():
-        scores = tiny.reward_scores(reward_model, tokenizer, list(rendered), list(responses))
+        scores = training.reward_scores(reward_model, tokenizer, list(rendered), list(responses))
     true = torch.tensor([true_reward(p, r) for p, r in zip(prompts, responses)])
     assert torch.corrcoef(torch.stack([scores, true]))[0, 1] > 0.8
     assert torch.corrcoef(torch.stack([_ranks(scores), _ranks(true)]))[0, 1] > 0.8  # Spearman
@@ -162,11 +166,11 @@ def test_reward_model_scores_exactly_the_shared_reward_input_text(models):
     from rlsteps.engine.rewards.text import reward_input_text
 
     tokenizer, _, reward_model = models
-    rendered = tiny.chat_prompt(tokenizer, "Describe the cat.")
+    rendered = chat_prompt(tokenizer, "Describe the cat.")
     text = reward_input_text(rendered, "The cat is kind.", tokenizer.eos_token)
     with torch.no_grad():
         direct = reward_model(**tokenizer([text], return_tensors="pt")).logits[0, 0]
-        helper = tiny.reward_scores(reward_model, tokenizer, [rendered], ["The cat is kind."])[0]
+        helper = training.reward_scores(reward_model, tokenizer, [rendered], ["The cat is kind."])[0]
     assert torch.equal(direct, helper)
 
 
@@ -221,11 +225,11 @@ def test_task_text_is_a_pure_function_of_the_seed():
 
 @pytest.fixture(scope="module")
 def fresh_tokenizer():
-    return tiny.train_tokenizer(tiny_task.tokenizer_corpus(random.Random(0), 500))
+    return train_tokenizer(tiny_task.tokenizer_corpus(random.Random(0), 500))
 
 
 def test_tokenizer_training_is_deterministic_and_every_task_word_is_one_token(fresh_tokenizer):
-    again = tiny.train_tokenizer(tiny_task.tokenizer_corpus(random.Random(0), 500))
+    again = train_tokenizer(tiny_task.tokenizer_corpus(random.Random(0), 500))
     assert again.backend_tokenizer.to_str() == fresh_tokenizer.backend_tokenizer.to_str()
     for word in tiny_task.NOUNS + tiny_task.POSITIVE + tiny_task.NEUTRAL + tiny_task.NEGATIVE:
         assert len(fresh_tokenizer(f" {word}", add_special_tokens=False)["input_ids"]) == 1, word
@@ -252,13 +256,13 @@ def test_unknown_architecture_names_the_choices(fresh_tokenizer):
 
 
 def test_a_few_sft_steps_are_deterministic_and_the_callers_settings_come_back(fresh_tokenizer, monkeypatch):
-    monkeypatch.setitem(tiny.SFT, "steps", 3)
+    monkeypatch.setitem(recipe.SFT, "steps", 3)
     threads, rng_state = torch.get_num_threads(), torch.get_rng_state()
 
     def train_once():
-        with tiny._build_settings(seed=5):
+        with build._build_settings(seed=5):
             policy = build_random_causal_lm("llama", fresh_tokenizer, seed=5, hidden=32, layers=1)
-            tiny.train_sft(policy, fresh_tokenizer, random.Random(5), log=lambda message: None)
+            training.train_sft(policy, fresh_tokenizer, random.Random(5), log=lambda message: None)
         return policy.state_dict()
 
     first, second = train_once(), train_once()
@@ -281,7 +285,7 @@ def _fake_build(calls: list[int], seconds: float = 0.0):
 
 def test_concurrent_callers_build_once(tmp_path, monkeypatch):
     calls: list[int] = []
-    monkeypatch.setattr(tiny, "_build_world", _fake_build(calls, seconds=0.5))
+    monkeypatch.setattr(build, "_build_world", _fake_build(calls, seconds=0.5))
     worlds = []
     threads = [threading.Thread(target=lambda: worlds.append(ensure_tiny_world(2, tmp_path))) for _ in range(3)]
     for thread in threads:
@@ -299,23 +303,23 @@ def test_a_failed_build_leaves_no_half_world(tmp_path, monkeypatch):
         (root / "world.json").write_text("{}")  # even a complete-looking folder must not be installed
         raise RuntimeError("out of disk")
 
-    monkeypatch.setattr(tiny, "_build_world", failing)
+    monkeypatch.setattr(build, "_build_world", failing)
     with pytest.raises(RuntimeError, match="out of disk"):
         ensure_tiny_world(seed=0, home=tmp_path)
     assert load_tiny_world(seed=0, home=tmp_path) is None
-    assert [p.name for p in tiny_world_dir(0, tmp_path).parent.iterdir()] == [f"{tiny.TINY_WORLD_VERSION}-seed0.lock"]
+    assert [p.name for p in tiny_world_dir(0, tmp_path).parent.iterdir()] == [f"{TINY_WORLD_VERSION}-seed0.lock"]
 
 
 def test_a_killed_build_is_not_mistaken_for_a_world_and_is_cleaned_up(tmp_path, monkeypatch):
     script = textwrap.dedent(f"""
         import time
-        from rlsteps import tiny
+        from rlsteps.tiny import build
         def slow_build(root, seed, log):
             (root / "policy").mkdir()
             (root / "started").write_text("")
             time.sleep(60)
-        tiny._build_world = slow_build
-        tiny.ensure_tiny_world(seed=0, home={str(tmp_path)!r})
+        build._build_world = slow_build
+        build.ensure_tiny_world(seed=0, home={str(tmp_path)!r})
     """)
     builder = subprocess.Popen([sys.executable, "-c", script])
     try:
@@ -331,7 +335,7 @@ def test_a_killed_build_is_not_mistaken_for_a_world_and_is_cleaned_up(tmp_path, 
     assert load_tiny_world(seed=0, home=tmp_path) is None
 
     calls: list[int] = []
-    monkeypatch.setattr(tiny, "_build_world", _fake_build(calls))
+    monkeypatch.setattr(build, "_build_world", _fake_build(calls))
     world = ensure_tiny_world(seed=0, home=tmp_path)  # the killed build's lock died with it
     assert calls == [0] and not leftover.exists() and (world.root / "world.json").is_file()
 

@@ -1,1 +1,1 @@
-"""Launchers: one module per backend behind one interface."""
+"""Launchers: one module per backend (local, slurm, lepton) behind one interface (base), the frozen Job they run (job), and squashed containers (containers)."""

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
 from rlsteps.errors import UsageError
-from rlsteps.job import Job
+from rlsteps.launch.job import Job
 
 WORKER_MODULE = "rlsteps.engine.worker"
-HELPER_MODULES = {"base", "containers"}  # modules of this package that are shared helpers, not launchers
+HELPER_MODULES = {"base", "containers", "job"}  # modules of this package that are shared helpers, not launchers
 
 
 @dataclass(frozen=True)

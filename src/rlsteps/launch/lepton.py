@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlsteps.errors import RunFailed, UsageError
-from rlsteps.job import Job
+from rlsteps.launch.job import Job
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission, worker_command
 
 SPEC_FILE = "lepton_job.json"

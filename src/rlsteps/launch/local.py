@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rlsteps.errors import UsageError
-from rlsteps.job import Job
+from rlsteps.launch.job import Job
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission, read_log, worker_command
 
 LOG_FILE = "worker.log"

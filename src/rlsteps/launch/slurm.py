@@ -23,7 +23,7 @@ from typing import Any, Iterator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rlsteps.errors import RunFailed, UsageError
-from rlsteps.job import Job
+from rlsteps.launch.job import Job
 from rlsteps.launch import containers
 from rlsteps.launch.base import (JobRecord, JobState, JobStatus, LaunchPlan, Submission, comment_safe, read_log,
                                  worker_command)

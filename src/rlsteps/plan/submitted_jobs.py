@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from rlsteps.errors import RlstepsError, UsageError
-from rlsteps.jobdir import JOBS_DIR
+from rlsteps.plan.job_dir import JOBS_DIR
 from rlsteps.launch.base import RECORD_FILE, JobRecord, JobState, JobStatus, get_launcher
-from rlsteps.profiles import load_profiles, resolve_profile
+from rlsteps.plan.profiles import load_profiles, resolve_profile
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ TINY_PARTS = ("policy", "policy_megatron", "reward_model", "train_prompts", "val
 
 
 def _tiny_path(part: str, *, _root_: Any) -> str:
-    from rlsteps.tiny_layout import tiny_world_paths  # torch-free
+    from rlsteps.tiny.layout import tiny_world_paths  # torch-free
 
     if part not in TINY_PARTS:
         raise ValueError(f"${{tiny:{part}}}: unknown part, expected one of {', '.join(TINY_PARTS)}")

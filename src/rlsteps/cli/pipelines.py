@@ -28,7 +28,7 @@ def run_pipeline(
     """Run a pipeline's stages in order; unchanged finished stages are skipped, a failed one resumes on rerun."""
     from rlsteps.catalog import load_catalog
     from rlsteps.errors import UsageError
-    from rlsteps import pipeline
+    from rlsteps.plan import pipeline
 
     if run_profile and batch_profile:
         raise UsageError("-r and -b are exclusive", fix="use -r PROFILE to run attached or -b PROFILE to submit batch jobs")

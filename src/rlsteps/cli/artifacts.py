@@ -18,13 +18,13 @@ REFERENCE = "NAME, NAME:vN or NAME:latest (artifact: in front is optional)."
 
 
 def _store():
-    from rlsteps.store import ArtifactStore, store_root
+    from rlsteps.artifacts.store import ArtifactStore, store_root
 
     return ArtifactStore(store_root())
 
 
 def _version(reference: str):
-    from rlsteps.store import SCHEME
+    from rlsteps.artifacts.store import SCHEME
 
     return _store().resolve(reference if reference.startswith(SCHEME) else SCHEME + reference)
 

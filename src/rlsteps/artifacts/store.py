@@ -145,7 +145,7 @@ class ArtifactStore:
 
     def publish(self, catalog: Catalog, source: str, name: str) -> Version:
         """Copy SOURCE into NAME's next version: files into vN.tmp-*, renamed to vN, the metadata file last."""
-        from rlsteps.artifacts import detect_types
+        from rlsteps.artifacts.detect import detect_types
 
         if not NAME.fullmatch(name):
             raise UsageError(f"'{name}' is not a valid artifact name", fix="use letters, digits, '.', '_' and '-'")

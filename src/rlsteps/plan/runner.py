@@ -6,15 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rlsteps.artifacts import ResolvedInput, check_inputs, lookup, resolve_inputs, with_value
+from rlsteps.artifacts.inputs import ResolvedInput, check_inputs, lookup, resolve_inputs, with_value
 from rlsteps.catalog import Catalog, Step
-from rlsteps.compile import compile_job
+from rlsteps.plan.compile import compile_job
 from rlsteps.errors import RunFailed, UsageError
-from rlsteps.job import Job, Mode
-from rlsteps.jobdir import create_job_dir, planned_job_dir, write_job_files
+from rlsteps.launch.job import Job, Mode
+from rlsteps.plan.job_dir import create_job_dir, planned_job_dir, write_job_files
 from rlsteps.launch.base import LaunchPlan, Submission, get_launcher
-from rlsteps.profiles import resolve_profile
-from rlsteps.store import SCHEME, resolve_reference
+from rlsteps.plan.profiles import resolve_profile
+from rlsteps.artifacts.store import SCHEME, resolve_reference
 
 
 TINY_WORLD_EXECUTORS = ("local", "slurm")  # launchers that share this machine's filesystem: the world is built here
@@ -66,7 +66,7 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
 
 def _tiny_world_built_by(job: Job) -> str | None:
     """The tiny world's folder when this run builds it before it starts (here, or on Slurm's shared filesystem)."""
-    from rlsteps.tiny_layout import tiny_world_dir  # torch-free
+    from rlsteps.tiny.layout import tiny_world_dir  # torch-free
 
     world = job.config.get("tiny_world")
     if world is None or job.executor not in TINY_WORLD_EXECUTORS:
@@ -108,7 +108,7 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
 
 def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:
     try:
-        from rlsteps.tiny import ensure_tiny_world  # imports torch (and megatron-core): only for real runs
+        from rlsteps.tiny.build import ensure_tiny_world  # imports torch (and megatron-core): only for real runs
     except ImportError as missing:
         raise RunFailed(f"the tiny world cannot be built: {missing}",
                         fix="pip install torch==2.13.0 first, then pip install -e '.[engine,megatron]'") from None

@@ -28,7 +28,7 @@ def _state(value: str) -> Text:
 @jobs_app.command("list")
 def list_jobs(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List the jobs recorded under ./.rlsteps/jobs and under each profile's job_dir, oldest first."""
-    from rlsteps.jobs import list_jobs as find
+    from rlsteps.plan.submitted_jobs import list_jobs as find
 
     views = find()
     if as_json:
@@ -50,7 +50,7 @@ def list_jobs(as_json: bool = typer.Option(False, "--json", help="Print JSON."))
 def show_status(job: str = typer.Argument(..., help=JOB_ARGUMENT),
                 as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show a job's state as its launcher reports it."""
-    from rlsteps.jobs import JobView, find_job, job_status
+    from rlsteps.plan.submitted_jobs import JobView, find_job, job_status
 
     record = find_job(job)
     view = JobView(record, job_status(record))
@@ -70,7 +70,7 @@ def show_status(job: str = typer.Argument(..., help=JOB_ARGUMENT),
 def show_logs(job: str = typer.Argument(..., help=JOB_ARGUMENT),
               follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until the job ends.")) -> None:
     """Print a job's log; with -f, follow it until the job ends (Ctrl-C stops following, the job goes on)."""
-    from rlsteps.jobs import find_job, job_logs
+    from rlsteps.plan.submitted_jobs import find_job, job_logs
 
     printed = False
     for line in job_logs(find_job(job), follow=follow):
@@ -84,7 +84,7 @@ def show_logs(job: str = typer.Argument(..., help=JOB_ARGUMENT),
 @jobs_app.command("cancel")
 def cancel(job: str = typer.Argument(..., help=JOB_ARGUMENT)) -> None:
     """Cancel a job that has not ended."""
-    from rlsteps.jobs import cancel_job, find_job
+    from rlsteps.plan.submitted_jobs import cancel_job, find_job
 
     record = find_job(job)
     status, sent = cancel_job(record)

@@ -9,9 +9,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from rlsteps.cli_artifacts import artifacts_app
-from rlsteps.cli_jobs import jobs_app
-from rlsteps.cli_pipeline import pipeline_app
+from rlsteps.cli.artifacts import artifacts_app
+from rlsteps.cli.jobs import jobs_app
+from rlsteps.cli.pipelines import pipeline_app
 from rlsteps.errors import RlstepsError, UsageError
 
 out = Console()
@@ -43,7 +43,7 @@ def list_steps(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List the steps."""
-    from rlsteps import render
+    from rlsteps.cli import render
 
     catalog = _catalog()
     for wanted in (consumes, produces):
@@ -59,7 +59,7 @@ def list_steps(
 def show_step(step: str = typer.Argument(..., help="A step id (rl/rs) or a unique suffix (rs)."),
               as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show a step: its artifacts, parameters, strategies and errors."""
-    from rlsteps import render
+    from rlsteps.cli import render
 
     found = _catalog().find(step)
     if as_json:
@@ -79,8 +79,8 @@ def run_step(
     force_squash: bool = typer.Option(False, "--force-squash", help="Rebuild the squashed container image."),
 ) -> None:
     """Run a step: here, attached (-r PROFILE) or as a batch job (-b PROFILE). Worker arguments go after --."""
-    from rlsteps import render
-    from rlsteps.runner import RunRequest, compile_request, execute
+    from rlsteps.cli import render
+    from rlsteps.plan.runner import RunRequest, compile_request, execute
 
     words = list(overrides or []) + list(ctx.args)
     stray = [w for w in words if "=" not in w]
@@ -180,6 +180,3 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     sys.exit(main())
 
-
-if __name__ == "__main__":
-    entry()

@@ -15,7 +15,7 @@ from rlsteps.catalog import Step
 from rlsteps.secrets import mask_argv
 
 if TYPE_CHECKING:
-    from rlsteps.runner import Compiled
+    from rlsteps.plan.runner import Compiled
 
 
 def _artifacts(step: Step, which: str) -> str:

@@ -12,8 +12,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from rlsteps.artifacts import ResolvedInput
-from rlsteps.job import Job
+from rlsteps.artifacts.inputs import ResolvedInput
+from rlsteps.launch.job import Job
 from rlsteps.launch.base import LaunchPlan
 from rlsteps.secrets import mask_argv
 

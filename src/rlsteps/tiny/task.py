@@ -72,7 +72,7 @@ def prompt_noun(prompt: str) -> str:
     """The noun a prompt asks about: the last task noun in it (works on raw and chat-rendered text)."""
     nouns = [w for w in words(prompt) if w in _NOUN_SET]
     if not nouns:
-        raise ValueError(f"no task noun in prompt {prompt!r}: tiny prompts name one of rlsteps.tiny_task.NOUNS")
+        raise ValueError(f"no task noun in prompt {prompt!r}: tiny prompts name one of rlsteps.tiny.task.NOUNS")
     return nouns[-1]
 
 

@@ -27,13 +27,13 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rlsteps.artifacts import Conversion, lookup, output_ref, produced_type, raise_for, required_here
+from rlsteps.artifacts.inputs import Conversion, lookup, output_ref, produced_type, raise_for, required_here
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
-from rlsteps.compile import overrides_for, worker_config_hash
+from rlsteps.plan.compile import overrides_for, worker_config_hash
 from rlsteps.engine.artifact import input_versions, read_artifact_metadata
 from rlsteps.errors import RunFailed, UsageError
 from rlsteps.launch.base import get_launcher
-from rlsteps.runner import Compiled, RunRequest, compile_request, execute
+from rlsteps.plan.runner import Compiled, RunRequest, compile_request, execute
 from rlsteps.secrets import mask_argv
 
 STAGE_PREFIX = "stage:"
@@ -112,7 +112,7 @@ def plan_pipeline(catalog: Catalog, spec: PipelineSpec, request: PipelineRequest
     """Compile every stage and type-check every input (bound ones against the upstream manifest); launch nothing."""
     shared, per_stage = _split_overrides(request.overrides, {s.name for s in spec.stages})
     if any(s.publish for s in spec.stages):
-        from rlsteps.store import store_root
+        from rlsteps.artifacts.store import store_root
 
         store_root()  # a stage that publishes needs a store: say so before anything runs
     wide = _pipeline_wide(catalog, spec, [*spec.overrides, *shared])
@@ -260,7 +260,7 @@ def run_pipeline(catalog: Catalog, request: PipelineRequest, say: Callable[[str]
 def _publish(catalog: Catalog, plan: StagePlan, say: Callable[[str], None]) -> str:
     if not plan.publish:
         return ""
-    from rlsteps.store import ArtifactStore, store_root
+    from rlsteps.artifacts.store import ArtifactStore, store_root
 
     version = ArtifactStore(store_root()).publish(catalog, next(iter(plan.outputs.values()))[1], plan.publish)
     say(f"stage {plan.name}: published {version.label} ({version.folder})")

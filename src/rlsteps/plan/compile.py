@@ -18,9 +18,9 @@ from pydantic import ValidationError
 
 from rlsteps.catalog import Step
 from rlsteps.errors import UsageError
-from rlsteps.job import Job, Mode, sanitise_name
-from rlsteps.profiles import Profile
-from rlsteps import resolvers
+from rlsteps.launch.job import Job, Mode, sanitise_name
+from rlsteps.plan.profiles import Profile
+from rlsteps.plan import resolvers
 
 resolvers.register()
 

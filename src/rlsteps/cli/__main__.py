@@ -1,0 +1,3 @@
+from rlsteps.cli.app import entry
+
+entry()

@@ -1,0 +1,100 @@
+"""The tiny world's two trainings: SFT of the policy and Bradley-Terry training of the reward model."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from rlsteps.engine.rewards.text import reward_input_text
+from rlsteps.tiny import task as tiny_task
+from rlsteps.tiny.recipe import RM, SFT
+from rlsteps.tiny.tokenizer import chat_prompt
+
+Log = Callable[[str], None]
+
+
+def _optimizer(model: PreTrainedModel, lr: float, steps: int) -> tuple[torch.optim.Optimizer, LambdaLR]:
+    """AdamW, linear warmup over 10% of the steps, cosine decay to 10% of lr."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warmup = max(1, steps // 10)
+
+    def scale(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
+
+    return optimizer, LambdaLR(optimizer, scale)
+
+
+def sft_batch(tokenizer: PreTrainedTokenizerFast, examples: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    """Right-padded chat prompt + response + EOS; labels are -100 on the prompt and the padding."""
+    prompts = tokenizer([chat_prompt(tokenizer, p) for p, _ in examples], add_special_tokens=False)["input_ids"]
+    responses = tokenizer([r for _, r in examples], add_special_tokens=False)["input_ids"]
+    rows = [(p, r + [tokenizer.eos_token_id]) for p, r in zip(prompts, responses)]
+    width = max(len(p) + len(r) for p, r in rows)
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    labels = torch.full((len(rows), width), -100)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (p, r) in enumerate(rows):
+        n = len(p) + len(r)
+        input_ids[i, :n] = torch.tensor(p + r)
+        labels[i, len(p) : n] = torch.tensor(r)
+        attention_mask[i, :n] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def train_sft(policy: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rng: random.Random, log: Log) -> float:
+    """Masked next-token NLL on fresh SFT examples each step; returns the last loss."""
+    optimizer, schedule = _optimizer(policy, SFT["lr"], SFT["steps"])
+    policy.train()
+    for step in range(1, SFT["steps"] + 1):
+        batch = sft_batch(tokenizer, tiny_task.sft_examples(rng, SFT["batch"]))
+        logits = policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, T, V]
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), ignore_index=-100)
+        _step(loss, policy, optimizer, schedule)
+        if step % 100 == 0 or step == SFT["steps"]:
+            log(f"SFT step {step}/{SFT['steps']}  loss {loss.item():.3f}")
+    policy.eval()
+    return round(loss.item(), 4)
+
+
+def reward_scores(
+    reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, prompts: list[str], responses: list[str]
+) -> torch.Tensor:  # [B]
+    """Scores of (rendered chat prompt, decoded response) pairs, on exactly the text a server scores."""
+    texts = [reward_input_text(p, r, tokenizer.eos_token) for p, r in zip(prompts, responses, strict=True)]
+    encoded = tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt")
+    return reward_model(**encoded).logits[:, 0]
+
+
+def train_reward_model(
+    reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rng: random.Random, log: Log
+) -> float:
+    """Bradley-Terry: -log sigmoid(r_chosen - r_rejected) on fresh preference pairs each step."""
+    optimizer, schedule = _optimizer(reward_model, RM["lr"], RM["steps"])
+    reward_model.train()
+    for step in range(1, RM["steps"] + 1):
+        prompts, chosen, rejected = zip(*tiny_task.preference_pairs(rng, RM["batch"]))
+        rendered = [chat_prompt(tokenizer, p) for p in prompts]
+        scores = reward_scores(reward_model, tokenizer, rendered * 2, list(chosen + rejected))  # [2B]
+        loss = -F.logsigmoid(scores[: len(chosen)] - scores[len(chosen) :]).mean()
+        _step(loss, reward_model, optimizer, schedule)
+        if step % 100 == 0 or step == RM["steps"]:
+            log(f"reward model step {step}/{RM['steps']}  loss {loss.item():.3f}")
+    reward_model.eval()
+    return round(loss.item(), 4)
+
+
+def _step(loss: torch.Tensor, model: PreTrainedModel, optimizer: torch.optim.Optimizer, schedule: LambdaLR) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    schedule.step()
