@@ -1,0 +1,64 @@
+"""The rooms of src/rlsteps and the one-way arrows between them (README, "Layout").
+
+An import that runs against an arrow (the engine reaching into the command line, say) fails here,
+whether it sits at the top of a module or inside a function.
+"""
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "rlsteps"
+
+# room -> the rooms it may import from. errors, catalog and secrets are the shared vocabulary.
+ALLOWED = {
+    "cli": {"plan", "artifacts", "launch", "engine", "catalog", "secrets", "errors"},
+    "plan": {"artifacts", "launch", "tiny", "engine", "catalog", "secrets", "errors"},
+    "artifacts": {"engine", "catalog", "errors"},
+    "launch": {"secrets", "errors"},
+    "tiny": {"engine"},
+    "engine": set(),
+    "catalog": {"errors"},
+    "secrets": set(),
+    "errors": set(),
+}
+
+
+def _room(path: Path) -> str:
+    relative = path.relative_to(SRC)
+    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
+
+
+def _imported_rooms(path: Path) -> set[str]:
+    rooms = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [f"{node.module}.{a.name}" for a in node.names] if node.module == "rlsteps" else [node.module]
+        elif isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        else:
+            continue
+        rooms.update(m.split(".")[1] for m in modules if m.startswith("rlsteps.") and m.count(".") >= 1)
+    return rooms
+
+
+def test_every_module_belongs_to_a_known_room():
+    rooms = {_room(p) for p in SRC.rglob("*.py")} - {"__init__"}
+    assert rooms == set(ALLOWED)
+
+
+def test_imports_follow_the_arrows():
+    wrong = []
+    for path in sorted(SRC.rglob("*.py")):
+        room = _room(path)
+        if room == "__init__":
+            continue
+        for target in _imported_rooms(path) - ALLOWED[room] - {room}:
+            wrong.append(f"{path.relative_to(SRC)} imports rlsteps.{target}")
+    assert not wrong, "imports against the arrows:\n" + "\n".join(wrong)
+
+
+def test_the_arrows_have_no_cycle():
+    def reaches(start: str, goal: str, seen: frozenset = frozenset()) -> bool:
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})) for nxt in ALLOWED[start])
+
+    assert [room for room in ALLOWED if reaches(room, room)] == []
