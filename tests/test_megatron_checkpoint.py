@@ -3,6 +3,7 @@ GPTModel reading what we write (and we reading what it writes), the errors, and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -41,7 +42,7 @@ from rlsteps.engine.megatron.checkpoint import (
     save_megatron_checkpoint,
     vocab_divisor,
 )  # fmt: skip
-from rlsteps.engine.megatron.compat import cpu_model_patches, megatron_runtime
+from rlsteps.engine.megatron.compat import gpt_model_runtime
 from rlsteps.engine.megatron.gpt_model import (
     compare_with_engine,
     megatron_gpt,
@@ -332,6 +333,32 @@ def test_megatron_gpt_model_loads_our_checkpoint_with_the_hf_logits(saved, token
     assert report["max_abs_diff"] < 1e-4 and report["same_argmax"] == 1.0 and report["tokens"] == [2, 12]
 
 
+def test_gpt_model_runtime_seeds_the_tracker_on_cuda_and_forks_plainly_without(monkeypatch):
+    """On a GPU, GPTModel's dropout forks the 'model-parallel-rng' state, which exists only once Megatron's
+    seeding ran after model-parallel init; without CUDA there is nothing to seed and fork() is a plain context."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    tracker = megatron_random.get_cuda_rng_tracker()
+    real_fork = tracker.fork
+    with gpt_model_runtime():
+        assert parallel_state.model_parallel_is_initialized()
+        with tracker.fork():  # would raise "cuda rng state model-parallel-rng is not added" unpatched
+            pass
+    assert tracker.fork == real_fork and not parallel_state.model_parallel_is_initialized()
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("rlsteps.engine.megatron.compat._single_rank_group", contextlib.nullcontext)  # no NCCL here
+    monkeypatch.setattr(parallel_state, "initialize_model_parallel", lambda *args, **kwargs: events.append("init"))
+    monkeypatch.setattr(parallel_state, "destroy_model_parallel", lambda: events.append("destroy"))
+    monkeypatch.setattr(megatron_random, "model_parallel_cuda_manual_seed",
+                        lambda seed, **options: events.append(("seed", seed)))
+    with gpt_model_runtime(seed=7):
+        assert tracker.fork == real_fork  # CUDA: the real fork, over the seeded states
+    assert events == ["init", ("seed", 7), "destroy"]  # seeded after model-parallel init (it needs the TP rank)
+
+
 # ---------------------------------------------------------------------------------------------
 # 5. We read what megatron-core's GPTModel writes
 
@@ -340,7 +367,7 @@ def megatron_written_checkpoint(folder: Path, tokenizer, tokens: torch.Tensor, *
                                 qkv_bias: bool) -> torch.Tensor:
     """Build a random GPTModel, save it with dist_checkpointing from its own sharded_state_dict (no hf_config/),
     and return its logits on `tokens` ([B, T, stored_vocab])."""
-    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core import dist_checkpointing
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -351,23 +378,19 @@ def megatron_written_checkpoint(folder: Path, tokenizer, tokens: torch.Tensor, *
         "add_qkv_bias": qkv_bias, "position_embedding_type": "rope", "rotary_base": 1000.0,
         "share_embeddings_and_output_weights": tied, "params_dtype": "float32",
     }  # fmt: skip
-    with megatron_runtime(), cpu_model_patches():
-        parallel_state.initialize_model_parallel(1, 1)
-        try:
-            model = GPTModel(
-                transformer_config(model_cfg, torch.float32), get_gpt_layer_local_spec(normalization="RMSNorm"),
-                vocab_size=stored_vocab, max_sequence_length=64, position_embedding_type="rope", rotary_base=1000,
-                share_embeddings_and_output_weights=tied,
-            )  # fmt: skip
-            randomized(model, seed=5)
-            b, t = tokens.shape
-            causal = torch.triu(torch.ones(1, 1, t, t, dtype=torch.bool), diagonal=1)  # True = masked
-            with torch.no_grad():
-                logits = model(tokens, torch.arange(t).expand(b, t), attention_mask=causal)
-            state = {"model": model.sharded_state_dict(), "checkpoint_version": 3.0, "iteration": 0}
-            dist_checkpointing.save(state, str(folder))
-        finally:
-            parallel_state.destroy_model_parallel()
+    with gpt_model_runtime():
+        model = GPTModel(
+            transformer_config(model_cfg, torch.float32), get_gpt_layer_local_spec(normalization="RMSNorm"),
+            vocab_size=stored_vocab, max_sequence_length=64, position_embedding_type="rope", rotary_base=1000,
+            share_embeddings_and_output_weights=tied,
+        )  # fmt: skip
+        randomized(model, seed=5)
+        b, t = tokens.shape
+        causal = torch.triu(torch.ones(1, 1, t, t, dtype=torch.bool), diagonal=1)  # True = masked
+        with torch.no_grad():
+            logits = model(tokens, torch.arange(t).expand(b, t), attention_mask=causal)
+        state = {"model": model.sharded_state_dict(), "checkpoint_version": 3.0, "iteration": 0}
+        dist_checkpointing.save(state, str(folder))
     OmegaConf.save({"model": model_cfg}, folder / "run_config.yaml")
     tokenizer.save_pretrained(folder / "tokenizer")
     return logits

@@ -6,7 +6,8 @@ applied only while CUDA is absent, only inside `megatron_runtime()`, and undone 
 
 - `torch.cuda.synchronize`: a no-op (the checkpoint writer calls it before and after writing);
 - `torch.cuda.current_device`: answers "cpu" (the writer builds a small flag tensor on that device);
-- the model-parallel RNG tracker's `fork()`: a plain context (it swaps CUDA RNG states around dropout).
+- the model-parallel RNG tracker's `fork()`: a plain context (it swaps CUDA RNG states around dropout;
+  on CUDA the tracker is seeded instead, see `gpt_model_runtime`).
 
 With CUDA present nothing is patched. What needs a GPU regardless: Transformer Engine layer specs,
 fused kernels, and any tensor or pipeline parallelism above one rank.
@@ -89,12 +90,21 @@ def _patched(owner: object, name: str, replacement: object) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def cpu_model_patches() -> Iterator[None]:
-    """For building and running GPTModel without CUDA: the RNG tracker forks into a plain context."""
-    if torch.cuda.is_available():
-        yield
-        return
+def gpt_model_runtime(seed: int = 0) -> Iterator[None]:
+    """One model-parallel rank (TP = PP = 1) with the RNG tracker GPTModel forks around its dropout, ready.
+
+    On CUDA the tracker is seeded as Megatron seeds it (`model_parallel_cuda_manual_seed`, after model-parallel
+    init); without CUDA it has no CUDA states to fork, so `fork()` becomes a plain context."""
+    parallel_state = import_megatron("megatron.core.parallel_state")
     random = import_megatron("megatron.core.tensor_parallel.random")
-    tracker = random.get_cuda_rng_tracker()
-    with _patched(tracker, "fork", lambda *args, **kwargs: contextlib.nullcontext()):
-        yield
+    with megatron_runtime():
+        parallel_state.initialize_model_parallel(1, 1)
+        try:
+            if torch.cuda.is_available():
+                random.model_parallel_cuda_manual_seed(seed)
+                yield
+            else:
+                with _patched(random.get_cuda_rng_tracker(), "fork", lambda *args, **kwargs: contextlib.nullcontext()):
+                    yield
+        finally:
+            parallel_state.destroy_model_parallel()

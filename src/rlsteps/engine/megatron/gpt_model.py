@@ -22,11 +22,7 @@ from typing import Any
 import torch
 
 from rlsteps.engine.megatron.checkpoint import RUN_CONFIG_FILE, resolve_checkpoint_dir
-from rlsteps.engine.megatron.compat import (
-    cpu_model_patches,
-    import_megatron,
-    megatron_runtime,
-)
+from rlsteps.engine.megatron.compat import gpt_model_runtime, import_megatron
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 Logits = Callable[[torch.Tensor], torch.Tensor]  # tokens [B, T] -> logits [B, T, V] (fp32, on the CPU)
@@ -62,24 +58,19 @@ def megatron_gpt(ref: str | Path, device: str = "cpu", dtype: torch.dtype = torc
     checkpoint_dir = resolve_checkpoint_dir(ref)
     model_cfg = OmegaConf.to_container(OmegaConf.load(checkpoint_dir / RUN_CONFIG_FILE))["model"]
     dist_checkpointing = import_megatron()
-    parallel_state = import_megatron("megatron.core.parallel_state")
     gpt = import_megatron("megatron.core.models.gpt")
-    with megatron_runtime(), cpu_model_patches():
-        parallel_state.initialize_model_parallel(1, 1)
-        try:
-            model = gpt.GPTModel(
-                transformer_config(model_cfg, dtype), _layer_spec(spec, model_cfg), vocab_size=model_cfg["vocab_size"],
-                max_sequence_length=model_cfg["seq_length"], position_embedding_type="rope",
-                rotary_base=int(model_cfg["rotary_base"]), rope_scaling=model_cfg.get("rope_scaling", False),
-                rope_scaling_factor=model_cfg.get("rope_scaling_factor", 8.0),
-                share_embeddings_and_output_weights=model_cfg["share_embeddings_and_output_weights"],
-            )  # fmt: skip
-            state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(checkpoint_dir))
-            model.load_state_dict(state["model"])
-            model.to(device).eval()
-            yield lambda tokens: _logits(model, tokens.to(device))
-        finally:
-            parallel_state.destroy_model_parallel()
+    with gpt_model_runtime():
+        model = gpt.GPTModel(
+            transformer_config(model_cfg, dtype), _layer_spec(spec, model_cfg), vocab_size=model_cfg["vocab_size"],
+            max_sequence_length=model_cfg["seq_length"], position_embedding_type="rope",
+            rotary_base=int(model_cfg["rotary_base"]), rope_scaling=model_cfg.get("rope_scaling", False),
+            rope_scaling_factor=model_cfg.get("rope_scaling_factor", 8.0),
+            share_embeddings_and_output_weights=model_cfg["share_embeddings_and_output_weights"],
+        )  # fmt: skip
+        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(checkpoint_dir))
+        model.load_state_dict(state["model"])
+        model.to(device).eval()
+        yield lambda tokens: _logits(model, tokens.to(device))
 
 
 @torch.no_grad()
