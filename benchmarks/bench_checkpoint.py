@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from rlsteps.engine.policy import load_policy, save_policy
+from rlsteps.engine.policy.model import load_policy, save_policy
 
 FORMS = ("checkpoint_hf", "checkpoint_megatron")
 

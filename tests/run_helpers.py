@@ -57,7 +57,7 @@ def weights(model_dir: Path) -> dict:
     """name -> tensor of a checkpoint_hf (its safetensors) or a checkpoint_megatron (through the engine's reader)."""
     if (model_dir / "model.safetensors").is_file():
         return load_file(str(model_dir / "model.safetensors"))
-    from rlsteps.engine.policy import load_policy
+    from rlsteps.engine.policy.model import load_policy
 
     return load_policy(model_dir)[0].state_dict()
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from rlsteps.engine.algorithms.groups import group_totals
 from rlsteps.engine.algorithms.reinforce import (
-    group_totals,
     kl_penalised_rewards,
     reinforce_loss,
     rloo_baseline,

@@ -17,17 +17,10 @@ from transformers import (
 )
 
 from rlsteps.engine.data import Prompt
-from rlsteps.engine.generate import (
-    Generation,
-    SamplingParams,
-    build_rollout_batch,
-    generate,
-    sample_next_token,
-    tokenize_prompts,
-    top_k_filter,
-    top_p_filter,
-)
-from rlsteps.engine.policy import batched_token_logprobs
+from rlsteps.engine.generation.builtin import generate, sample_next_token, top_k_filter, top_p_filter
+from rlsteps.engine.generation.params import Generation, SamplingParams
+from rlsteps.engine.generation.rollout import build_rollout_batch, tokenize_prompts
+from rlsteps.engine.policy.logprobs import batched_token_logprobs
 
 WORDS = "the a cat dog sat ran on under mat log red blue one two three and then stop".split()
 CHAT_TEMPLATE = (

@@ -57,7 +57,7 @@ from rlsteps.engine.megatron.layout import (
     split_qkv,
     to_megatron,
 )  # fmt: skip
-from rlsteps.engine.policy import load_policy, save_policy
+from rlsteps.engine.policy.model import load_policy, save_policy
 
 ITERATION = 7  # the llama_tied checkpoint's iteration, to see it in the folder names
 
@@ -539,7 +539,7 @@ from pathlib import Path
 
 def write(target, model_dir, ready=None):
     from rlsteps.engine.artifact import write_artifact
-    from rlsteps.engine.policy import load_policy, save_policy
+    from rlsteps.engine.policy.model import load_policy, save_policy
 
     model, tokenizer = load_policy(model_dir)
 

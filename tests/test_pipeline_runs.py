@@ -97,7 +97,7 @@ stages:
     assert "rs-convert-policy: ran" in done.stdout and "rs: ran" in done.stdout
     converted = tmp_path / OUTPUTS.format(pipeline="conv", stage="rs-convert-policy")
     assert json.loads((converted / "rlsteps_artifact.json").read_text())["type"] == "checkpoint_megatron"
-    from rlsteps.engine.policy import load_policy
+    from rlsteps.engine.policy.model import load_policy
 
     expected, got = load_policy(tiny_world.policy)[0].state_dict(), weights(converted)
     assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)

@@ -6,17 +6,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.policy import (
-    batched_token_logprobs,
-    build_optimizer,
-    build_scheduler,
-    frozen_copy,
-    load_policy,
-    lr_multiplier,
-    optimizer_step,
-    save_policy,
-    token_logprobs,
-)
+from rlsteps.engine.policy.logprobs import batched_token_logprobs, token_logprobs
+from rlsteps.engine.policy.model import frozen_copy, load_policy, save_policy
+from rlsteps.engine.policy.optim import build_optimizer, build_scheduler, lr_multiplier, optimizer_step
 
 VOCAB = 40
 

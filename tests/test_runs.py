@@ -124,7 +124,7 @@ def test_a_differently_configured_architecture_trains(tiny_world, tmp_path, arch
                        "validation.interval=0", "rollout.sampling.max_new_tokens=12", f"output.type={output}", *FAST,
                        cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
-        from rlsteps.engine.policy import load_policy
+        from rlsteps.engine.policy.model import load_policy
 
         assert load_policy(run_dir(tmp_path, slug) / "policy")[0].config.model_type == arch
         meta = artifact_metadata(run_dir(tmp_path, slug))
@@ -174,7 +174,7 @@ def test_batch_profile_detaches_and_the_job_finishes_in_the_background(tiny_worl
 
 
 def test_the_convert_steps_round_trip_the_tiny_policy_bit_for_bit(tiny_world, tmp_path):
-    from rlsteps.engine.policy import load_policy
+    from rlsteps.engine.policy.model import load_policy
 
     to_megatron = rlsteps("run", "convert/hf_to_megatron", "-c", "tiny", cwd=tmp_path, timeout=300)
     assert to_megatron.returncode == 0, to_megatron.stderr[-3000:]

@@ -65,7 +65,7 @@ def test_models_and_tokenizer_load_with_the_auto_classes(tiny_world):
 
 
 def test_the_policy_is_also_a_megatron_checkpoint_with_the_same_weights(tiny_world):
-    from rlsteps.engine.policy import load_policy
+    from rlsteps.engine.policy.model import load_policy
 
     hf, hf_tokenizer = load_policy(tiny_world.policy)
     megatron, megatron_tokenizer = load_policy(tiny_world.policy_megatron)

@@ -16,16 +16,22 @@ from typing import Callable
 
 import torch
 
-from rlsteps.engine import policy as pol
+from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from rlsteps.engine.checkpoint import (
+    CheckpointManager,
+    capture_rng_state,
+    restore_rng_state,
+)
 from rlsteps.engine.config import RecipeConfig
-from rlsteps.engine.device import resolve_device
 from rlsteps.engine.data import Prompt, load_prompts, prompt_indices, steps_per_epoch
+from rlsteps.engine.device import resolve_device
+from rlsteps.engine.generation.rollout import Sampler
 from rlsteps.engine.metrics import MetricsWriter, Timers, TrainingProgress
-from rlsteps.engine.recipes import Recipe, loss_mask
+from rlsteps.engine.policy.logprobs import batched_token_logprobs, token_logprobs
+from rlsteps.engine.policy.model import frozen_copy, load_policy
+from rlsteps.engine.policy.optim import build_optimizer, build_scheduler, optimizer_step
 from rlsteps.engine.rewards.sources import RewardSource
-from rlsteps.engine.rollout import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +63,8 @@ def train(cfg: RecipeConfig, recipe: Recipe, rewards: RewardSource, run_dir: Pat
           say: Callable[[str], None] = print) -> RunResult:
     device = resolve_device(cfg.run.device)
     dtype = torch.bfloat16 if cfg.run.dtype == "bfloat16" else torch.float32
-    model, tokenizer = pol.load_policy(cfg.inputs.policy, device=device, dtype=dtype)
-    reference = pol.frozen_copy(model) if recipe.needs_reference else None  # always the initial policy
+    model, tokenizer = load_policy(cfg.inputs.policy, device=device, dtype=dtype)
+    reference = frozen_copy(model) if recipe.needs_reference else None  # always the initial policy
     prompts = load_prompts(cfg.inputs.prompts, tokenizer, cfg.data.max_prompt_tokens)
     val_prompts = _validation_prompts(cfg, tokenizer)
     total_steps = min(cfg.train.max_steps, cfg.train.max_epochs * steps_per_epoch(len(prompts), cfg.rollout.prompts_per_step))
@@ -69,7 +75,7 @@ def train(cfg: RecipeConfig, recipe: Recipe, rewards: RewardSource, run_dir: Pat
     loaded = checkpoints.load(latest) if latest is not None else None
     counters = Counters()
     if loaded is not None:
-        model, tokenizer = pol.load_policy(loaded.policy_dir, device=device, dtype=dtype)
+        model, tokenizer = load_policy(loaded.policy_dir, device=device, dtype=dtype)
         counters = Counters(**{k: loaded.info[k] for k in ("step", "consumed_samples", "optimizer_steps", "epoch")})
         say(f"resuming from {latest} (step {counters.step}, {counters.consumed_samples} prompts consumed)")
     optimizer, scheduler = _optimizer_and_schedule(cfg, recipe, model, total_steps)
@@ -97,8 +103,8 @@ def train(cfg: RecipeConfig, recipe: Recipe, rewards: RewardSource, run_dir: Pat
 def _optimizer_and_schedule(cfg: RecipeConfig, recipe: Recipe, model: torch.nn.Module, total_steps: int):
     """AdamW and a schedule over every optimizer step of the run (several per RL step when batches are split)."""
     per_rl_step = math.ceil(recipe.train_rows_per_step() / cfg.train.global_batch_size)
-    optimizer = pol.build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, tuple(cfg.train.betas))
-    scheduler = pol.build_scheduler(optimizer, warmup_steps=cfg.train.warmup_steps, schedule=cfg.train.schedule,
+    optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, tuple(cfg.train.betas))
+    scheduler = build_scheduler(optimizer, warmup_steps=cfg.train.warmup_steps, schedule=cfg.train.schedule,
                                     total_steps=max(1, total_steps * per_rl_step), min_lr_ratio=cfg.train.min_lr_ratio)
     return optimizer, scheduler
 
@@ -165,7 +171,7 @@ class _Run:
     def _logprobs(self, model: torch.nn.Module | None):
         if model is None:
             return None
-        return lambda batch: pol.batched_token_logprobs(model, batch, self.cfg.rollout.logprob_micro_batch_size)
+        return lambda batch: batched_token_logprobs(model, batch, self.cfg.rollout.logprob_micro_batch_size)
 
     def _optimize(self, batch: RolloutBatch) -> dict[str, float]:
         """Global batches of `global_batch_size` rows (several optimizer steps when the batch is larger)."""
@@ -174,16 +180,16 @@ class _Run:
         self.model.train()
         for start in range(0, len(batch), t.global_batch_size):
             chunk = batch.select(list(range(start, min(start + t.global_batch_size, len(batch)))))
-            normaliser = loss_mask(chunk).sum().item()
+            normaliser = self.recipe.loss_normaliser(chunk)
             if normaliser == 0:
                 continue  # nothing to learn from (e.g. no sample ended): skip rather than step on zero grads
             for micro in chunk.micro_batches(t.micro_batch_size):
                 micro = micro.to(self.device)
-                logprobs = pol.token_logprobs(self.model, micro.tokens, micro.attention_mask())
+                logprobs = token_logprobs(self.model, micro.tokens, micro.attention_mask())
                 loss, micro_stats = self.recipe.loss(logprobs, micro, normaliser)
                 loss.backward()
                 stats.add(micro_stats, weight=micro_stats.get("tokens", 0) / normaliser)
-            grad_norm = pol.optimizer_step(self.model, self.optimizer, self.scheduler, t.max_grad_norm)
+            grad_norm = optimizer_step(self.model, self.optimizer, self.scheduler, t.max_grad_norm)
             stats.end_optimizer_step(grad_norm)
             if math.isfinite(grad_norm):
                 self.counters.optimizer_steps += 1

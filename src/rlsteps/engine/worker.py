@@ -81,7 +81,7 @@ def _check_megatron_output(cfg: StepConfig) -> None:
 
 def _train(cfg: RecipeConfig, run_dir: Path) -> tuple[Any, Any, dict[str, int]]:
     from rlsteps.engine.loop import train
-    from rlsteps.engine.recipes import RECIPES
+    from rlsteps.engine.algorithms import RECIPES
     from rlsteps.engine.rewards.sources import open_reward_source
 
     with open_reward_source(cfg, run_dir) as rewards:
@@ -92,7 +92,7 @@ def _train(cfg: RecipeConfig, run_dir: Path) -> tuple[Any, Any, dict[str, int]]:
 def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:
     import torch
 
-    from rlsteps.engine.policy import load_policy
+    from rlsteps.engine.policy.model import load_policy
 
     dtype = "auto" if cfg.run.dtype == "auto" else getattr(torch, cfg.run.dtype)
     model, tokenizer = load_policy(cfg.inputs.checkpoint, dtype=dtype)
@@ -103,7 +103,7 @@ def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:
 
 def _write_output(cfg: StepConfig, model: Any, tokenizer: Any, counters: dict[str, int], run_dir: Path,
                   job: dict[str, Any], versions: dict[str, str]) -> None:
-    from rlsteps.engine.policy import save_policy
+    from rlsteps.engine.policy.model import save_policy
 
     form = cfg.output.type
     metadata = {

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from rlsteps.engine.algorithms.reinforce import group_totals
+from rlsteps.engine.algorithms.groups import group_count, group_totals
+from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
+from rlsteps.engine.config import GRPOConfig
 
 
 def group_advantages(
@@ -50,7 +52,7 @@ def group_advantages(
 
 def zero_variance_groups(rewards: torch.Tensor, group_index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """[B] bool: the row's group has no two different valid rewards (dynamic sampling drops these)."""
-    num_groups = int(group_index.max()) + 1 if len(group_index) else 0
+    num_groups = group_count(group_index)
     r, g = rewards.float()[valid], group_index[valid]
     highest = torch.full((num_groups,), -torch.inf, device=r.device).scatter_reduce(0, g, r, "amax")
     lowest = torch.full((num_groups,), torch.inf, device=r.device).scatter_reduce(0, g, r, "amin")
@@ -120,3 +122,44 @@ def _policy_stats(
         "kl_mean": masked_mean(kl),
         "entropy_proxy": masked_mean(-logprobs),
     }
+
+
+class GRPO(Recipe):
+    """Rewards -> rows that count -> group advantages -> (dynamic sampling) -> old/ref log-probs -> clipped loss."""
+
+    cfg: GRPOConfig
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.cfg.grpo.kl_beta > 0
+
+    def prepare(self, batch, scores, policy_logprobs, reference_logprobs):
+        g = self.cfg.grpo
+        valid = scores.valid & batch.is_end if g.overlong_filtering else scores.valid.clone()  # [B] rows that count
+        group, _ = batch.group_index()
+        advantages = group_advantages(scores.rewards, group, valid, leave_one_out=g.leave_one_out,
+                                      normalize_std=g.normalize_std, std_floor=g.std_floor)  # [B]
+        stats = rollout_stats(batch, scores)
+        if g.dynamic_sampling:
+            flat = zero_variance_groups(scores.rewards, group, valid)
+            stats["train/fraction_dropped_zero_variance"] = flat.float().mean().item()
+            keep = torch.nonzero(~flat).flatten()
+            batch, advantages, valid = batch.select(keep), advantages[keep], valid[keep]
+        batch.extras["advantages"] = advantages
+        batch.extras[ROW_MASK] = valid.float()
+        batch.extras["old_logprobs"] = policy_logprobs(batch)  # [B, T-1]: the ratio's denominator
+        if self.needs_reference:
+            batch.extras["ref_logprobs"] = reference_logprobs(batch)
+        stats.update({
+            "train/fraction_masked": 1.0 - valid.float().mean().item() if len(valid) else 1.0,
+            "train/advantage_mean": advantages.mean().item() if len(advantages) else 0.0,
+            "train/advantage_abs_mean": advantages.abs().mean().item() if len(advantages) else 0.0,
+        })
+        return batch, stats
+
+    def loss(self, logprobs, batch, normaliser):
+        g = self.cfg.grpo
+        return clipped_policy_loss(
+            logprobs, batch.extras["old_logprobs"], batch.extras["advantages"], loss_mask(batch), normaliser,
+            eps_low=g.eps_low, eps_high=g.eps_high, ref_logprobs=batch.extras.get("ref_logprobs"), kl_beta=g.kl_beta,
+        )

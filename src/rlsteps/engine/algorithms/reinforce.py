@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from rlsteps.engine.algorithms.groups import group_totals
+from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
+from rlsteps.engine.config import ReinforceConfig
+
 
 def sequence_kl(
     logprobs: torch.Tensor, init_logprobs: torch.Tensor, mask: torch.Tensor, absolute: bool
@@ -31,13 +35,6 @@ def sequence_kl(
 def kl_penalised_rewards(rewards: torch.Tensor, seq_kl: torch.Tensor, beta: float) -> torch.Tensor:
     """R = r - beta * kl: [B]."""
     return rewards - beta * seq_kl
-
-
-def group_totals(values: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
-    """Each row's group sum of `values`: [B] (values, group_index: [B])."""
-    num_groups = int(group_index.max()) + 1 if len(group_index) else 0
-    sums = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
-    return sums.index_add_(0, group_index, values)[group_index]
 
 
 def rloo_baseline(rewards: torch.Tensor, group_index: torch.Tensor, is_end: torch.Tensor) -> torch.Tensor:
@@ -67,3 +64,32 @@ def reinforce_loss(
     loss = token_loss.sum() / max(normaliser, 1.0)
     stats = {"loss": loss.item(), "tokens": float(mask.sum()), "advantage_mean": float(advantages.mean())}
     return loss, stats
+
+
+class ReinforceRLOO(Recipe):
+    """Rewards -> KL-penalised rewards -> leave-one-out baseline -> advantages -> policy-gradient loss."""
+
+    cfg: ReinforceConfig
+    needs_reference = True
+
+    def prepare(self, batch, scores, policy_logprobs, reference_logprobs):
+        r = self.cfg.reinforce
+        logp, logp_init = policy_logprobs(batch), reference_logprobs(batch)  # [B, T-1] each
+        kl = sequence_kl(logp, logp_init, batch.response_mask(), absolute=r.use_absolute_kl)  # [B]
+        rewards_with_kl = kl_penalised_rewards(scores.rewards, kl, r.initial_policy_kl_penalty)  # [B]
+        group, _ = batch.group_index()
+        ended = batch.is_end & scores.valid
+        advantages = rewards_with_kl - rloo_baseline(rewards_with_kl, group, ended)  # [B]
+        batch.extras["advantages"] = advantages
+        batch.extras[ROW_MASK] = ended.float()  # only properly ended, scored samples carry a gradient
+        stats = {
+            **rollout_stats(batch, scores),
+            "train/rewards_with_kl": rewards_with_kl.mean().item(),
+            "train/init_policy_kl": kl.mean().item(),
+            "train/fraction_of_samples_properly_ended": batch.is_end.float().mean().item(),
+            "train/advantage_abs_mean": advantages.abs().mean().item(),
+        }
+        return batch, stats
+
+    def loss(self, logprobs, batch, normaliser):
+        return reinforce_loss(logprobs, batch.extras["advantages"], loss_mask(batch), normaliser)

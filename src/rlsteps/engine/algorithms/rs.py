@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
+from rlsteps.engine.config import RSConfig
+
 
 def select_topk(rewards: torch.Tensor, group_index: torch.Tensor, top_n: int) -> torch.Tensor:
     """Row indices of the `top_n` best rollouts of every group, in ascending row order.
@@ -46,3 +49,24 @@ def masked_nll_loss(
     tokens = float(mask.sum())
     stats = {"loss": loss.item(), "nll_mean": token_nll.sum().item() / max(tokens, 1.0), "tokens": tokens}
     return loss, stats
+
+
+class RejectionSampling(Recipe):
+    """Rewards -> the top n rollouts of each prompt -> masked NLL on them."""
+
+    cfg: RSConfig
+
+    def train_rows_per_step(self) -> int:
+        return self.cfg.rollout.prompts_per_step * self.cfg.rollout.top_n_rollouts
+
+    def prepare(self, batch, scores, policy_logprobs, reference_logprobs):
+        group, _ = batch.group_index()
+        rewards = scores.rewards.masked_fill(~scores.valid, float("-inf"))  # an unscored row is never selected
+        keep = select_topk(rewards, group, self.cfg.rollout.top_n_rollouts)  # [n * groups] row indices
+        selected = batch.select(keep)
+        selected.extras[ROW_MASK] = scores.valid[keep].float()
+        stats = {**rollout_stats(batch, scores), "train/selected_reward_mean": scores.rewards[keep].mean().item()}
+        return selected, stats
+
+    def loss(self, logprobs, batch, normaliser):
+        return masked_nll_loss(logprobs, loss_mask(batch), normaliser)

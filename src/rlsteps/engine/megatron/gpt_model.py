@@ -84,7 +84,7 @@ def _logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
 def compare_with_engine(ref: str | Path, device: str = "cpu", dtype: str = "float32", spec: str = "local",
                         tokens: torch.Tensor | None = None) -> dict[str, Any]:
     """Max and mean |logit difference| between GPTModel and the engine's HF model, on the same tokens."""
-    from rlsteps.engine.policy import load_policy
+    from rlsteps.engine.policy.model import load_policy
 
     torch_dtype = DTYPES[dtype]
     hf_model, tokenizer = load_policy(ref, device=device, dtype=torch_dtype)

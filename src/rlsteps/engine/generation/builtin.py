@@ -1,4 +1,4 @@
-"""Batched sampling from a Hugging Face causal LM with its KV cache, and the rollout batch it yields.
+"""The built-in sampler: batched sampling from a Hugging Face causal LM with its KV cache.
 
 One batch: left-pad the prompts, run the prompt through the model once (prefill), then feed
 one token per step with the cache. Positions come from the attention mask so padding never
@@ -9,44 +9,13 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
-from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.data import Prompt, encode_prompt_text
-from rlsteps.engine.policy import eval_mode, position_ids_from_mask
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_new_tokens: int
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0  # 1 = off
-    top_k: int = 0  # 0 = off
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-
-
-@dataclass
-class Generation:
-    response_ids: list[list[int]]  # per prompt, the EOS included when the response ended
-    is_end: list[bool]  # per prompt: ended with EOS rather than cut at max_new_tokens
-    logprobs: list[list[float]]  # per response token: fp32 log-prob under the raw model distribution
-
-
-# ---------------------------------------------------------------------------------------------
-# Sampling: pure functions on a [B, V] block of next-token logits
+from rlsteps.engine.generation.params import Generation, SamplingParams
+from rlsteps.engine.policy.logprobs import position_ids_from_mask
+from rlsteps.engine.policy.model import eval_mode
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -75,15 +44,6 @@ def sample_next_token(logits: torch.Tensor, params: SamplingParams, generator: t
         return logits.argmax(-1)
     filtered = top_p_filter(top_k_filter(logits / params.temperature, params.top_k), params.top_p)
     return torch.multinomial(filtered.softmax(-1), 1, generator=generator).squeeze(-1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Generation
-
-
-def tokenize_prompts(prompts: list[Prompt], tokenizer: Any) -> list[list[int]]:
-    """Token ids of each rendered prompt; the BOS rule is in data.encode_prompt_text."""
-    return [encode_prompt_text(prompt.text, tokenizer) for prompt in prompts]
 
 
 def generate(
@@ -194,43 +154,3 @@ def _check_context(model: nn.Module, longest_prompt: int, max_new_tokens: int) -
             f"a prompt of {longest_prompt} tokens plus max_new_tokens={max_new_tokens} exceeds the model's "
             f"context of {context} positions; lower max_new_tokens or max_prompt_tokens"
         )
-
-
-# ---------------------------------------------------------------------------------------------
-# Rollout batch
-
-
-def build_rollout_batch(
-    prompts: list[Prompt], prompt_token_ids: list[list[int]], generation: Generation, tokenizer: Any
-) -> RolloutBatch:
-    """Right-padded prompt+response rows with the sampler's log-probs on the response positions."""
-    if not len(prompts) == len(prompt_token_ids) == len(generation.response_ids):
-        raise ValueError(
-            f"{len(prompts)} prompts, {len(prompt_token_ids)} tokenised prompts and "
-            f"{len(generation.response_ids)} responses: one of each per rollout is needed"
-        )
-    if any(len(ids) == 0 for ids in prompt_token_ids):
-        raise ValueError("every prompt needs at least one token; an empty prompt has no position to score from")
-    if tokenizer.pad_token_id is None:
-        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (load_policy uses EOS)")
-    pad_id = tokenizer.pad_token_id
-    prompt_lengths = torch.tensor([len(ids) for ids in prompt_token_ids])
-    response_lengths = torch.tensor([len(ids) for ids in generation.response_ids])
-    width = int((prompt_lengths + response_lengths).max())
-    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    gen_logprobs = torch.zeros(len(prompts), width - 1)  # entry t scores token t+1
-    for i, (prompt_ids, response_ids) in enumerate(zip(prompt_token_ids, generation.response_ids)):
-        p, r = len(prompt_ids), len(response_ids)
-        tokens[i, : p + r] = torch.tensor(prompt_ids + response_ids)
-        gen_logprobs[i, p - 1 : p + r - 1] = torch.tensor(generation.logprobs[i], dtype=torch.float32)
-    return RolloutBatch(
-        tokens=tokens,
-        prompt_lengths=prompt_lengths,
-        response_lengths=response_lengths,
-        is_end=torch.tensor(generation.is_end, dtype=torch.bool),
-        prompt_ids=[prompt.id for prompt in prompts],
-        prompt_texts=[prompt.text for prompt in prompts],
-        response_texts=tokenizer.batch_decode(generation.response_ids, skip_special_tokens=True),
-        pad_id=pad_id,
-        gen_logprobs=gen_logprobs,
-    )

@@ -1,0 +1,59 @@
+"""What a recipe is: from scored rollouts to a train batch (`prepare`) and a per-micro-batch loss (`loss`).
+
+The loop is shared; a recipe says which log-probs it needs, which rows learn and with what weight, its
+loss, and the token count its loss is normalised by (token-level loss: a sum over tokens divided by the
+global batch's count of loss tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from rlsteps.engine.batch import RolloutBatch
+from rlsteps.engine.config import RecipeConfig
+from rlsteps.engine.rewards.sources import Scores
+
+LogprobFn = Callable[[RolloutBatch], torch.Tensor]  # batch -> [B, T-1] fp32, no grad
+ROW_MASK = "row_mask"  # extras key: [B] float, 0 = the row stays out of the loss
+
+
+def loss_mask(batch: RolloutBatch) -> torch.Tensor:  # [B, T-1]
+    """The tokens a loss counts: response tokens (EOS included) of the rows that learn."""
+    row = batch.extras.get(ROW_MASK)
+    mask = batch.response_mask()
+    return mask if row is None else mask * row[:, None]
+
+
+def rollout_stats(batch: RolloutBatch, scores: Scores) -> dict[str, float]:
+    valid = scores.rewards[scores.valid] if scores.valid.any() else scores.rewards.new_zeros(1)
+    return {
+        "train/reward": valid.mean().item(),
+        "train/reward_std": valid.std(unbiased=False).item(),
+        "train/response_length": batch.response_lengths.float().mean().item(),
+        "train/fraction_ended": batch.is_end.float().mean().item(),
+        "train/fraction_scored": scores.valid.float().mean().item(),
+    }
+
+
+class Recipe:
+    needs_reference = False  # keep a frozen copy of the initial policy
+
+    def __init__(self, cfg: RecipeConfig) -> None:
+        self.cfg = cfg
+
+    def train_rows_per_step(self) -> int:
+        return self.cfg.rollout.prompts_per_step * self.cfg.rollout.num_rollouts_per_prompt
+
+    def prepare(self, batch: RolloutBatch, scores: Scores, policy_logprobs: LogprobFn,
+                reference_logprobs: LogprobFn | None) -> tuple[RolloutBatch, dict[str, float]]:
+        raise NotImplementedError
+
+    def loss_normaliser(self, global_batch: RolloutBatch) -> float:
+        """The loss tokens of one global batch (all its micro-batches): every micro-batch's loss divides by it."""
+        return loss_mask(global_batch).sum().item()
+
+    def loss(self, logprobs: torch.Tensor, batch: RolloutBatch,
+             normaliser: float) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError

@@ -1,0 +1,108 @@
+"""Rollouts for the loop: N samples per prompt for training, greedy (or a few samples) for validation.
+
+The Sampler turns prompts into a RolloutBatch through a generation backend: any function with the
+signature of `GenerateFn` (the built-in sampler, rlsteps.engine.generation.builtin.generate, by default).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from rlsteps.engine.batch import RolloutBatch
+from rlsteps.engine.config import RolloutConfig
+from rlsteps.engine.data import Prompt, encode_prompt_text
+from rlsteps.engine.generation import builtin
+from rlsteps.engine.generation.params import Generation, SamplingParams
+
+
+class GenerateFn(Protocol):
+    """A generation backend: one response per prompt, in input order, drawing randomness only from `generator`."""
+
+    def __call__(self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, *,
+                 eos_token_id: int | list[int], pad_token_id: int, generator: torch.Generator,
+                 batch_size: int) -> Generation: ...
+
+
+def step_seed(seed: int, step: int) -> int:
+    """A sampling seed per (run seed, step): resumed runs draw exactly the samples they would have."""
+    return (seed * 1_000_003 + step * 7_919 + 17) % (2**63 - 1)
+
+
+class Sampler:
+    def __init__(self, tokenizer, rollout: RolloutConfig, device: torch.device,
+                 generate: GenerateFn = builtin.generate) -> None:
+        self.tokenizer = tokenizer
+        self.rollout = rollout
+        self.device = device
+        self.generate = generate
+
+    def rollouts(self, model, prompts: list[Prompt], n: int, seed: tuple[int, int]) -> RolloutBatch:
+        s = self.rollout.sampling
+        params = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                                top_k=s.top_k)
+        return self._sample(model, prompts, n, params, step_seed(*seed))
+
+    def validation_rollouts(self, model, prompts: list[Prompt], n: int, max_new_tokens: int | None,
+                            seed: int) -> RolloutBatch:
+        """One greedy response per prompt, or n sampled ones where the scorer compares responses."""
+        s = self.rollout.sampling
+        params = SamplingParams(max_new_tokens=max_new_tokens or s.max_new_tokens,
+                                temperature=0.0 if n == 1 else s.temperature, top_p=s.top_p, top_k=s.top_k)
+        return self._sample(model, prompts, n, params, step_seed(seed, -1))
+
+    def _sample(self, model, prompts: list[Prompt], n: int, params: SamplingParams, seed: int) -> RolloutBatch:
+        repeated = [p for p in prompts for _ in range(n)]  # rows of one prompt are adjacent; groups are by id
+        token_ids = [ids for ids in tokenize_prompts(prompts, self.tokenizer) for _ in range(n)]
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        generation = self.generate(model, token_ids, params, eos_token_id=self._eos_ids(model),
+                                   pad_token_id=self.tokenizer.pad_token_id, generator=generator,
+                                   batch_size=self.rollout.generation_batch_size)
+        return build_rollout_batch(repeated, token_ids, generation, self.tokenizer)
+
+    def _eos_ids(self, model) -> int | list[int]:
+        configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        return configured if configured is not None else self.tokenizer.eos_token_id
+
+
+def tokenize_prompts(prompts: list[Prompt], tokenizer: Any) -> list[list[int]]:
+    """Token ids of each rendered prompt; the BOS rule is in data.encode_prompt_text."""
+    return [encode_prompt_text(prompt.text, tokenizer) for prompt in prompts]
+
+
+def build_rollout_batch(
+    prompts: list[Prompt], prompt_token_ids: list[list[int]], generation: Generation, tokenizer: Any
+) -> RolloutBatch:
+    """Right-padded prompt+response rows with the sampler's log-probs on the response positions."""
+    if not len(prompts) == len(prompt_token_ids) == len(generation.response_ids):
+        raise ValueError(
+            f"{len(prompts)} prompts, {len(prompt_token_ids)} tokenised prompts and "
+            f"{len(generation.response_ids)} responses: one of each per rollout is needed"
+        )
+    if any(len(ids) == 0 for ids in prompt_token_ids):
+        raise ValueError("every prompt needs at least one token; an empty prompt has no position to score from")
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (load_policy uses EOS)")
+    pad_id = tokenizer.pad_token_id
+    prompt_lengths = torch.tensor([len(ids) for ids in prompt_token_ids])
+    response_lengths = torch.tensor([len(ids) for ids in generation.response_ids])
+    width = int((prompt_lengths + response_lengths).max())
+    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    gen_logprobs = torch.zeros(len(prompts), width - 1)  # entry t scores token t+1
+    for i, (prompt_ids, response_ids) in enumerate(zip(prompt_token_ids, generation.response_ids)):
+        p, r = len(prompt_ids), len(response_ids)
+        tokens[i, : p + r] = torch.tensor(prompt_ids + response_ids)
+        gen_logprobs[i, p - 1 : p + r - 1] = torch.tensor(generation.logprobs[i], dtype=torch.float32)
+    return RolloutBatch(
+        tokens=tokens,
+        prompt_lengths=prompt_lengths,
+        response_lengths=response_lengths,
+        is_end=torch.tensor(generation.is_end, dtype=torch.bool),
+        prompt_ids=[prompt.id for prompt in prompts],
+        prompt_texts=[prompt.text for prompt in prompts],
+        response_texts=tokenizer.batch_decode(generation.response_ids, skip_special_tokens=True),
+        pad_id=pad_id,
+        gen_logprobs=gen_logprobs,
+    )
