@@ -156,10 +156,11 @@ def test_ctrl_c_lets_an_attached_worker_finish_its_cleanup(tmp_path):
     import sys
     import textwrap
 
-    marker = tmp_path / "cleaned-up"
+    marker, started = tmp_path / "cleaned-up", tmp_path / "started"
     worker = textwrap.dedent(f"""
         import signal, time, pathlib
         try:
+            pathlib.Path({str(started)!r}).write_text("yes")
             time.sleep(30)
         except KeyboardInterrupt:
             time.sleep(1.0)  # e.g. stopping a reward server
@@ -172,7 +173,10 @@ def test_ctrl_c_lets_an_attached_worker_finish_its_cleanup(tmp_path):
         print(_run_attached([sys.executable, "-c", {worker!r}], dict(os.environ)), flush=True)
     """)
     proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(3)
+    deadline = time.monotonic() + 60
+    while not started.exists():  # Ctrl-C once the worker runs (a fixed sleep raced a loaded machine)
+        assert proc.poll() is None and time.monotonic() < deadline, "the worker did not start"
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
     out, _ = proc.communicate(timeout=30)
     assert out.strip() == "130"
