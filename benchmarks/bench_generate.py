@@ -18,8 +18,8 @@ from collections.abc import Callable
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rlsteps.engine.generation.backend import SamplingParams
 from rlsteps.engine.generation.builtin import generate
-from rlsteps.engine.generation.params import SamplingParams
 
 
 def parse_args() -> argparse.Namespace:

@@ -26,7 +26,7 @@ from rlsteps.engine.checkpoint import (
 from rlsteps.engine.config import RecipeConfig
 from rlsteps.engine.data import Prompt, load_prompts, prompt_indices, steps_per_epoch
 from rlsteps.engine.device import resolve_device
-from rlsteps.engine.generation.rollout import Sampler
+from rlsteps.engine.generation.rollouts import Sampler
 from rlsteps.engine.metrics import MetricsWriter, Timers, TrainingProgress
 from rlsteps.engine.policy.logprobs import batched_token_logprobs, token_logprobs
 from rlsteps.engine.policy.model import frozen_copy, load_policy
@@ -247,7 +247,7 @@ class StepStats:
 
 
 def _is_reward_failure(error: Exception) -> bool:
-    from rlsteps.engine.rewards.client import RewardError
-    from rlsteps.engine.rewards.genrm import JudgeUnavailable
+    from rlsteps.engine.rewards.rm.client import RewardError
+    from rlsteps.engine.rewards.judge.client import JudgeUnavailable
 
     return isinstance(error, RewardError | JudgeUnavailable)

@@ -1,2 +1,1 @@
-"""Generation: the request and result every backend shares (params), the built-in KV-cache sampler (builtin),
-and the rollouts the loop asks for (rollout: a Sampler over one backend, prompts in, a RolloutBatch out)."""
+"""Generation: the Sampler the loop asks for rollouts, and the backends that sample behind it (built-in first)."""

@@ -1,4 +1,4 @@
-"""The built-in sampler: batched sampling from a Hugging Face causal LM with its KV cache.
+"""The built-in sampler: batched sampling from a Hugging Face causal LM with its KV cache, in process.
 
 One batch: left-pad the prompts, run the prompt through the model once (prefill), then feed
 one token per step with the cache. Positions come from the attention mask so padding never
@@ -9,13 +9,38 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import Any
 
 import torch
 from torch import nn
 
-from rlsteps.engine.generation.params import Generation, SamplingParams
+from rlsteps.engine.generation.backend import Generation, SamplingParams
 from rlsteps.engine.policy.logprobs import position_ids_from_mask
 from rlsteps.engine.policy.model import eval_mode
+
+
+class BuiltinBackend:
+    """The GenerationBackend that samples from the policy itself, in this process, with `generate`."""
+
+    def __init__(self, tokenizer: Any, batch_size: int, device: torch.device) -> None:
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.device = device
+
+    def generate(
+        self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seed: int
+    ) -> Generation:
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        return generate(model, prompt_token_ids, params, eos_token_id=self._eos_ids(model),
+                        pad_token_id=self.tokenizer.pad_token_id, generator=generator, batch_size=self.batch_size)
+
+    def _eos_ids(self, model: nn.Module) -> int | list[int]:
+        configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        return configured if configured is not None else self.tokenizer.eos_token_id
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling: pure functions on a [B, V] block of next-token logits
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -44,6 +69,10 @@ def sample_next_token(logits: torch.Tensor, params: SamplingParams, generator: t
         return logits.argmax(-1)
     filtered = top_p_filter(top_k_filter(logits / params.temperature, params.top_k), params.top_p)
     return torch.multinomial(filtered.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation
 
 
 def generate(

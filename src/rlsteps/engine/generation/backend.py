@@ -1,9 +1,12 @@
-"""What every generation backend takes (SamplingParams) and returns (Generation)."""
+"""What a generation backend takes (SamplingParams), what it returns (Generation), and the protocol it follows."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
+
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -29,3 +32,14 @@ class Generation:
     response_ids: list[list[int]]  # per prompt, the EOS included when the response ended
     is_end: list[bool]  # per prompt: ended with EOS rather than cut at max_new_tokens
     logprobs: list[list[float]]  # per response token: fp32 log-prob under the raw model distribution
+
+
+class GenerationBackend(Protocol):
+    """Samples one response per tokenised prompt from the current policy.
+
+    The same (prompts, params, seed) draws the same responses, so a resumed run repeats its samples.
+    """
+
+    def generate(
+        self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seed: int
+    ) -> Generation: ...

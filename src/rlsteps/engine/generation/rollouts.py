@@ -1,29 +1,20 @@
-"""Rollouts for the loop: N samples per prompt for training, greedy (or a few samples) for validation.
+"""Rollouts: N samples per prompt for training, greedy (or a few samples) for validation.
 
-The Sampler turns prompts into a RolloutBatch through a generation backend: any function with the
-signature of `GenerateFn` (the built-in sampler, rlsteps.engine.generation.builtin.generate, by default).
+The Sampler is what the loop asks for rollouts: it tokenises the prompts, leaves the sampling to a
+GenerationBackend (the built-in sampler unless another is given) and lays the result out as a RolloutBatch.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import torch
-from torch import nn
 
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import RolloutConfig
 from rlsteps.engine.data import Prompt, encode_prompt_text
-from rlsteps.engine.generation import builtin
-from rlsteps.engine.generation.params import Generation, SamplingParams
-
-
-class GenerateFn(Protocol):
-    """A generation backend: one response per prompt, in input order, drawing randomness only from `generator`."""
-
-    def __call__(self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, *,
-                 eos_token_id: int | list[int], pad_token_id: int, generator: torch.Generator,
-                 batch_size: int) -> Generation: ...
+from rlsteps.engine.generation.backend import Generation, GenerationBackend, SamplingParams
+from rlsteps.engine.generation.builtin import BuiltinBackend
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -32,21 +23,20 @@ def step_seed(seed: int, step: int) -> int:
 
 
 class Sampler:
+    """Rollout batches for the loop; a GenerationBackend samples the responses."""
+
     def __init__(self, tokenizer, rollout: RolloutConfig, device: torch.device,
-                 generate: GenerateFn = builtin.generate) -> None:
+                 backend: GenerationBackend | None = None) -> None:
         self.tokenizer = tokenizer
         self.rollout = rollout
-        self.device = device
-        self.generate = generate
+        self.backend = backend or BuiltinBackend(tokenizer, rollout.generation_batch_size, device)
 
     def rollouts(self, model, prompts: list[Prompt], n: int, seed: tuple[int, int]) -> RolloutBatch:
         s = self.rollout.sampling
-        params = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                                top_k=s.top_k)
+        params = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
         return self._sample(model, prompts, n, params, step_seed(*seed))
 
-    def validation_rollouts(self, model, prompts: list[Prompt], n: int, max_new_tokens: int | None,
-                            seed: int) -> RolloutBatch:
+    def validation_rollouts(self, model, prompts: list[Prompt], n: int, max_new_tokens: int | None, seed: int) -> RolloutBatch:
         """One greedy response per prompt, or n sampled ones where the scorer compares responses."""
         s = self.rollout.sampling
         params = SamplingParams(max_new_tokens=max_new_tokens or s.max_new_tokens,
@@ -56,15 +46,8 @@ class Sampler:
     def _sample(self, model, prompts: list[Prompt], n: int, params: SamplingParams, seed: int) -> RolloutBatch:
         repeated = [p for p in prompts for _ in range(n)]  # rows of one prompt are adjacent; groups are by id
         token_ids = [ids for ids in tokenize_prompts(prompts, self.tokenizer) for _ in range(n)]
-        generator = torch.Generator(device=self.device).manual_seed(seed)
-        generation = self.generate(model, token_ids, params, eos_token_id=self._eos_ids(model),
-                                   pad_token_id=self.tokenizer.pad_token_id, generator=generator,
-                                   batch_size=self.rollout.generation_batch_size)
+        generation = self.backend.generate(model, token_ids, params, seed)
         return build_rollout_batch(repeated, token_ids, generation, self.tokenizer)
-
-    def _eos_ids(self, model) -> int | list[int]:
-        configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        return configured if configured is not None else self.tokenizer.eos_token_id
 
 
 def tokenize_prompts(prompts: list[Prompt], tokenizer: Any) -> list[list[int]]:

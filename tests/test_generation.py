@@ -16,10 +16,11 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from rlsteps.engine.config import RolloutConfig, SamplingConfig
 from rlsteps.engine.data import Prompt
+from rlsteps.engine.generation.backend import Generation, SamplingParams
 from rlsteps.engine.generation.builtin import generate, sample_next_token, top_k_filter, top_p_filter
-from rlsteps.engine.generation.params import Generation, SamplingParams
-from rlsteps.engine.generation.rollout import build_rollout_batch, tokenize_prompts
+from rlsteps.engine.generation.rollouts import Sampler, build_rollout_batch, step_seed, tokenize_prompts
 from rlsteps.engine.policy.logprobs import batched_token_logprobs
 
 WORDS = "the a cat dog sat ran on under mat log red blue one two three and then stop".split()
@@ -272,3 +273,55 @@ def test_rollout_batch_rejects_mismatched_inputs(tokenizer):
     generation = Generation(response_ids=[[1]], is_end=[True], logprobs=[[-0.5]])
     with pytest.raises(ValueError, match="one of each per rollout"):
         build_rollout_batch([Prompt("a", "x"), Prompt("b", "y")], [[3], [4]], generation, tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampler
+
+
+class RecordingBackend:
+    """A GenerationBackend that answers every prompt with one token and EOS, and records what it was asked."""
+
+    def __init__(self, eos: int) -> None:
+        self.eos = eos
+        self.calls: list[tuple[list[list[int]], SamplingParams, int]] = []
+
+    def generate(self, model, prompt_token_ids, params, seed):
+        self.calls.append((prompt_token_ids, params, seed))
+        rows = len(prompt_token_ids)
+        return Generation(response_ids=[[7, self.eos]] * rows, is_end=[True] * rows, logprobs=[[-0.5, -0.25]] * rows)
+
+
+ROLLOUT = RolloutConfig(generation_batch_size=2,
+                        sampling=SamplingConfig(max_new_tokens=6, temperature=0.8, top_p=0.9, top_k=5))
+
+
+def test_sampler_asks_its_backend_for_n_adjacent_rows_per_prompt_with_the_step_seed(tokenizer):
+    backend = RecordingBackend(tokenizer.eos_token_id)
+    sampler = Sampler(tokenizer, ROLLOUT, torch.device("cpu"), backend=backend)
+    prompts = [Prompt(id="a", text="the cat"), Prompt(id="b", text="two")]
+    batch = sampler.rollouts(None, prompts, 3, seed=(5, 2))
+    token_ids, params, seed = backend.calls[-1]
+    assert token_ids == [ids for ids in tokenize_prompts(prompts, tokenizer) for _ in range(3)]
+    assert params == SamplingParams(6, temperature=0.8, top_p=0.9, top_k=5) and seed == step_seed(5, 2)
+    assert batch.prompt_ids == ["a", "a", "a", "b", "b", "b"] and batch.is_end.all()
+
+    sampler.validation_rollouts(None, prompts, 1, max_new_tokens=None, seed=5)
+    assert backend.calls[-1][1:] == (SamplingParams(6, temperature=0.0, top_p=0.9, top_k=5), step_seed(5, -1))
+    sampler.validation_rollouts(None, prompts, 2, max_new_tokens=3, seed=5)
+    assert backend.calls[-1][1] == SamplingParams(3, temperature=0.8, top_p=0.9, top_k=5)
+
+
+def test_sampler_defaults_to_the_builtin_sampler_seeded_per_step(tokenizer):
+    model = tiny_model("llama", tokenizer)
+    prompts = [Prompt(id=str(i), text=t) for i, t in enumerate(PROMPTS[:3])]
+    batch = Sampler(tokenizer, ROLLOUT, torch.device("cpu")).rollouts(model, prompts, 2, seed=(0, 4))
+    token_ids = [ids for ids in prompt_ids(tokenizer, PROMPTS[:3]) for _ in range(2)]
+    expected = generate(
+        model, token_ids, SamplingParams(6, temperature=0.8, top_p=0.9, top_k=5), eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(step_seed(0, 4)), batch_size=2,
+    )
+    assert batch.response_lengths.tolist() == [len(r) for r in expected.response_ids]
+    assert batch.is_end.tolist() == expected.is_end
+    for row, (p, r) in enumerate(zip(token_ids, expected.response_ids)):
+        assert batch.tokens[row, : len(p) + len(r)].tolist() == p + r
