@@ -1,6 +1,6 @@
 """What dynamic batching buys in the reward-model server, on the tiny world's reward model.
 
-Two real servers (`python -m rlsteps.engine.rewards.server`, LocalServer subprocesses on loopback,
+Two real servers (`python -m rlsteps.engine.rewards.rm`, LocalServer subprocesses on loopback,
 CPU, OMP_NUM_THREADS=1) serve the same model: one with --max-batch 1 (the baseline: every request
 is its own forward pass) and one with the defaults, --max-batch 64 --max-wait-ms 5. Each round,
 C client threads (one RewardClient each) send R requests of P (prompt, response) pairs one after
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsteps.tiny import task as tiny_task
-from rlsteps.engine.rewards.client import RewardClient
+from rlsteps.engine.rewards.rm.client import RewardClient
 from rlsteps.engine.rewards.process import LocalServer
 from rlsteps.tiny.layout import TinyWorld, tiny_world_paths
 
-SERVER_MODULE = "rlsteps.engine.rewards.server"
+SERVER_MODULE = "rlsteps.engine.rewards.rm"
 SERVER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 BUILD_HINT = "python -c 'from rlsteps.tiny.build import ensure_tiny_world; ensure_tiny_world()'"
 

@@ -8,9 +8,12 @@ import httpx
 import pytest
 
 from model_fixtures import save_reward_model, serving
-from rlsteps.engine.rewards.genrm import JudgeClient, judge_messages, parse_judgement
-from rlsteps.engine.rewards.judge_server import create_app, judgement_from_rewards, main
-from rlsteps.engine.rewards.scorer import RewardScorer
+from rlsteps.engine.rewards.judge.client import JudgeClient
+from rlsteps.engine.rewards.judge.parsing import parse_judgement
+from rlsteps.engine.rewards.judge.protocol import judge_messages
+from rlsteps.engine.rewards.judge.command import main
+from rlsteps.engine.rewards.judge.server import create_app, judgement_from_rewards
+from rlsteps.engine.rewards.rm.scorer import RewardScorer
 
 PROMPT = "Q: name an animal. A:"
 CANDIDATES = [" cat", " the dog ran", " 1 2 3", " a cat sat on the mat.", " why?", " dog dog dog"]

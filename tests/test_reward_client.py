@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rlsteps.engine.rewards.client import (
+from rlsteps.engine.rewards.rm.client import (
     INVALID_ANSWER_RETRIES,
     RewardClient,
     RewardError,
@@ -23,7 +23,7 @@ from rlsteps.engine.rewards.client import (
     RewardServerUnavailable,
 )
 from rlsteps.engine.rewards.process import LocalServer, ServerStartError, free_port
-from rlsteps.engine.rewards.scorer import RewardScorer
+from rlsteps.engine.rewards.rm.scorer import RewardScorer
 
 Answer = tuple[int, str, dict[str, str]]  # status, body, headers
 
@@ -207,7 +207,7 @@ def test_local_reward_server_end_to_end(tmp_path: Path) -> None:
     model = save_reward_model(tmp_path / "rm")
     args = ["--model", str(model), "--device", "cpu", "--max-wait-ms", "1", "--token-env", "RM_TEST_TOKEN"]
     env = {"RM_TEST_TOKEN": "t0ken", "OMP_NUM_THREADS": "1"}
-    with LocalServer("rlsteps.engine.rewards.server", args, log_path=tmp_path / "rm.log", env=env) as server:
+    with LocalServer("rlsteps.engine.rewards.rm", args, log_path=tmp_path / "rm.log", env=env) as server:
         assert "t0ken" not in " ".join(server.command)
         with RewardClient(server.url, token="t0ken") as client:
             rewards = client.score(PROMPTS, RESPONSES)

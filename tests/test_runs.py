@@ -79,7 +79,7 @@ def test_reward_server_down_mid_run_stops_after_a_checkpoint_and_the_rerun_resum
 
     args = ["train.max_steps=6", "checkpoint.interval=1", "validation.interval=0", "rm.max_retries=1",
             "rm.backoff_s=0.1", "rm.timeout_s=5", *FAST]
-    with LocalServer("rlsteps.engine.rewards.server", ["--model", str(tiny_world.reward_model)],
+    with LocalServer("rlsteps.engine.rewards.rm", ["--model", str(tiny_world.reward_model)],
                      log_path=tmp_path / "rm.log") as server:
         process = start_rlsteps("run", "rs", "-c", "tiny", f"rm.url={server.url}", *args, cwd=tmp_path, log=tmp_path / "run.log")
         wait_for(run_dir(tmp_path, "rl_rs") / "checkpoints" / "step_2" / "COMPLETE", 300, process)
@@ -152,7 +152,7 @@ def test_judge_down_mid_run_stops_cleanly_with_checkpoints_intact(tiny_world, tm
 
     args = ["train.max_steps=6", "checkpoint.interval=1", "validation.interval=0", "judge.on_failure=stop",
             "judge.max_retries=1", "judge.timeout_s=5", *FAST]
-    with LocalServer("rlsteps.engine.rewards.judge_server", ["--model", str(tiny_world.reward_model)],
+    with LocalServer("rlsteps.engine.rewards.judge", ["--model", str(tiny_world.reward_model)],
                      log_path=tmp_path / "judge.log") as server:
         process = start_rlsteps("run", "rlhf", "-c", "tiny", f"judge.url={server.url}/v1", *args, cwd=tmp_path,
                                 log=tmp_path / "run.log")

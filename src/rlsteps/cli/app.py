@@ -12,6 +12,7 @@ from rich.console import Console
 from rlsteps.cli.artifacts import artifacts_app
 from rlsteps.cli.jobs import jobs_app
 from rlsteps.cli.pipelines import pipeline_app
+from rlsteps.cli.serve import serve_app
 from rlsteps.errors import RlstepsError, UsageError
 
 out = Console()
@@ -20,7 +21,6 @@ err = Console(stderr=True)
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
                   help="Step-based online RL post-training: rejection sampling, REINFORCE/RLOO, GRPO-RLHF.")
 steps_app = typer.Typer(no_args_is_help=True, help="The step commands (the same as the top-level list/show/run).")
-serve_app = typer.Typer(no_args_is_help=True, help="Serve a reward model or a judge over HTTP.")
 app.add_typer(steps_app, name="steps")
 app.add_typer(serve_app, name="serve")
 app.add_typer(jobs_app, name="jobs")
@@ -98,48 +98,6 @@ def run_step(
     submission = execute(catalog, request, say=lambda line: err.print(f"[bold]rlsteps[/] {line}"))
     if submission.exit_code is None:
         out.print(f"submitted job {submission.job_id} ({submission.job_dir})")
-
-
-@serve_app.command("rm")
-def serve_reward_model(
-    model: str = typer.Option(..., "--model", help="A Hugging Face sequence-classification reward model directory."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; loopback by default."),
-    port: int = typer.Option(5555, "--port"),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
-    max_batch: int = typer.Option(64, "--max-batch", help="Most inputs scored together."),
-    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", help="How long a batch waits to fill."),
-    max_queue: int = typer.Option(1024, "--max-queue", help="Inputs queued before answering 503."),
-    token_env: Optional[str] = typer.Option(None, "--token-env", help="Environment variable holding a bearer token."),
-) -> None:
-    """Serve a scalar reward model: POST /v1/rewards, GET /health."""
-    from rlsteps.engine.rewards.server import serve
-
-    serve(model, host=host, port=port, device=device, max_batch=max_batch, max_wait_ms=max_wait_ms,
-          max_queue=max_queue, token=_token_from(token_env))
-
-
-@serve_app.command("judge")
-def serve_judge(
-    model: str = typer.Option(..., "--model", help="A scalar reward model directory to judge with."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; loopback by default."),
-    port: int = typer.Option(8000, "--port"),
-    model_name: str = typer.Option("tiny-judge", "--model-name", help="The model name clients ask for."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
-    token_env: Optional[str] = typer.Option(None, "--token-env", help="Environment variable holding a bearer token."),
-) -> None:
-    """Serve an OpenAI-compatible judge: POST /v1/chat/completions answering the judge's JSON protocol."""
-    from rlsteps.engine.rewards.judge_server import serve
-
-    serve(model, host=host, port=port, model_name=model_name, token=_token_from(token_env), device=device)
-
-
-def _token_from(variable: str | None) -> str | None:
-    from rlsteps.engine.rewards.auth import token_from_env
-
-    try:
-        return token_from_env(variable)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
 
 
 for group in (app, steps_app):

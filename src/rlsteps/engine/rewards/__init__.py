@@ -1,1 +1,2 @@
-"""Reward sources: the HTTP reward-model server and client, and the generative judge."""
+"""Rewards for rollouts: the scalar reward model (rm/), the generative judge (judge/), the sources the loop
+scores with (sources), local server processes (process), bearer tokens (auth) and the reward model's input text."""

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
 import secrets
-import sys
 
 
 def token_from_env(variable: str | None) -> str | None:
@@ -25,13 +22,3 @@ def bearer_matches(authorization_header: str, token: str | None) -> bool:
         return True
     scheme, _, given = authorization_header.partition(" ")
     return scheme.lower() == "bearer" and secrets.compare_digest(given.encode(), token.encode())
-
-
-def server_token(parser: argparse.ArgumentParser, variable: str | None) -> str | None:
-    """A server main's setup: its token from --token-env (a usage error when unset) and logging to stderr."""
-    try:
-        token = token_from_env(variable)
-    except ValueError as err:
-        parser.error(str(err))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    return token

@@ -1,6 +1,6 @@
 """A server run as a local subprocess for the length of a `with` block.
 
-    with LocalServer("rlsteps.engine.rewards.server", ["--model", path], log_path=run_dir / "rm.log") as rm:
+    with LocalServer("rlsteps.engine.rewards.rm", ["--model", path], log_path=run_dir / "rm.log") as rm:
         client = RewardClient(rm.url)
 
 Generic over the module: it must accept `--host` and `--port` and answer GET /health with 200

@@ -58,7 +58,7 @@ class JudgeSource:
         self.on_failure = on_failure  # mask: failed comparisons leave the loss; stop: any failure stops the run
 
     def score(self, batch: RolloutBatch) -> Scores:
-        from rlsteps.engine.rewards.genrm import length_penalty
+        from rlsteps.engine.rewards.judge.scoring import length_penalty
 
         group, num_groups = batch.group_index()
         rows = [torch.nonzero(group == g).flatten().tolist() for g in range(num_groups)]
@@ -66,7 +66,7 @@ class JudgeSource:
         result = self.client.judge(requests)  # raises JudgeUnavailable when every comparison failed
         failed = int(result.stats.get("transport_failures", 0))
         if failed and self.on_failure == "stop":
-            from rlsteps.engine.rewards.genrm import JudgeUnavailable
+            from rlsteps.engine.rewards.judge.client import JudgeUnavailable
 
             raise JudgeUnavailable(f"{failed} judge request(s) failed and judge.on_failure=stop "
                                    "(set judge.on_failure=mask to train on the rest)")
@@ -94,10 +94,10 @@ def open_reward_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[RewardSourc
 
 @contextlib.contextmanager
 def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
-    from rlsteps.engine.rewards.client import RewardClient
+    from rlsteps.engine.rewards.rm.client import RewardClient
 
     rm = cfg.rm
-    with _served("rlsteps.engine.rewards.server", rm.url, cfg.inputs.model_extra.get("reward_model"), run_dir / "rm_server.log",
+    with _served("rlsteps.engine.rewards.rm", rm.url, cfg.inputs.model_extra.get("reward_model"), run_dir / "rm_server.log",
                  ["--max-batch", str(rm.server.max_batch), "--max-wait-ms", str(rm.server.max_wait_ms)], rm.token) as url:
         client = RewardClient(url, token=rm.token, timeout_s=rm.timeout_s, max_retries=rm.max_retries,
                               backoff_s=rm.backoff_s, batch_size=rm.batch_size, concurrency=rm.concurrency)
@@ -109,11 +109,11 @@ def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
 
 @contextlib.contextmanager
 def _judge_source(cfg: GRPOConfig, run_dir: Path) -> Iterator[JudgeSource]:
-    from rlsteps.engine.rewards.genrm import JudgeClient
+    from rlsteps.engine.rewards.judge.client import JudgeClient
 
     j = cfg.judge
     model_name = j.model or "judge"
-    with _served("rlsteps.engine.rewards.judge_server", j.url, cfg.inputs.model_extra.get("judge_model"),
+    with _served("rlsteps.engine.rewards.judge", j.url, cfg.inputs.model_extra.get("judge_model"),
                  run_dir / "judge_server.log", ["--model-name", model_name], j.api_key) as url:
         base_url = url if j.url else f"{url}/v1"
         client = JudgeClient(base_url, model_name, api_key=j.api_key, concurrency=j.concurrency, timeout_s=j.timeout_s,

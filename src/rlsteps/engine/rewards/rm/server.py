@@ -4,12 +4,11 @@ Requests are queued; one worker takes the first, keeps collecting until `max_bat
 `max_wait_ms` after the first, scores them together in a thread (the event loop stays free to
 accept more) and answers each request with its slice. A request is never split across batches.
 
-    python -m rlsteps.engine.rewards.server --model PATH [--port 5555] [--token-env RM_TOKEN]
+    rlsteps serve rm --model PATH [--port 5555] [--token-env RM_TOKEN]     (or python -m rlsteps.engine.rewards.rm)
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -22,7 +21,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, model_validator
 
-from rlsteps.engine.rewards.auth import bearer_matches, server_token
+from rlsteps.engine.rewards.auth import bearer_matches
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +234,7 @@ def serve(
     """Load the reward model and serve it until interrupted. Loopback only unless `host` says otherwise."""
     import uvicorn
 
-    from rlsteps.engine.rewards.scorer import RewardScorer
+    from rlsteps.engine.rewards.rm.scorer import RewardScorer
 
     if host not in ("127.0.0.1", "localhost", "::1") and not app_kwargs.get("token"):
         log.warning("serving on %s without a token: anyone who can reach this port can use the model", host)
@@ -243,31 +242,3 @@ def serve(
     app = create_app(scorer, **app_kwargs)
     log.info("reward model %s on %s, serving on http://%s:%d", scorer.name, scorer.device, host, port)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m rlsteps.engine.rewards.server", description="Serve a scalar reward model over HTTP."
-    )
-    parser.add_argument("--model", required=True, help="directory of a Hugging Face sequence-classification model")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=5555)
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: the GPU when there is one)")
-    parser.add_argument("--max-length", type=int, default=512, help="tokens per input; longer inputs keep their end")
-    parser.add_argument("--batch-size", type=int, default=32, help="rows per forward pass")
-    parser.add_argument("--max-batch", type=int, default=64, help="inputs collected into one batch")
-    parser.add_argument("--max-wait-ms", type=float, default=5.0, help="wait after the first input of a batch")
-    parser.add_argument("--max-queue", type=int, default=1024, help="queued inputs before answering 503")
-    parser.add_argument("--token-env", metavar="VAR", help="environment variable holding the bearer token")
-    args = parser.parse_args(argv)
-
-    token = server_token(parser, args.token_env)
-    serve(
-        args.model, args.host, args.port,
-        device=args.device, max_length=args.max_length, batch_size=args.batch_size,
-        max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue, token=token,
-    )  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()

@@ -12,20 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rlsteps.engine.rewards.genrm import (
-    DEFAULT_SCORE,
-    JudgeClient,
-    Judgement,
-    JudgeParseError,
-    JudgeUnavailable,
-    comparison_pairs,
-    group_rewards,
-    judge_messages,
-    length_penalty,
-    pair_scores,
-    parse_judge_request,
-    parse_judgement,
-)
+from rlsteps.engine.rewards.judge.client import JudgeClient, JudgeUnavailable
+from rlsteps.engine.rewards.judge.parsing import JudgeParseError, parse_judgement
+from rlsteps.engine.rewards.judge.protocol import comparison_pairs, judge_messages, Judgement, parse_judge_request
+from rlsteps.engine.rewards.judge.scoring import DEFAULT_SCORE, group_rewards, length_penalty, pair_scores
 from rlsteps.engine.rewards.process import free_port
 
 # --- pairs and the request format -------------------------------------------------------------

@@ -1,6 +1,6 @@
 """A small OpenAI-compatible judge for the tiny world: a scalar reward model behind /v1/chat/completions.
 
-It reads the prompt and the two responses back from a request built by genrm.judge_messages(),
+It reads the prompt and the two responses back from a request built by protocol.judge_messages(),
 scores both with the reward model in one batch, and answers as a judge LLM would, in a fenced
 json block. Like a judge LLM's, each score rates its response on its own, so a group's mean score
 rises as the policy improves; the ranking says which of the two is better:
@@ -9,12 +9,11 @@ rises as the policy improves; the ranking says which of the two is better:
     p       = sigmoid((reward_1 - reward_2) / scale)         how likely response 1 is the better one
     ranking = 1 + 5 (1 - p)                                  1 = response 1 much better ... 6 = response 2
 
-    python -m rlsteps.engine.rewards.judge_server --model PATH [--port 8000] [--token-env JUDGE_TOKEN]
+    rlsteps serve judge --model PATH [--port 8000] [--token-env JUDGE_TOKEN]  (or python -m rlsteps.engine.rewards.judge)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -27,8 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from rlsteps.engine.rewards.auth import bearer_matches, server_token
-from rlsteps.engine.rewards.genrm import parse_judge_request
+from rlsteps.engine.rewards.auth import bearer_matches
+from rlsteps.engine.rewards.judge.protocol import parse_judge_request
 
 log = logging.getLogger("rlsteps.rewards.judge_server")
 
@@ -130,29 +129,10 @@ def serve(
     """Load the reward model at `model_path` and serve it as a judge until interrupted."""
     import uvicorn
 
-    from rlsteps.engine.rewards.scorer import RewardScorer
+    from rlsteps.engine.rewards.rm.scorer import RewardScorer
 
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
         log.warning("serving on %s without a token: anyone who can reach this port can use the judge", host)
     app = create_app(RewardScorer(model_path, device=device), model_name, token)
     log.info("judge %s (reward model %s) on http://%s:%d/v1", model_name, model_path, host, port)
     uvicorn.run(app, host=host, port=port, log_level="info")
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rlsteps.engine.rewards.judge_server",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="directory of a Hugging Face sequence-classification model")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model-name", default="tiny-judge", help="the model name clients send and /v1/models lists")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: the GPU when there is one)")
-    parser.add_argument("--token-env", metavar="VAR", help="environment variable holding the bearer token")
-    args = parser.parse_args(argv)
-
-    token = server_token(parser, args.token_env)
-    serve(args.model, args.host, args.port, args.model_name, token, device=args.device)
-
-
-if __name__ == "__main__":
-    main()

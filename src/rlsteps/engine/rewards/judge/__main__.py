@@ -1,0 +1,3 @@
+from rlsteps.engine.rewards.judge.command import main
+
+main()

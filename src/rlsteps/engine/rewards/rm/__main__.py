@@ -1,0 +1,3 @@
+from rlsteps.engine.rewards.rm.command import main
+
+main()

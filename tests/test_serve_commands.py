@@ -1,0 +1,51 @@
+"""Each server has two command lines, `rlsteps serve X` and `python -m rlsteps.engine.rewards.X`: one definition."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from cli_helpers import REPO, run_cli
+
+SERVERS = {  # rlsteps serve NAME  ->  python -m MODULE
+    "rm": "rlsteps.engine.rewards.rm",
+    "judge": "rlsteps.engine.rewards.judge",
+}
+
+
+def _options(help_text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", help_text)) - {"--help"}
+
+
+def _python_m(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+
+
+@pytest.mark.parametrize("name", sorted(SERVERS))
+def test_both_command_lines_of_a_server_take_the_same_options(name):
+    from_rlsteps = run_cli("serve", name, "--help")
+    from_module = _python_m(SERVERS[name], "--help")
+    assert from_rlsteps.exit_code == 0 and from_module.returncode == 0, from_module.stderr
+    assert _options(from_rlsteps.stdout) == _options(from_module.stdout)
+    assert {"--model", "--host", "--port", "--device", "--token-env"} <= _options(from_module.stdout)
+
+
+def test_the_reward_model_server_takes_its_length_and_batch_options_from_both():
+    for help_text in (run_cli("serve", "rm", "--help").stdout, _python_m(SERVERS["rm"], "--help").stdout):
+        assert {"--max-length", "--batch-size", "--max-batch", "--max-wait-ms", "--max-queue"} <= _options(help_text)
+
+
+@pytest.mark.parametrize("name", sorted(SERVERS))
+def test_an_unset_token_variable_is_a_usage_error_in_both(name, monkeypatch):
+    monkeypatch.delenv("RLSTEPS_TEST_UNSET_TOKEN", raising=False)
+    args = ("--model", "unused", "--token-env", "RLSTEPS_TEST_UNSET_TOKEN")
+    from_rlsteps = run_cli("serve", name, *args)
+    from_module = _python_m(SERVERS[name], *args)
+    for code, text in ((from_rlsteps.exit_code, from_rlsteps.output), (from_module.returncode, from_module.stderr)):
+        assert code == 2
+        assert "RLSTEPS_TEST_UNSET_TOKEN" in text and "Traceback" not in text
