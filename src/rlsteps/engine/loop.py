@@ -18,7 +18,7 @@ import torch
 
 from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.checkpoint import (
+from rlsteps.engine.resume import (
     CheckpointManager,
     capture_rng_state,
     restore_rng_state,

@@ -32,7 +32,7 @@ import torch
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from rlsteps.engine.megatron.checkpoint import save_megatron_checkpoint
+from rlsteps.engine.megatron.format import save_megatron_checkpoint
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.evaluate import evaluate_world
 from rlsteps.tiny.layout import TINY_WORLD_VERSION, TinyWorld, tiny_world_dir, tiny_world_paths

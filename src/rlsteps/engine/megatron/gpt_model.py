@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from rlsteps.engine.megatron.checkpoint import RUN_CONFIG_FILE, resolve_checkpoint_dir
+from rlsteps.engine.megatron.format import RUN_CONFIG_FILE, resolve_checkpoint_dir
 from rlsteps.engine.megatron.compat import gpt_model_runtime, import_megatron
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

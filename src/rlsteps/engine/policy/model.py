@@ -30,7 +30,7 @@ def load_policy(
     dtype "auto" keeps the dtype the checkpoint stores."""
     path = Path(path)
     if is_megatron_checkpoint(path):
-        from rlsteps.engine.megatron.checkpoint import load_megatron_checkpoint
+        from rlsteps.engine.megatron.format import load_megatron_checkpoint
 
         model, tokenizer_dir = load_megatron_checkpoint(path, device, dtype)
         return model, load_tokenizer(tokenizer_dir)
@@ -77,7 +77,7 @@ def save_policy(
     """The policy as checkpoint_hf (safetensors, config, tokenizer: what load_policy and HF read) or as
     checkpoint_megatron (a Megatron-Core distributed checkpoint at `iteration`)."""
     if form == "checkpoint_megatron":
-        from rlsteps.engine.megatron.checkpoint import save_megatron_checkpoint
+        from rlsteps.engine.megatron.format import save_megatron_checkpoint
 
         save_megatron_checkpoint(model, tokenizer, out_dir, iteration=iteration)
     elif form == "checkpoint_hf":

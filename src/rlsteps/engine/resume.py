@@ -1,4 +1,4 @@
-"""Checkpoints that survive a kill at any moment, and resume exactly.
+"""The resume state: step checkpoints that survive a kill at any moment, and resume exactly.
 
 Layout under the root directory:
 

@@ -36,7 +36,7 @@ from transformers import (
 )
 
 from rlsteps.engine.artifact import METADATA_FILE, read_artifact_metadata
-from rlsteps.engine.megatron.checkpoint import (
+from rlsteps.engine.megatron.format import (
     load_megatron_checkpoint,
     resolve_checkpoint_dir,
     save_megatron_checkpoint,
