@@ -85,12 +85,16 @@ def main() -> None:
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     model, tokenizer, dtype = build_model(args), build_tokenizer(), getattr(torch, args.dtype)
     params = sum(p.numel() for p in model.parameters())
-    print(f"Llama {args.layers} layers x {args.hidden}, vocab {args.vocab}: {params / 1e6:.1f}M parameters, {args.dtype}")
+    print(
+        f"Llama {args.layers} layers x {args.hidden}, vocab {args.vocab}: {params / 1e6:.1f}M parameters, {args.dtype}"
+    )
     times: dict[str, dict[str, list[float]]] = {form: {"write": [], "read": []} for form in FORMS}
     sizes: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as scratch:
         first_write, _, _ = one_round(model, tokenizer, "checkpoint_megatron", Path(scratch), dtype)
-        print(f"first checkpoint_megatron write in this process (starts megatron's helper process): {first_write:.2f} s")
+        print(
+            f"first checkpoint_megatron write in this process (starts megatron's helper process): {first_write:.2f} s"
+        )
         for _ in range(args.repeats):
             for form in FORMS:  # alternate, so load drifts hit both forms alike
                 write_s, read_s, sizes[form] = one_round(model, tokenizer, form, Path(scratch), dtype)
@@ -100,8 +104,10 @@ def main() -> None:
     base = {op: statistics.median(times["checkpoint_hf"][op]) for op in ("write", "read")}
     for form in FORMS:
         med = {op: statistics.median(times[form][op]) for op in ("write", "read")}
-        print(f"{form:<22}{med['write']:>18.3f}{med['read']:>18.3f}{sizes[form] / 1e6:>8.1f}"
-              f"{med['write'] / base['write']:>12.2f}{med['read'] / base['read']:>11.2f}")
+        print(
+            f"{form:<22}{med['write']:>18.3f}{med['read']:>18.3f}{sizes[form] / 1e6:>8.1f}"
+            f"{med['write'] / base['write']:>12.2f}{med['read'] / base['read']:>11.2f}"
+        )
     print("every round: weights bit-identical after the round trip")
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

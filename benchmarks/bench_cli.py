@@ -89,7 +89,7 @@ def heavy_imports(python: str, words: list[str]) -> tuple[int, list[str]]:
     lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"the import check of `rlsteps {' '.join(words)}` failed:\n{done.stderr[-2000:]}")
-    report = json.loads(lines[-1][len(MARK):])
+    report = json.loads(lines[-1][len(MARK) :])
     return int(report["code"]), report["heavy"]
 
 

@@ -85,34 +85,48 @@ def main() -> None:
     prompts = random_prompts(args)
     ids, mask = left_pad(prompts, args.device)
     never = args.vocab  # an EOS the model cannot emit: both sides decode the full length
-    settings = {"greedy": SamplingParams(args.max_new_tokens, temperature=0.0),
-                "sampling": SamplingParams(args.max_new_tokens, temperature=1.0, top_k=50, top_p=0.95)}
+    settings = {
+        "greedy": SamplingParams(args.max_new_tokens, temperature=0.0),
+        "sampling": SamplingParams(args.max_new_tokens, temperature=1.0, top_k=50, top_p=0.95),
+    }
 
-    print(f"device={args.device} threads={args.threads} model=llama h{args.hidden} L{args.layers} V{args.vocab} "
-          f"batch={args.batch} prompt={args.min_prompt}-{args.max_prompt} new={args.max_new_tokens} "
-          f"repeats={args.repeats} (median seconds)")
+    print(
+        f"device={args.device} threads={args.threads} model=llama h{args.hidden} L{args.layers} V{args.vocab} "
+        f"batch={args.batch} prompt={args.min_prompt}-{args.max_prompt} new={args.max_new_tokens} "
+        f"repeats={args.repeats} (median seconds)"
+    )
     for name, params in settings.items():
-        def ours() -> list[list[int]]:
+
+        def ours(params=params) -> list[list[int]]:
             g = torch.Generator(device=args.device).manual_seed(0)
-            out = generate(model, prompts, params, eos_token_id=never, pad_token_id=0, generator=g,
-                           batch_size=args.batch)
+            out = generate(
+                model, prompts, params, eos_token_id=never, pad_token_id=0, generator=g, batch_size=args.batch
+            )
             return out.response_ids
 
-        def hf() -> list[list[int]]:
+        def hf(params=params) -> list[list[int]]:
             with torch.inference_mode():
                 out = model.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
-                    do_sample=params.temperature > 0, temperature=params.temperature or None,
-                    top_k=params.top_k or None, top_p=params.top_p, eos_token_id=never, pad_token_id=0,
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=args.max_new_tokens,
+                    do_sample=params.temperature > 0,
+                    temperature=params.temperature or None,
+                    top_k=params.top_k or None,
+                    top_p=params.top_p,
+                    eos_token_id=never,
+                    pad_token_id=0,
                 )
-            return out[:, ids.shape[1]:].tolist()
+            return out[:, ids.shape[1] :].tolist()
 
         ours_s, ours_ids = median_seconds(ours, args.repeats, args.device)
         hf_s, hf_ids = median_seconds(hf, args.repeats, args.device)
         tokens = args.batch * args.max_new_tokens
         same = f" identical_tokens={ours_ids == hf_ids}" if name == "greedy" else ""
-        print(f"{name:9s} rlsteps {ours_s:7.3f}s ({tokens / ours_s:7.0f} tok/s)   "
-              f"hf.generate {hf_s:7.3f}s ({tokens / hf_s:7.0f} tok/s)   hf/rlsteps={hf_s / ours_s:5.2f}{same}")
+        print(
+            f"{name:9s} rlsteps {ours_s:7.3f}s ({tokens / ours_s:7.0f} tok/s)   "
+            f"hf.generate {hf_s:7.3f}s ({tokens / hf_s:7.0f} tok/s)   hf/rlsteps={hf_s / ours_s:5.2f}{same}"
+        )
 
 
 if __name__ == "__main__":

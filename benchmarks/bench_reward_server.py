@@ -30,9 +30,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlsteps.tiny import task as tiny_task
-from rlsteps.engine.rewards.rm.client import RewardClient
 from rlsteps.engine.rewards.process import LocalServer
+from rlsteps.engine.rewards.rm.client import RewardClient
+from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.layout import TinyWorld, tiny_world_paths
 
 SERVER_MODULE = "rlsteps.engine.rewards.rm"
@@ -180,8 +180,10 @@ def main() -> None:
                 [*common, "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms)]),
     ]  # fmt: skip
     print(f"reward model {world.reward_model} on cpu; server env {' '.join(f'{k}={v}' for k, v in SERVER_ENV.items())}")
-    print(f"workload per round: {args.clients} client threads x {args.requests} requests x {args.pairs} pairs "
-          f"= {args.clients * args.requests * args.pairs} pairs; {args.rounds} timed rounds per server, alternating\n")
+    print(
+        f"workload per round: {args.clients} client threads x {args.requests} requests x {args.pairs} pairs "
+        f"= {args.clients * args.requests * args.pairs} pairs; {args.rounds} timed rounds per server, alternating\n"
+    )
 
     with tempfile.TemporaryDirectory(prefix="bench-rm-") as logs, ExitStack() as servers:
         urls = []

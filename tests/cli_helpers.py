@@ -30,8 +30,13 @@ class Result:
 def invoke(*argv: str) -> Result:
     """typer's runner; an RlstepsError maps to its exit code and message as main() prints them."""
     args, passthrough = split_passthrough(list(argv))
-    result = CliRunner().invoke(app, args, obj={"passthrough": passthrough, "argv": ["rlsteps", *argv]},
-                                standalone_mode=False, env={"COLUMNS": "200"})
+    result = CliRunner().invoke(
+        app,
+        args,
+        obj={"passthrough": passthrough, "argv": ["rlsteps", *argv]},
+        standalone_mode=False,
+        env={"COLUMNS": "200"},
+    )
     if isinstance(result.exception, RlstepsError):
         return Result(result.exception.exit_code, result.stdout, str(result.exception))
     if result.exception is not None and not isinstance(result.exception, SystemExit):
@@ -42,6 +47,12 @@ def invoke(*argv: str) -> Result:
 def run_cli(*argv: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120) -> Result:
     """`rlsteps ...` as a subprocess, exactly as a user runs it."""
     full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "rlsteps.cli", *argv], cwd=cwd or REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlsteps.cli", *argv],
+        cwd=cwd or REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return Result(proc.returncode, proc.stdout, proc.stderr)

@@ -62,8 +62,10 @@ class LeptonStub:
             raise HTTPException(401, "invalid workspace token")
 
     def node_groups(self) -> list[dict[str, Any]]:
-        groups = [DedicatedNodeGroup.model_validate({"metadata": {"id": i, "name": n}, "spec": {}, "status": {}})
-                  for i, n in NODE_GROUPS.items()]
+        groups = [
+            DedicatedNodeGroup.model_validate({"metadata": {"id": i, "name": n}, "spec": {}, "status": {}})
+            for i, n in NODE_GROUPS.items()
+        ]
         return [g.model_dump(by_alias=True, exclude_none=True, mode="json") for g in groups]
 
     def list_secrets(self) -> list[dict[str, Any]]:
@@ -108,9 +110,13 @@ class LeptonStub:
     def replicas(self, job_id: str) -> list[dict[str, Any]]:
         self._known(job_id)
         nodes = self.jobs[job_id]["spec"]["completions"]
-        ids = [f"{job_id}-{rank}-x{rank}q7" for rank in reversed(range(nodes))]  # rank 0 last: the launcher must pick it
-        return [Replica.model_validate({"id": i, "metadata": {"id": i}}).model_dump(by_alias=True, exclude_none=True)
-                for i in ids]
+        ids = [
+            f"{job_id}-{rank}-x{rank}q7" for rank in reversed(range(nodes))
+        ]  # rank 0 last: the launcher must pick it
+        return [
+            Replica.model_validate({"id": i, "metadata": {"id": i}}).model_dump(by_alias=True, exclude_none=True)
+            for i in ids
+        ]
 
     def stream_log(self, job_id: str, replica_id: str) -> StreamingResponse:
         self._known(job_id)
@@ -120,18 +126,22 @@ class LeptonStub:
 
         def chunks() -> Iterator[bytes]:  # cut across line boundaries, as a network stream is
             for start in range(0, len(text), 7):
-                yield text[start:start + 7].encode()
+                yield text[start : start + 7].encode()
 
         return StreamingResponse(chunks(), media_type="text/plain")
 
-    def stored_log(self, job: str, start: int, end: int, limit: int, direction: str, replica: str | None = None) -> dict:
+    def stored_log(
+        self, job: str, start: int, end: int, limit: int, direction: str, replica: str | None = None
+    ) -> dict:
         self._known(job)
         if not start < end or direction != "backward":
             raise HTTPException(400, "bad range")
         stamps = [start + 1000 * (i + 1) for i in range(len(self.log))]
         values = [[str(ts), line] for ts, line in zip(stamps, self.log)][::-1][:limit]  # newest first
-        return {"status": "success", "data": {"resultType": "streams",
-                                              "result": [{"stream": {"replica": replica or ""}, "values": values}]}}
+        return {
+            "status": "success",
+            "data": {"resultType": "streams", "result": [{"stream": {"replica": replica or ""}, "values": values}]},
+        }
 
     def _known(self, job_id: str) -> None:
         if job_id not in self.jobs:
@@ -141,8 +151,13 @@ class LeptonStub:
         job = LeptonJob.model_validate(self.jobs[job_id])
         job.metadata = Metadata(id=job_id, name=job_id, created_at=int(time.time() * 1000))
         done = state == "Completed"
-        job.status = LeptonJobStatus(state=LeptonJobState(state), ready=int(state == "Running"), active=int(state == "Running"),
-                                     succeeded=int(done), failed=int(state == "Failed"))
+        job.status = LeptonJobStatus(
+            state=LeptonJobState(state),
+            ready=int(state == "Running"),
+            active=int(state == "Running"),
+            succeeded=int(done),
+            failed=int(state == "Failed"),
+        )
         return job.model_dump(by_alias=True, exclude_none=True, mode="json")
 
     def __enter__(self) -> LeptonStub:

@@ -19,15 +19,22 @@ FAST = ["run.num_threads=1"]  # one thread: steadier and faster for tiny models 
 
 def rlsteps(*argv: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "rlsteps.cli", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlsteps.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def start_rlsteps(*argv: str, cwd: Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "rlsteps.cli", *argv], cwd=cwd, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "rlsteps.cli", *argv],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def kill_group(process: subprocess.Popen) -> None:

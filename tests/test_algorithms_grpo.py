@@ -23,8 +23,9 @@ def test_group_mean_baseline_with_and_without_std():
     # mean 3; deviations -2, -1, 0, 3; unbiased var = (4 + 1 + 0 + 9) / 3
     _close(_advantages([1.0, 2.0, 3.0, 6.0], leave_one_out=False, normalize_std=False), [-2.0, -1.0, 0.0, 3.0])
     std = math.sqrt(14 / 3)
-    _close(_advantages([1.0, 2.0, 3.0, 6.0], leave_one_out=False, normalize_std=True),
-           [-2 / std, -1 / std, 0.0, 3 / std])
+    _close(
+        _advantages([1.0, 2.0, 3.0, 6.0], leave_one_out=False, normalize_std=True), [-2 / std, -1 / std, 0.0, 3 / std]
+    )
 
 
 def test_leave_one_out_baseline():
@@ -101,8 +102,9 @@ def test_clipped_loss_inside_and_outside_the_clip_range():
     assert stats["ratio_mean"] == pytest.approx(1.0)
     assert stats["ratio_min"] == pytest.approx(0.5)
     assert stats["ratio_max"] == pytest.approx(1.5)
-    assert stats["entropy_proxy"] == pytest.approx(-(2 * math.log(1.5) + math.log(1.1) + 2 * math.log(0.5)
-                                                     + math.log(0.9)) / 6)
+    assert stats["entropy_proxy"] == pytest.approx(
+        -(2 * math.log(1.5) + math.log(1.1) + 2 * math.log(0.5) + math.log(0.9)) / 6
+    )
     assert stats["kl_mean"] == 0.0
 
 
@@ -118,8 +120,9 @@ def test_clipped_loss_asymmetric_upper_bound():
 def test_clipped_loss_adds_beta_times_k3():
     logprobs = torch.zeros(1, 2)
     ref = torch.tensor([[1.0, 0.0]])
-    loss, stats = clipped_policy_loss(logprobs, torch.zeros(1, 2), torch.tensor([0.0]), torch.ones(1, 2), 2.0,
-                                      ref_logprobs=ref, kl_beta=0.1)
+    loss, stats = clipped_policy_loss(
+        logprobs, torch.zeros(1, 2), torch.tensor([0.0]), torch.ones(1, 2), 2.0, ref_logprobs=ref, kl_beta=0.1
+    )
     assert loss.item() == pytest.approx(0.1 * (E - 2) / 2, abs=1e-6)
     assert stats["kl_mean"] == pytest.approx((E - 2) / 2, abs=1e-6)
     with pytest.raises(ValueError, match="ref_logprobs"):
@@ -139,8 +142,15 @@ def test_token_level_normalisation_across_micro_batches_is_the_global_token_mean
     total = float(mask.sum())
     whole, _ = clipped_policy_loss(logprobs, old, advantages, mask, total, ref_logprobs=ref, kl_beta=0.05)
     micro = sum(
-        clipped_policy_loss(logprobs[i : i + 4], old[i : i + 4], advantages[i : i + 4], mask[i : i + 4], total,
-                            ref_logprobs=ref[i : i + 4], kl_beta=0.05)[0]
+        clipped_policy_loss(
+            logprobs[i : i + 4],
+            old[i : i + 4],
+            advantages[i : i + 4],
+            mask[i : i + 4],
+            total,
+            ref_logprobs=ref[i : i + 4],
+            kl_beta=0.05,
+        )[0]
         for i in (0, 4)
     )
     ratio = (logprobs - old).exp()

@@ -73,10 +73,13 @@ def test_reinforce_loss_equals_per_row_and_micro_batch_sums():
     mask = (torch.rand(8, 6) > 0.4).float()
     normaliser = float(mask.sum())
     whole, _ = reinforce_loss(logprobs, advantages, mask, normaliser)
-    per_row = sum(reinforce_loss(logprobs[i : i + 1], advantages[i : i + 1], mask[i : i + 1], normaliser)[0]
-                  for i in range(8))
-    micro = sum(reinforce_loss(logprobs[i : i + 4], advantages[i : i + 4], mask[i : i + 4], normaliser)[0]
-                for i in range(0, 8, 4))
+    per_row = sum(
+        reinforce_loss(logprobs[i : i + 1], advantages[i : i + 1], mask[i : i + 1], normaliser)[0] for i in range(8)
+    )
+    micro = sum(
+        reinforce_loss(logprobs[i : i + 4], advantages[i : i + 4], mask[i : i + 4], normaliser)[0]
+        for i in range(0, 8, 4)
+    )
     expected = float((-logprobs * advantages[:, None] * mask).sum() / mask.sum())
     assert whole.item() == pytest.approx(expected, rel=1e-5)
     assert per_row.item() == pytest.approx(expected, rel=1e-5)

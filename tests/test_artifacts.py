@@ -77,5 +77,10 @@ def test_resolve_inputs_raises_exit_3_with_the_fix(catalog, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("{}\n")
     with pytest.raises(ArtifactError) as err:
-        resolve_inputs(catalog, step, {"inputs": {"prompts": str(prompts), "policy": str(tmp_path / "x")}, "rm": {"url": "u"}})
-    assert err.value.exit_code == 3 and err.value.fix == "pass inputs.policy=PATH to a checkpoint (checkpoint_hf or checkpoint_megatron)"
+        resolve_inputs(
+            catalog, step, {"inputs": {"prompts": str(prompts), "policy": str(tmp_path / "x")}, "rm": {"url": "u"}}
+        )
+    assert (
+        err.value.exit_code == 3
+        and err.value.fix == "pass inputs.policy=PATH to a checkpoint (checkpoint_hf or checkpoint_megatron)"
+    )

@@ -45,7 +45,12 @@ def test_unknown_step_suggests_the_closest(catalog):
 def test_filters(catalog):
     assert [s.id for s in catalog.filter(tag="grpo")] == ["rl/rlhf"]
     assert {s.id for s in catalog.filter(consumes="reward_model_hf")} == {"rl/rs", "rl/reinforce"}
-    assert {s.id for s in catalog.filter(produces="checkpoint_megatron")} == {"rl/rs", "rl/reinforce", "rl/rlhf", "convert/hf_to_megatron"}
+    assert {s.id for s in catalog.filter(produces="checkpoint_megatron")} == {
+        "rl/rs",
+        "rl/reinforce",
+        "rl/rlhf",
+        "convert/hf_to_megatron",
+    }
     assert {s.id for s in catalog.filter(produces="checkpoint_hf")} == {"convert/megatron_to_hf"}
     assert {s.id for s in catalog.filter(consumes="checkpoint_megatron")} == {"convert/megatron_to_hf"}
 

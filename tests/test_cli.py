@@ -16,7 +16,10 @@ def test_list_table_and_json():
     listed = json.loads(invoke("list", "--json").stdout)
     assert [s["id"] for s in listed] == sorted(STEPS)
     assert json.loads(invoke("steps", "list", "--json", "--tag", "grpo").stdout)[0]["id"] == "rl/rlhf"
-    assert {s["id"] for s in json.loads(invoke("list", "--json", "--consumes", "reward_model_hf").stdout)} == {"rl/rs", "rl/reinforce"}
+    assert {s["id"] for s in json.loads(invoke("list", "--json", "--consumes", "reward_model_hf").stdout)} == {
+        "rl/rs",
+        "rl/reinforce",
+    }
 
 
 def test_list_with_unknown_type_is_a_usage_error():
@@ -36,7 +39,11 @@ def test_show_each_step(step):
 @pytest.mark.parametrize("config", ["tiny", "default"])
 def test_dry_run_each_step_prints_config_and_command_and_writes_nothing(step, config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    inputs = ["inputs.checkpoint=/ckpt/x"] if step.startswith("convert/") else ["inputs.prompts=/data/p.jsonl", "inputs.policy=/ckpt/sft"]
+    inputs = (
+        ["inputs.checkpoint=/ckpt/x"]
+        if step.startswith("convert/")
+        else ["inputs.prompts=/data/p.jsonl", "inputs.policy=/ckpt/sft"]
+    )
     extra = inputs if config == "default" else []
     result = invoke("run", step, "-c", config, "--dry-run", *extra)
     assert result.exit_code == 0, result.output
@@ -91,8 +98,16 @@ def test_subprocess_errors_print_cause_and_fix_on_one_line_each(tmp_path):
 def test_missing_input_artifact_exits_3_before_any_job_dir(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hi"}\n')
-    result = run_cli("run", "rs", "-c", "default", f"inputs.prompts={prompts}", f"inputs.policy={tmp_path / 'none'}",
-                     "rm.url=http://127.0.0.1:9", cwd=tmp_path)
+    result = run_cli(
+        "run",
+        "rs",
+        "-c",
+        "default",
+        f"inputs.prompts={prompts}",
+        f"inputs.policy={tmp_path / 'none'}",
+        "rm.url=http://127.0.0.1:9",
+        cwd=tmp_path,
+    )
     assert result.exit_code == 3, result.output
     assert "does not exist" in result.stderr and "inputs.policy" in result.stderr
     assert not (tmp_path / ".rlsteps").exists()
@@ -101,8 +116,16 @@ def test_missing_input_artifact_exits_3_before_any_job_dir(tmp_path):
 def test_mistyped_input_artifact_exits_3_and_names_both_types(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hi"}\n')
-    result = run_cli("run", "rs", "-c", "default", f"inputs.prompts={prompts}", f"inputs.policy={prompts}",
-                     "rm.url=http://127.0.0.1:9", cwd=tmp_path)
+    result = run_cli(
+        "run",
+        "rs",
+        "-c",
+        "default",
+        f"inputs.prompts={prompts}",
+        f"inputs.policy={prompts}",
+        "rm.url=http://127.0.0.1:9",
+        cwd=tmp_path,
+    )
     assert result.exit_code == 3
     assert "is prompt_jsonl, but a checkpoint (checkpoint_hf or checkpoint_megatron) is required" in result.stderr
 
@@ -118,8 +141,16 @@ def test_reward_model_required_unless_a_url_is_given(tmp_path):
     assert result.exit_code == 3 and "input 'reward_model' (reward_model_hf) is required" in result.stderr
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["list"], ["show", "rs"], ["run", "rs", "-c", "tiny", "--dry-run"],
-                                  ["pipeline", "run", "examples/pipelines/tiny.yaml", "--dry-run"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["list"],
+        ["show", "rs"],
+        ["run", "rs", "-c", "tiny", "--dry-run"],
+        ["pipeline", "run", "examples/pipelines/tiny.yaml", "--dry-run"],
+    ],
+)
 def test_fast_paths_import_neither_torch_nor_transformers(argv):
     code = (
         "import sys, io, contextlib\n"
@@ -153,7 +184,13 @@ def test_on_a_fresh_machine_tiny_inputs_are_pending_not_missing(tmp_path):
     env = {"RLSTEPS_HOME": str(tmp_path / "empty-home")}
     step = run_cli("run", "rs", "-c", "tiny", "--dry-run", cwd=tmp_path, env=env)
     assert step.exit_code == 0 and "written before the run" in step.stdout and "missing" not in step.stdout
-    pipeline = run_cli("pipeline", "run", str(REPO / "examples" / "pipelines" / "tiny.yaml"), "--dry-run", cwd=tmp_path,
-                       env={**env, "RLSTEPS_ARTIFACTS": str(tmp_path / "store")})
+    pipeline = run_cli(
+        "pipeline",
+        "run",
+        str(REPO / "examples" / "pipelines" / "tiny.yaml"),
+        "--dry-run",
+        cwd=tmp_path,
+        env={**env, "RLSTEPS_ARTIFACTS": str(tmp_path / "store")},
+    )
     assert pipeline.exit_code == 0, pipeline.output
     assert not (tmp_path / "empty-home").exists()  # a dry run builds nothing

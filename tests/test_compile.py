@@ -2,8 +2,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlsteps.catalog import load_catalog
-from rlsteps.plan.compile import apply_overrides, compile_job, load_config_chain
 from rlsteps.errors import UsageError
+from rlsteps.plan.compile import apply_overrides, compile_job, load_config_chain
 from rlsteps.plan.profiles import resolve_profile
 from rlsteps.secrets import MASK
 from rlsteps.tiny.layout import TINY_WORLD_VERSION
@@ -102,8 +102,12 @@ def test_profile_overlay_then_cli_overrides_win(rs, tmp_path):
 
 
 def test_secrets_are_masked_in_public_views_and_carried_by_environment(rs):
-    job = compile_job(rs, "tiny", overrides=["rm.token=s3cret", "rm.url=http://127.0.0.1:1"],
-                      argv=["rlsteps", "run", "rs", "rm.token=s3cret"])
+    job = compile_job(
+        rs,
+        "tiny",
+        overrides=["rm.token=s3cret", "rm.url=http://127.0.0.1:1"],
+        argv=["rlsteps", "run", "rs", "rm.token=s3cret"],
+    )
     assert job.public_config()["rm"]["token"] == MASK
     assert "s3cret" not in str(job.public_argv()) and "s3cret" not in str(job.worker_config())
     assert job.worker_config()["rm"]["token"] == "${oc.env:RLSTEPS_SECRET_RM_TOKEN}"

@@ -20,23 +20,29 @@ def test_squash_file_name_is_the_sanitised_reference():
     assert containers.squash_file_name("ubuntu") == "ubuntu.sqsh"
 
 
-@pytest.mark.parametrize("image, uri", [
-    ("nvcr.io/nvidia/pytorch:25.10-py3", "docker://nvcr.io#nvidia/pytorch:25.10-py3"),
-    ("localhost:5000/team/img:1", "docker://localhost:5000#team/img:1"),
-    ("ubuntu:24.04", "docker://ubuntu:24.04"),
-    ("library/ubuntu:24.04", "docker://library/ubuntu:24.04"),
-])
+@pytest.mark.parametrize(
+    "image, uri",
+    [
+        ("nvcr.io/nvidia/pytorch:25.10-py3", "docker://nvcr.io#nvidia/pytorch:25.10-py3"),
+        ("localhost:5000/team/img:1", "docker://localhost:5000#team/img:1"),
+        ("ubuntu:24.04", "docker://ubuntu:24.04"),
+        ("library/ubuntu:24.04", "docker://library/ubuntu:24.04"),
+    ],
+)
 def test_enroot_sets_a_registry_apart_with_a_hash(image, uri):
     assert containers.enroot_uri(image) == uri
 
 
-@pytest.mark.parametrize("image, warns", [
-    ("nvcr.io/nvidia/pytorch:25.10-py3", False),
-    ("nvcr.io/nvidia/pytorch:latest", True),
-    ("nvcr.io/nvidia/pytorch", True),
-    ("localhost:5000/img", True),  # the colon belongs to the registry's port: no tag
-    ("nvcr.io/nvidia/pytorch@sha256:" + "a" * 64, False),
-])
+@pytest.mark.parametrize(
+    "image, warns",
+    [
+        ("nvcr.io/nvidia/pytorch:25.10-py3", False),
+        ("nvcr.io/nvidia/pytorch:latest", True),
+        ("nvcr.io/nvidia/pytorch", True),
+        ("localhost:5000/img", True),  # the colon belongs to the registry's port: no tag
+        ("nvcr.io/nvidia/pytorch@sha256:" + "a" * 64, False),
+    ],
+)
 def test_a_latest_or_missing_tag_warns_that_the_cache_is_keyed_by_tag(image, warns):
     warning = containers.tag_warning(image)
     assert (warning is not None) == warns
@@ -58,8 +64,10 @@ def test_squash_script_imports_into_a_partial_file_then_renames_it(tmp_path):
     plan = containers.plan_container(IMAGE, tmp_path / "cache dir", force=False)
     script = containers.squash_script(plan, ["--partition=batch"], "20260101-000000-rl_rs")
     partial = f"'{tmp_path}/cache dir/nvcr_io_nvidia_pytorch_25_10_py3.sqsh.20260101-000000-rl_rs.partial'"
-    assert (f"srun --nodes=1 --ntasks=1 --job-name=squash-20260101-000000-rl_rs --partition=batch enroot import "
-            f"--output {partial} 'docker://nvcr.io#nvidia/pytorch:25.10-py3'") in script
+    assert (
+        f"srun --nodes=1 --ntasks=1 --job-name=squash-20260101-000000-rl_rs --partition=batch enroot import "
+        f"--output {partial} 'docker://nvcr.io#nvidia/pytorch:25.10-py3'"
+    ) in script
     assert f"mv -f {partial} '{tmp_path}/cache dir/nvcr_io_nvidia_pytorch_25_10_py3.sqsh'" in script
     assert script.index("enroot import") < script.index("mv -f")
 
@@ -67,10 +75,16 @@ def test_squash_script_imports_into_a_partial_file_then_renames_it(tmp_path):
 def test_pyxis_options_and_the_mount_check(tmp_path):
     plan = containers.plan_container(IMAGE, tmp_path, force=False)
     options = containers.pyxis_options(plan, ["/lustre:/lustre", "/data:/mnt/data:ro"], Path("/lustre/me"))
-    assert options == [f"--container-image={plan.sqsh}", "--container-mounts=/lustre:/lustre,/data:/mnt/data:ro",
-                       "--container-workdir=/lustre/me"]
+    assert options == [
+        f"--container-image={plan.sqsh}",
+        "--container-mounts=/lustre:/lustre,/data:/mnt/data:ro",
+        "--container-workdir=/lustre/me",
+    ]
     needed = [Path("/lustre/me/jobs/x"), Path("/data/x"), Path("/home/me")]
-    assert containers.unmounted(needed, ["/lustre:/lustre", "/data:/mnt/data:ro"]) == [Path("/data/x"), Path("/home/me")]
+    assert containers.unmounted(needed, ["/lustre:/lustre", "/data:/mnt/data:ro"]) == [
+        Path("/data/x"),
+        Path("/home/me"),
+    ]
     assert containers.unmounted([Path("/scratch/a")], ["/scratch"]) == []
 
 
@@ -93,7 +107,9 @@ def container_profile(tmp_path, monkeypatch):
 
 
 def _plan(profile: str, force: bool = False):
-    return compile_request(load_catalog(), RunRequest(step="rs", config="tiny", batch_profile=profile, force_squash=force)).plan
+    return compile_request(
+        load_catalog(), RunRequest(step="rs", config="tiny", batch_profile=profile, force_squash=force)
+    ).plan
 
 
 def test_the_launch_plan_squashes_only_when_needed(container_profile):

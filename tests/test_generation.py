@@ -58,7 +58,11 @@ def tiny_model(family: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -
     eos = tokenizer.eos_token_id
     ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=eos, eos_token_id=eos)
     shape = dict(
-        hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
         max_position_embeddings=128,
     )
     configs = {
@@ -160,8 +164,13 @@ def test_greedy_matches_hf_generate(tokenizer, family):
     assert len({len(p) for p in ids}) >= 4  # mixed lengths, so left padding is exercised
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     ours = generate(
-        model, ids, SamplingParams(12, temperature=0), eos_token_id=eos, pad_token_id=pad,
-        generator=torch.Generator().manual_seed(0), batch_size=3,
+        model,
+        ids,
+        SamplingParams(12, temperature=0),
+        eos_token_id=eos,
+        pad_token_id=pad,
+        generator=torch.Generator().manual_seed(0),
+        batch_size=3,
     )
     expected = [hf_greedy(model, p, 12, eos, pad) for p in ids]
     assert ours.response_ids == expected
@@ -221,8 +230,15 @@ def test_generate_restores_training_mode(tokenizer):
 def test_unusable_generate_arguments_are_clear_errors(tokenizer, prompts, eos, batch_size, message):
     model = tiny_model("llama", tokenizer)
     with pytest.raises(ValueError, match=message):
-        generate(model, prompts, SamplingParams(9), eos_token_id=eos, pad_token_id=0, generator=torch.Generator(),
-                 batch_size=batch_size)
+        generate(
+            model,
+            prompts,
+            SamplingParams(9),
+            eos_token_id=eos,
+            pad_token_id=0,
+            generator=torch.Generator(),
+            batch_size=batch_size,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,15 +247,22 @@ def test_unusable_generate_arguments_are_clear_errors(tokenizer, prompts, eos, b
 
 def test_rollout_batch_layout_and_gen_logprobs_match_recomputed_logprobs(tokenizer):
     model = tiny_model("llama", tokenizer, seed=2)
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
-             for t in PROMPTS]
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+        for t in PROMPTS
+    ]
     prompts = [Prompt(id=f"p{i % 2}", text=t) for i, t in enumerate(texts)]
     ids = tokenize_prompts(prompts, tokenizer)
     # tempered and filtered sampling; the logprobs must still be those of the raw distribution
     params = SamplingParams(10, temperature=0.7, top_k=40, top_p=0.9)
     generation = generate(
-        model, ids, params, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        generator=torch.Generator().manual_seed(0), batch_size=2,
+        model,
+        ids,
+        params,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        generator=torch.Generator().manual_seed(0),
+        batch_size=2,
     )
     batch = build_rollout_batch(prompts, ids, generation, tokenizer)
 
@@ -292,8 +315,9 @@ class RecordingBackend:
         return Generation(response_ids=[[7, self.eos]] * rows, is_end=[True] * rows, logprobs=[[-0.5, -0.25]] * rows)
 
 
-ROLLOUT = RolloutConfig(generation_batch_size=2,
-                        sampling=SamplingConfig(max_new_tokens=6, temperature=0.8, top_p=0.9, top_k=5))
+ROLLOUT = RolloutConfig(
+    generation_batch_size=2, sampling=SamplingConfig(max_new_tokens=6, temperature=0.8, top_p=0.9, top_k=5)
+)
 
 
 def test_sampler_asks_its_backend_for_n_adjacent_rows_per_prompt_with_the_step_seed(tokenizer):
@@ -318,8 +342,13 @@ def test_sampler_defaults_to_the_builtin_sampler_seeded_per_step(tokenizer):
     batch = Sampler(tokenizer, ROLLOUT, torch.device("cpu")).rollouts(model, prompts, 2, seed=(0, 4))
     token_ids = [ids for ids in prompt_ids(tokenizer, PROMPTS[:3]) for _ in range(2)]
     expected = generate(
-        model, token_ids, SamplingParams(6, temperature=0.8, top_p=0.9, top_k=5), eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(step_seed(0, 4)), batch_size=2,
+        model,
+        token_ids,
+        SamplingParams(6, temperature=0.8, top_p=0.9, top_k=5),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        generator=torch.Generator().manual_seed(step_seed(0, 4)),
+        batch_size=2,
     )
     assert batch.response_lengths.tolist() == [len(r) for r in expected.response_ids]
     assert batch.is_end.tolist() == expected.is_end

@@ -8,11 +8,11 @@ import pytest
 from typer.testing import CliRunner
 
 from cli_helpers import run_cli
-from rlsteps.plan import submitted_jobs as jobs
 from rlsteps.cli.jobs import jobs_app
 from rlsteps.errors import UsageError
 from rlsteps.launch import local
 from rlsteps.launch.base import RECORD_FILE, JobRecord
+from rlsteps.plan import submitted_jobs as jobs
 
 
 def jobs_cli(*argv: str):
@@ -25,9 +25,14 @@ def finished_local_job(root: Path, name: str, exit_code: int, log: str = "", job
     job_dir.mkdir(parents=True)
     (job_dir / local.LOG_FILE).write_text(log)
     (job_dir / local.EXIT_FILE).write_text(f"{exit_code}\n")
-    record = JobRecord(launcher="local", job_id=job_id, job_dir=str(job_dir), step="rl/rs",
-                       submitted=f"2026-01-01T00:00:{name[-2:]}+0000",
-                       extra={"pid": int(job_id), "pid_started": None, "log": str(job_dir / local.LOG_FILE)})
+    record = JobRecord(
+        launcher="local",
+        job_id=job_id,
+        job_dir=str(job_dir),
+        step="rl/rs",
+        submitted=f"2026-01-01T00:00:{name[-2:]}+0000",
+        extra={"pid": int(job_id), "pid_started": None, "log": str(job_dir / local.LOG_FILE)},
+    )
     record.save()
     return record
 
@@ -37,8 +42,9 @@ def workspace(tmp_path, monkeypatch):
     """A project directory whose profile `shared` keeps its job dirs elsewhere."""
     monkeypatch.chdir(tmp_path)
     shared = tmp_path / "shared" / "jobs"
-    (tmp_path / "rlsteps.yaml").write_text(f"profiles:\n  shared: {{executor: local, job_dir: {shared}}}\n"
-                                           "  broken: {extends: nowhere}\n")
+    (tmp_path / "rlsteps.yaml").write_text(
+        f"profiles:\n  shared: {{executor: local, job_dir: {shared}}}\n  broken: {{extends: nowhere}}\n"
+    )
     return tmp_path, tmp_path / ".rlsteps" / "jobs", shared
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from rlsteps.engine.rewards.judge.client import JudgeClient, JudgeUnavailable
 from rlsteps.engine.rewards.judge.parsing import JudgeParseError, parse_judgement
-from rlsteps.engine.rewards.judge.protocol import comparison_pairs, judge_messages, Judgement, parse_judge_request
+from rlsteps.engine.rewards.judge.protocol import Judgement, comparison_pairs, judge_messages, parse_judge_request
 from rlsteps.engine.rewards.judge.scoring import DEFAULT_SCORE, group_rewards, length_penalty, pair_scores
 from rlsteps.engine.rewards.process import free_port
 

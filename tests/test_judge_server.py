@@ -9,9 +9,9 @@ import pytest
 
 from model_fixtures import save_reward_model, serving
 from rlsteps.engine.rewards.judge.client import JudgeClient
+from rlsteps.engine.rewards.judge.command import main
 from rlsteps.engine.rewards.judge.parsing import parse_judgement
 from rlsteps.engine.rewards.judge.protocol import judge_messages
-from rlsteps.engine.rewards.judge.command import main
 from rlsteps.engine.rewards.judge.server import create_app, judgement_from_rewards
 from rlsteps.engine.rewards.rm.scorer import RewardScorer
 
@@ -67,7 +67,8 @@ def test_openai_endpoints_and_the_answer_format(scorer: RewardScorer):
     r1, r2 = scorer.score([PROMPT, PROMPT], [CANDIDATES[0], CANDIDATES[1]])
     expected = judgement_from_rewards(r1, r2)
     assert (judgement.score_1, judgement.score_2, judgement.ranking) == pytest.approx(
-        (expected["score_1"], expected["score_2"], expected["ranking"]), abs=1e-3)
+        (expected["score_1"], expected["score_2"], expected["ranking"]), abs=1e-3
+    )
 
 
 def test_unreadable_requests_get_400_with_the_reason(scorer: RewardScorer):

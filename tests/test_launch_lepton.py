@@ -14,18 +14,20 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-pytest.importorskip("leptonai", reason="the Lepton launcher tests need the leptonai SDK (pip install 'rlsteps[lepton]')")
+pytest.importorskip(
+    "leptonai", reason="the Lepton launcher tests need the leptonai SDK (pip install 'rlsteps[lepton]')"
+)
+
+from leptonai.api.v2.types.job import LeptonJob, LeptonJobState  # noqa: E402
 
 from cli_helpers import invoke  # noqa: E402
 from lepton_stub_server import LeptonStub  # noqa: E402
-from leptonai.api.v2.types.job import LeptonJob, LeptonJobState  # noqa: E402
-
 from rlsteps.catalog import load_catalog  # noqa: E402
-from rlsteps.plan.compile import compile_job  # noqa: E402
 from rlsteps.errors import RunFailed, UsageError  # noqa: E402
-from rlsteps.plan.job_dir import write_job_files  # noqa: E402
 from rlsteps.launch import lepton  # noqa: E402
 from rlsteps.launch.base import JobState  # noqa: E402
+from rlsteps.plan.compile import compile_job  # noqa: E402
+from rlsteps.plan.job_dir import write_job_files  # noqa: E402
 from rlsteps.plan.profiles import resolve_profile  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:The `dict` method is deprecated")  # raised inside the SDK
@@ -76,8 +78,14 @@ def rs():
 
 
 def make_job(rs, profiles: Path, name: str = "lep", mode: str = "batch", passthrough=()):
-    return compile_job(rs, "default", mode=mode, profile=resolve_profile(name, [profiles]),
-                       overrides=[*INPUTS, f"rm.token={RM_TOKEN}"], passthrough=list(passthrough))
+    return compile_job(
+        rs,
+        "default",
+        mode=mode,
+        profile=resolve_profile(name, [profiles]),
+        overrides=[*INPUTS, f"rm.token={RM_TOKEN}"],
+        passthrough=list(passthrough),
+    )
 
 
 def spec_of(plan) -> LeptonJob:
@@ -88,7 +96,9 @@ def test_single_node_spec_carries_every_profile_key(rs, profiles, tmp_path):
     job = make_job(rs, profiles)
     plan = lepton.LAUNCHER.plan(job, tmp_path / job.name)
     spec = spec_of(plan)
-    assert spec.metadata.id_ == lepton.lepton_job_name(job.name) and re.fullmatch(r"[a-z][a-z0-9-]{0,35}", spec.metadata.id_)
+    assert spec.metadata.id_ == lepton.lepton_job_name(job.name) and re.fullmatch(
+        r"[a-z][a-z0-9-]{0,35}", spec.metadata.id_
+    )
     s = spec.spec
     assert (s.container.image, s.resource_shape) == ("nvcr.io/nvidia/pytorch:25.10-py3", "gpu.8xh100-80gb")
     assert s.affinity.allowed_dedicated_node_groups == ["my-node-group"]
@@ -96,10 +106,17 @@ def test_single_node_spec_carries_every_profile_key(rs, profiles, tmp_path):
     assert [(m.path, m.mount_path, m.from_) for m in s.mounts] == [("/shared/rl", "/data", "node-nfs:lepton-shared-fs")]
     assert s.image_pull_secrets == ["ngc-secret"] and s.shared_memory_size == 65536 and s.reservation_config is None
     plain = {e.name: e.value for e in s.envs if e.value_from is None}
-    assert plain == {"PYTHONUNBUFFERED": "1", "HF_HOME": "/data/hf", "NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "4"} == plan.env
+    assert (
+        plain
+        == {"PYTHONUNBUFFERED": "1", "HF_HOME": "/data/hf", "NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "4"}
+        == plan.env
+    )
     refs = {e.name: e.value_from.secret_name_ref for e in s.envs if e.value_from is not None}
-    assert refs == {"HF_TOKEN": "team-hf-token", "WANDB_API_KEY": "RLSTEPS_ENV_WANDB_API_KEY",
-                    "RLSTEPS_SECRET_RM_TOKEN": "RLSTEPS_SECRET_RM_TOKEN"}
+    assert refs == {
+        "HF_TOKEN": "team-hf-token",
+        "WANDB_API_KEY": "RLSTEPS_ENV_WANDB_API_KEY",
+        "RLSTEPS_SECRET_RM_TOKEN": "RLSTEPS_SECRET_RM_TOKEN",
+    }
     assert s.container.command[:2] == ["/bin/bash", "-c"] and plan.command == s.container.command
     script = s.container.command[2]
     config_path = f"{lepton.CONTAINER_JOBS_DIR}/{job.name}/config.yaml"
@@ -122,16 +139,20 @@ def test_multi_node_spec_sets_replicas_and_a_torchrun_rendezvous(rs, profiles, t
     assert (spec.completions, spec.parallelism, spec.intra_job_communication) == (2, 2, True)
     assert spec.reservation_config.reservation_id == "res-42"
     last = spec.container.command[2].splitlines()[-1]
-    assert last.startswith("exec torchrun --nnodes=2 --nproc-per-node=8 --master-port=29400 "
-                           '--node-rank="$LEPTON_JOB_WORKER_INDEX" --master-addr="$MASTER_ADDR" -m rlsteps.engine.worker ')
+    assert last.startswith(
+        "exec torchrun --nnodes=2 --nproc-per-node=8 --master-port=29400 "
+        '--node-rank="$LEPTON_JOB_WORKER_INDEX" --master-addr="$MASTER_ADDR" -m rlsteps.engine.worker '
+    )
 
 
 def run_script(script: str, tmp_path: Path, env: dict[str, str]) -> dict:
     """Run a container script here, with `python` and `torchrun` replaced by a recorder of their argv and cwd."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    recorder = (f"#!{sys.executable}\nimport json, os, sys\n"
-                "json.dump({'argv': sys.argv, 'cwd': os.getcwd()}, open(os.environ['RECORD'], 'w'))\n")
+    recorder = (
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "json.dump({'argv': sys.argv, 'cwd': os.getcwd()}, open(os.environ['RECORD'], 'w'))\n"
+    )
     for name in ("python", "torchrun"):
         (bin_dir / name).write_text(recorder)
         (bin_dir / name).chmod(0o755)
@@ -146,8 +167,11 @@ def test_the_script_runs_the_worker_with_exact_words(rs, profiles, tmp_path, mon
     monkeypatch.setattr(lepton, "CONTAINER_JOBS_DIR", str(tmp_path / "jobs"))
     data = tmp_path / "data"
     job = make_job(rs, profiles, name=profile_name, passthrough=["--note", "it's $HOME; a b", '"q"'])
-    settings = {**job.launcher_settings, "mounts": [{"path": "/p", "mount_path": str(data), "from": "node-nfs:fs"}],
-                "pre_launch_commands": []}
+    settings = {
+        **job.launcher_settings,
+        "mounts": [{"path": "/p", "mount_path": str(data), "from": "node-nfs:fs"}],
+        "pre_launch_commands": [],
+    }
     job = job.model_copy(update={"launcher_settings": settings})
     script = lepton.LAUNCHER.plan(job, tmp_path / job.name).command[2]
     lepton_env = {"LEPTON_JOB_NAME": "j-1", "LEPTON_JOB_WORKER_INDEX": "1", "LEPTON_WORKSPACE_ID": "test-ws"}
@@ -160,18 +184,27 @@ def test_the_script_runs_the_worker_with_exact_words(rs, profiles, tmp_path, mon
     if profile_name == "lep":
         assert seen["argv"][1:] == worker
     else:
-        assert seen["argv"][1:] == ["--nnodes=2", "--nproc-per-node=8", "--master-port=29400", "--node-rank=1",
-                                    "--master-addr=j-1-0.j-1-job-svc.ws-test-ws.svc.cluster.local", *worker]
+        assert seen["argv"][1:] == [
+            "--nnodes=2",
+            "--nproc-per-node=8",
+            "--master-port=29400",
+            "--node-rank=1",
+            "--master-addr=j-1-0.j-1-job-svc.ws-test-ws.svc.cluster.local",
+            *worker,
+        ]
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"node_groups": "x"}, "unknown key 'node_groups' (did you mean node_group?)"),
-    ({"resource_shape": None}, "resource_shape"),
-    ({"nodes": 0}, "nodes: Input should be greater than or equal to 1"),
-    ({"workspace": f"test-ws:{TOKEN}"}, "`workspace` holds a credential"),
-    ({"mounts": [{"path": "/x", "mount_path": "/usr", "from": "node-nfs:fs"}]}, "reserved"),
-    ({"mounts": [{"path": "/x", "from": "node-nfs:fs"}]}, "mount_path"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"node_groups": "x"}, "unknown key 'node_groups' (did you mean node_group?)"),
+        ({"resource_shape": None}, "resource_shape"),
+        ({"nodes": 0}, "nodes: Input should be greater than or equal to 1"),
+        ({"workspace": f"test-ws:{TOKEN}"}, "`workspace` holds a credential"),
+        ({"mounts": [{"path": "/x", "mount_path": "/usr", "from": "node-nfs:fs"}]}, "reserved"),
+        ({"mounts": [{"path": "/x", "from": "node-nfs:fs"}]}, "mount_path"),
+    ],
+)
 def test_profile_mistakes_are_usage_errors_that_name_the_key(rs, profiles, tmp_path, change, message):
     job = make_job(rs, profiles)
     settings = {k: v for k, v in {**job.launcher_settings, **change}.items() if v is not None}
@@ -198,7 +231,10 @@ def test_dry_run_prints_the_spec_as_json_and_no_secret(rs, profiles, tmp_path, m
     out = result.output + "".join(capfd.readouterr())
     assert result.exit_code == 0, out
     assert lepton.SPEC_FILE in out and '"resource_shape": "gpu.8xh100-80gb"' in out
-    assert '"secret_name_ref": "RLSTEPS_SECRET_RM_TOKEN"' in out and '"secret_name_ref": "RLSTEPS_ENV_WANDB_API_KEY"' in out
+    assert (
+        '"secret_name_ref": "RLSTEPS_SECRET_RM_TOKEN"' in out
+        and '"secret_name_ref": "RLSTEPS_ENV_WANDB_API_KEY"' in out
+    )
     assert not any(secret in out for secret in CREDENTIALS)
     assert not (tmp_path / ".rlsteps").exists()
 
@@ -232,7 +268,11 @@ def test_submit_status_logs_and_cancel_through_the_sdk(rs, profiles, tmp_path, s
     record = lepton.LAUNCHER.record(job, submission)
     assert record.extra["workspace"] == "test-ws" and record.job_id == submission.job_id
     record.save()
-    assert [lepton.LAUNCHER.status(record).state for _ in range(3)] == [JobState.PENDING, JobState.RUNNING, JobState.SUCCEEDED]
+    assert [lepton.LAUNCHER.status(record).state for _ in range(3)] == [
+        JobState.PENDING,
+        JobState.RUNNING,
+        JobState.SUCCEEDED,
+    ]
     assert "Completed" in lepton.LAUNCHER.status(record).detail
     assert list(lepton.LAUNCHER.logs(record)) == list(stub.log)
     assert list(lepton.LAUNCHER.logs(record, follow=True)) == list(stub.log)
@@ -299,7 +339,7 @@ def test_rlsteps_run_submits_a_batch_job_and_writes_no_secret(tiny_world, profil
     result = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep", f"rm.token={RM_TOKEN}")
     out = result.output + "".join(capfd.readouterr())
     assert result.exit_code == 0, out
-    (job_id, body), = stub.jobs.items()
+    ((job_id, body),) = stub.jobs.items()
     assert job_id in out and body["spec"]["affinity"]["allowed_dedicated_node_groups"] == ["ng-0a1b2c"]
     (job_dir,) = (tmp_path / ".rlsteps" / "jobs").iterdir()
     assert {"config.yaml", "job.yaml", lepton.SPEC_FILE} <= {p.name for p in job_dir.iterdir()}

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlsteps.plan import submitted_jobs as jobs
 from rlsteps.catalog import load_catalog
 from rlsteps.cli.jobs import jobs_app
 from rlsteps.errors import UsageError
 from rlsteps.launch import containers, slurm
 from rlsteps.launch.base import JobRecord, JobState
+from rlsteps.plan import submitted_jobs as jobs
 from rlsteps.plan.runner import RunRequest, compile_request
 from run_helpers import FAST, artifact_metadata, rlsteps, run_dir
 
@@ -40,8 +40,10 @@ def _cluster_problem() -> str | None:
 
 
 CLUSTER_PROBLEM = _cluster_problem()
-needs_cluster = pytest.mark.skipif(CLUSTER_PROBLEM is not None,
-                                   reason=f"no Slurm cluster here: {CLUSTER_PROBLEM}; CI starts one with `bash .ci/slurm.sh up`")
+needs_cluster = pytest.mark.skipif(
+    CLUSTER_PROBLEM is not None,
+    reason=f"no Slurm cluster here: {CLUSTER_PROBLEM}; CI starts one with `bash .ci/slurm.sh up`",
+)
 
 PROFILES = """\
 profiles:
@@ -82,8 +84,12 @@ def add_profile(project: Path, text: str) -> None:
 
 
 def compiled(profile: str, attached: bool = False, overrides: tuple[str, ...] = (), config: str = "tiny"):
-    request = RunRequest(step="rs", config=config, overrides=overrides,
-                         **({"run_profile": profile} if attached else {"batch_profile": profile}))
+    request = RunRequest(
+        step="rs",
+        config=config,
+        overrides=overrides,
+        **({"run_profile": profile} if attached else {"batch_profile": profile}),
+    )
     return compile_request(load_catalog(), request)
 
 
@@ -95,10 +101,21 @@ def test_the_script_takes_resources_from_the_profile_and_the_partition_from_the_
     big = compiled("big")  # once: a second compile may fall in the next second and name another job dir
     batch, job_dir = big.plan, big.job_dir
     script = batch.files[slurm.SCRIPT_FILE]
-    for line in ("#SBATCH --account=proj", "#SBATCH --partition=long", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
-                 "#SBATCH --gpus-per-node=4", "#SBATCH --mem=0", "#SBATCH --time=04:00:00", "#SBATCH --exclusive",
-                 f"#SBATCH --chdir={project}", "#SBATCH --export=ALL", "#SBATCH --open-mode=append",
-                 "export HF_HOME=/lustre/hf", "module load cuda"):
+    for line in (
+        "#SBATCH --account=proj",
+        "#SBATCH --partition=long",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --mem=0",
+        "#SBATCH --time=04:00:00",
+        "#SBATCH --exclusive",
+        f"#SBATCH --chdir={project}",
+        "#SBATCH --export=ALL",
+        "#SBATCH --open-mode=append",
+        "export HF_HOME=/lustre/hf",
+        "module load cuda",
+    ):
         assert f"\n{line}\n" in script, line
     assert f"#SBATCH --output={job_dir.parent}/" in script and "/slurm-%j.log\n" in script
     assert batch.command == ["sbatch", "--parsable", str(job_dir.parent / job_dir.name / slurm.SCRIPT_FILE)]
@@ -110,12 +127,17 @@ def test_one_process_runs_the_worker_and_many_run_one_torchrun_per_node(project)
     ci = compiled("ci")  # once: a second compile may fall in the next second and name another job dir
     single, job_dir = ci.plan.files[slurm.SCRIPT_FILE].rstrip().splitlines()[-1], ci.job_dir
     assert single.startswith("srun --nodes=1 --ntasks-per-node=1 ")
-    assert single.endswith(f"-m rlsteps.engine.worker {job_dir / 'config.yaml'}") and "torch.distributed.run" not in single
+    assert (
+        single.endswith(f"-m rlsteps.engine.worker {job_dir / 'config.yaml'}") and "torch.distributed.run" not in single
+    )
     multi = script_of("big")
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in multi
-    assert ('srun --nodes=2 --ntasks-per-node=1 ' in multi and ' -m torch.distributed.run --nnodes="$SLURM_NNODES" '
-            '--nproc-per-node=4 --rdzv-backend=c10d --rdzv-id="$SLURM_JOB_ID" --rdzv-endpoint="$head_node:29500" '
-            '-m rlsteps.engine.worker ') in multi
+    assert (
+        "srun --nodes=2 --ntasks-per-node=1 " in multi
+        and ' -m torch.distributed.run --nnodes="$SLURM_NNODES" '
+        '--nproc-per-node=4 --rdzv-backend=c10d --rdzv-id="$SLURM_JOB_ID" --rdzv-endpoint="$head_node:29500" '
+        "-m rlsteps.engine.worker "
+    ) in multi
 
 
 def test_submit_refuses_a_world_size_the_embedded_engine_cannot_use(project):
@@ -134,9 +156,12 @@ def test_secrets_are_named_in_the_script_but_their_values_are_nowhere_in_the_pla
 
 
 def test_a_bad_profile_is_a_usage_error_that_names_the_fix(project):
-    add_profile(project, "  typo: {executor: slurm, gpus_per_nod: 8}\n"
-                         "  tasks: {executor: slurm, ntasks_per_node: 8}\n"
-                         "  newline: {executor: slurm, partition: \"a\\nrm -rf /\"}\n")
+    add_profile(
+        project,
+        "  typo: {executor: slurm, gpus_per_nod: 8}\n"
+        "  tasks: {executor: slurm, ntasks_per_node: 8}\n"
+        '  newline: {executor: slurm, partition: "a\\nrm -rf /"}\n',
+    )
     with pytest.raises(UsageError, match="gpus_per_nod") as typo:
         compiled("typo")
     assert "gpus_per_node" in typo.value.fix
@@ -146,29 +171,39 @@ def test_a_bad_profile_is_a_usage_error_that_names_the_fix(project):
         compiled("newline")
 
 
-HOSTILE = "'; touch {pwned}; echo \"$(touch {pwned})\" `touch {pwned}` #"
+HOSTILE = '\'; touch {pwned}; echo "$(touch {pwned})" `touch {pwned}` #'
 
 
 def test_hostile_names_and_values_stay_single_words(project, tmp_path_factory):
-    """Profile name, config file name, env var value and mount: running the script creates no file, every value intact."""
+    """Profile name, config file name, env var value and mount: running the script creates no file, and every
+    value stays intact."""
     pwned = tmp_path_factory.mktemp("target") / "pwned"
     hostile = HOSTILE.format(pwned=pwned)
     mount = f"/a:/a{hostile}"
     config = project / f"evil{hostile.replace('/', '_')}.yaml"
     config.write_text(f"defaults: {STEPS / 'rl' / 'rs' / 'tiny.yaml'}\n")
-    add_profile(project, f"  {json_quote('my prof ' + hostile)}:\n    executor: slurm\n"
-                         f"    container_image: {project}/image.sqsh\n"
-                         f"    container_mounts: [{json_quote(mount)}]\n"
-                         f"    env_vars: {{HOSTILE: {json_quote(hostile)}}}\n")
+    add_profile(
+        project,
+        f"  {json_quote('my prof ' + hostile)}:\n    executor: slurm\n"
+        f"    container_image: {project}/image.sqsh\n"
+        f"    container_mounts: [{json_quote(mount)}]\n"
+        f"    env_vars: {{HOSTILE: {json_quote(hostile)}}}\n",
+    )
     result = compiled("my prof " + hostile, config=str(config))
     script = project / "sbatch.sh"
     script.write_text(result.plan.files[slurm.SCRIPT_FILE])
     stand_ins = project / "bin"
     stand_ins.mkdir()
-    (stand_ins / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$SRUN_ARGS"\nprintf "%s" "$HOSTILE" > "$SRUN_ENV"\n')
+    (stand_ins / "srun").write_text(
+        '#!/bin/bash\nprintf "%s\\0" "$@" > "$SRUN_ARGS"\nprintf "%s" "$HOSTILE" > "$SRUN_ENV"\n'
+    )
     (stand_ins / "srun").chmod(0o755)
-    env = {**os.environ, "PATH": f"{stand_ins}:{os.environ['PATH']}", "SRUN_ARGS": str(project / "args"),
-           "SRUN_ENV": str(project / "env")}
+    env = {
+        **os.environ,
+        "PATH": f"{stand_ins}:{os.environ['PATH']}",
+        "SRUN_ARGS": str(project / "args"),
+        "SRUN_ENV": str(project / "env"),
+    }
     ran = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
     assert ran.returncode == 0, ran.stderr
     assert not pwned.exists()
@@ -182,19 +217,28 @@ def json_quote(text: str) -> str:
     return json.dumps(text)  # a JSON string is a YAML string
 
 
-SCONTROL_FAILED = ("JobId=7 JobName=x UserId=root(0) GroupId=root(0) JobState=FAILED Reason=NonZeroExitCode Dependency=(null) "
-                   "Requeue=1 Restarts=0 BatchFlag=1 ExitCode=3:0 RunTime=00:00:01 Command=/tmp/a b/s.sh WorkDir=/tmp/a b")
+SCONTROL_FAILED = (
+    "JobId=7 JobName=x UserId=root(0) GroupId=root(0) JobState=FAILED Reason=NonZeroExitCode Dependency=(null) "
+    "Requeue=1 Restarts=0 BatchFlag=1 ExitCode=3:0 RunTime=00:00:01 Command=/tmp/a b/s.sh WorkDir=/tmp/a b"
+)
 
 
 def test_states_come_from_scontrol_then_sacct_then_unknown(monkeypatch):
     answers = {}
-    monkeypatch.setattr(slurm, "_slurm_command",
-                        lambda argv: subprocess.CompletedProcess(argv, *answers.get(argv[0], (1, "", "Invalid job id"))))
+    monkeypatch.setattr(
+        slurm,
+        "_slurm_command",
+        lambda argv: subprocess.CompletedProcess(argv, *answers.get(argv[0], (1, "", "Invalid job id"))),
+    )
     monkeypatch.setattr(slurm.shutil, "which", lambda tool: f"/usr/bin/{tool}")
-    record = JobRecord(launcher="slurm", job_id="7", job_dir="/tmp/x", step="rl/rs", submitted="", extra={"job_name": "x"})
+    record = JobRecord(
+        launcher="slurm", job_id="7", job_dir="/tmp/x", step="rl/rs", submitted="", extra={"job_name": "x"}
+    )
     answers["scontrol"] = (0, SCONTROL_FAILED, "")
     status = slurm.LAUNCHER.status(record)
-    assert status.state is JobState.FAILED and status.detail == "Slurm job 7 FAILED, exit code 3, reason NonZeroExitCode"
+    assert (
+        status.state is JobState.FAILED and status.detail == "Slurm job 7 FAILED, exit code 3, reason NonZeroExitCode"
+    )
     answers.pop("scontrol")
     answers["sacct"] = (0, "x|CANCELLED by 0|0:15\n", "")
     status = slurm.LAUNCHER.status(record)
@@ -239,8 +283,11 @@ def test_secrets_reach_the_job_through_the_environment_only(tiny_world, project)
     cwd = project / "it's a dir"
     cwd.mkdir()
     shutil.copy(project / "rlsteps.yaml", cwd)
-    add_profile(cwd, "  check:\n    extends: ci\n    setup_lines:\n"  # prints a digest: the value is in no file
-                     '      - \'echo "secret digest $(printf %s "$RLSTEPS_SECRET_RM_TOKEN" | sha256sum | cut -c1-16)"\'\n')
+    add_profile(
+        cwd,
+        "  check:\n    extends: ci\n    setup_lines:\n"  # prints a digest: the value is in no file
+        '      - \'echo "secret digest $(printf %s "$RLSTEPS_SECRET_RM_TOKEN" | sha256sum | cut -c1-16)"\'\n',
+    )
     done = rlsteps("run", "rs", *TINY_RUN, "-b", "check", "rm.token=rm-value-456", "--", "--help", cwd=cwd, timeout=120)
     assert done.returncode == 0, done.stderr
     record = submitted_record(cwd)
@@ -257,21 +304,30 @@ def test_secrets_reach_the_job_through_the_environment_only(tiny_world, project)
 
 @needs_cluster
 def test_squash_runs_enroot_on_a_compute_node_once_and_force_rebuilds(project):
-    add_profile(project, f"  gpu:\n    extends: ci\n    container_image: nvcr.io/nvidia/pytorch:25.10-py3\n"
-                         f"    squash_dir: {project}/squash\n")
+    add_profile(
+        project,
+        f"  gpu:\n    extends: ci\n    container_image: nvcr.io/nvidia/pytorch:25.10-py3\n"
+        f"    squash_dir: {project}/squash\n",
+    )
     stand_ins = project / "bin"
     stand_ins.mkdir()
-    (stand_ins / "enroot").write_text('#!/bin/bash\necho "$*" >> "$ENROOT_CALLS"\n'
-                                      'while [ $# -gt 0 ]; do [ "$1" = --output ] && echo squashed > "$2"; shift; done\n')
+    (stand_ins / "enroot").write_text(
+        '#!/bin/bash\necho "$*" >> "$ENROOT_CALLS"\n'
+        'while [ $# -gt 0 ]; do [ "$1" = --output ] && echo squashed > "$2"; shift; done\n'
+    )
     (stand_ins / "enroot").chmod(0o755)
     env = {**os.environ, "PATH": f"{stand_ins}:{os.environ['PATH']}", "ENROOT_CALLS": str(project / "calls")}
     sqsh = project / "squash" / "nvcr_io_nvidia_pytorch_25_10_py3.sqsh"
 
     def squash(force: bool = False) -> None:
-        plan = compile_request(load_catalog(), RunRequest(step="rs", config="tiny", batch_profile="gpu", force_squash=force)).plan
+        plan = compile_request(
+            load_catalog(), RunRequest(step="rs", config="tiny", batch_profile="gpu", force_squash=force)
+        ).plan
         if containers.SQUASH_SCRIPT in plan.files:
             (project / "squash.sh").write_text(plan.files[containers.SQUASH_SCRIPT])
-            ran = subprocess.run(["bash", str(project / "squash.sh")], env=env, capture_output=True, text=True, timeout=120)
+            ran = subprocess.run(
+                ["bash", str(project / "squash.sh")], env=env, capture_output=True, text=True, timeout=120
+            )
             assert ran.returncode == 0, ran.stderr
 
     squash()

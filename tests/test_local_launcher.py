@@ -15,9 +15,9 @@ import pytest
 
 from rlsteps.catalog import load_catalog
 from rlsteps.errors import UsageError
-from rlsteps.plan.job_dir import create_job_dir, write_job_files
 from rlsteps.launch import local
 from rlsteps.launch.base import JobRecord, JobState, Submission
+from rlsteps.plan.job_dir import create_job_dir, write_job_files
 from rlsteps.plan.runner import RunRequest, compile_request
 
 LAUNCHER = local.LAUNCHER
@@ -34,8 +34,9 @@ def here(tmp_path, monkeypatch):
 def start(script: str | None = None, passthrough: tuple[str, ...] = (), config_text: str | None = None) -> JobRecord:
     """Submit a detached local job as the runner does; `script` replaces the worker inside the wrapper,
     `config_text` the worker's config file."""
-    compiled = compile_request(load_catalog(), RunRequest(step="rs", config="tiny", batch_profile="here",
-                                                          passthrough=passthrough))
+    compiled = compile_request(
+        load_catalog(), RunRequest(step="rs", config="tiny", batch_profile="here", passthrough=passthrough)
+    )
     job_dir = create_job_dir(compiled.job)
     plan = LAUNCHER.plan(compiled.job, job_dir)
     write_job_files(job_dir, compiled.job, plan, compiled.inputs)
@@ -67,7 +68,12 @@ def test_the_detached_command_is_the_worker_inside_the_exit_code_wrapper(here):
     compiled = compile_request(load_catalog(), RunRequest(step="rs", config="tiny", batch_profile="here"))
     plan = LAUNCHER.plan(compiled.job, here / "jobdir")
     assert plan.command[:2] == ["/bin/sh", "-c"] and plan.command[4] == str(here / "jobdir" / local.EXIT_FILE)
-    assert plan.command[WRAPPER_WORDS:] == [sys.executable, "-m", "rlsteps.engine.worker", str(here / "jobdir" / "config.yaml")]
+    assert plan.command[WRAPPER_WORDS:] == [
+        sys.executable,
+        "-m",
+        "rlsteps.engine.worker",
+        str(here / "jobdir" / "config.yaml"),
+    ]
     attached = compile_request(load_catalog(), RunRequest(step="rs", config="tiny")).plan
     assert attached.command[1:3] == ["-m", "rlsteps.engine.worker"]  # attached runs are unchanged: no wrapper
 
@@ -98,8 +104,10 @@ def test_following_the_log_returns_when_the_job_ends(here):
 
 
 def test_cancel_stops_the_whole_process_group(here):
-    child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
-            "print('up', flush=True); time.sleep(60)"
+    child = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print('up', flush=True); time.sleep(60)"
+    )
     record = start(child)
     wait_for_line(record, "up")
     group = int(record.extra["pid"])
@@ -113,7 +121,9 @@ def test_cancel_stops_the_whole_process_group(here):
 
 def test_cancel_kills_a_job_that_ignores_sigterm_after_the_grace_period(here, monkeypatch):
     monkeypatch.setattr(local, "CANCEL_GRACE_S", 1.0)
-    record = start("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)")
+    record = start(
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    )
     wait_for_line(record, "up")
     started = time.monotonic()
     LAUNCHER.cancel(record)

@@ -19,12 +19,13 @@ import torch
 
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.filterwarnings(  # megatron-core's own deprecations, not ours
-    "ignore:.*ShardedTensor:FutureWarning", "ignore:`load_state_dict` is deprecated:FutureWarning",
-    "ignore:.*tp_group is None:DeprecationWarning", "ignore:MLP requires ffn_hidden_size:DeprecationWarning",
+    "ignore:.*ShardedTensor:FutureWarning",
+    "ignore:`load_state_dict` is deprecated:FutureWarning",
+    "ignore:.*tp_group is None:DeprecationWarning",
+    "ignore:MLP requires ffn_hidden_size:DeprecationWarning",
     "ignore:full scope is deprecated:UserWarning",
 )
 
-from model_fixtures import build_tokenizer
 from omegaconf import OmegaConf
 from transformers import (
     AutoModelForCausalLM,
@@ -35,14 +36,15 @@ from transformers import (
     Qwen2Config,
 )
 
+from model_fixtures import build_tokenizer
 from rlsteps.engine.artifact import METADATA_FILE, read_artifact_metadata
+from rlsteps.engine.megatron.compat import gpt_model_runtime
 from rlsteps.engine.megatron.format import (
     load_megatron_checkpoint,
     resolve_checkpoint_dir,
     save_megatron_checkpoint,
     vocab_divisor,
 )  # fmt: skip
-from rlsteps.engine.megatron.compat import gpt_model_runtime
 from rlsteps.engine.megatron.gpt_model import (
     compare_with_engine,
     megatron_gpt,
@@ -352,8 +354,9 @@ def test_gpt_model_runtime_seeds_the_tracker_on_cuda_and_forks_plainly_without(m
     monkeypatch.setattr("rlsteps.engine.megatron.compat._single_rank_group", contextlib.nullcontext)  # no NCCL here
     monkeypatch.setattr(parallel_state, "initialize_model_parallel", lambda *args, **kwargs: events.append("init"))
     monkeypatch.setattr(parallel_state, "destroy_model_parallel", lambda: events.append("destroy"))
-    monkeypatch.setattr(megatron_random, "model_parallel_cuda_manual_seed",
-                        lambda seed, **options: events.append(("seed", seed)))
+    monkeypatch.setattr(
+        megatron_random, "model_parallel_cuda_manual_seed", lambda seed, **options: events.append(("seed", seed))
+    )
     with gpt_model_runtime(seed=7):
         assert tracker.fork == real_fork  # CUDA: the real fork, over the seeded states
     assert events == ["init", ("seed", 7), "destroy"]  # seeded after model-parallel init (it needs the TP rank)
@@ -363,8 +366,9 @@ def test_gpt_model_runtime_seeds_the_tracker_on_cuda_and_forks_plainly_without(m
 # 5. We read what megatron-core's GPTModel writes
 
 
-def megatron_written_checkpoint(folder: Path, tokenizer, tokens: torch.Tensor, *, stored_vocab: int, tied: bool,
-                                qkv_bias: bool) -> torch.Tensor:
+def megatron_written_checkpoint(
+    folder: Path, tokenizer, tokens: torch.Tensor, *, stored_vocab: int, tied: bool, qkv_bias: bool
+) -> torch.Tensor:
     """Build a random GPTModel, save it with dist_checkpointing from its own sharded_state_dict (no hf_config/),
     and return its logits on `tokens` ([B, T, stored_vocab])."""
     from megatron.core import dist_checkpointing
@@ -401,8 +405,9 @@ def megatron_written_checkpoint(folder: Path, tokenizer, tokens: torch.Tensor, *
     [(0, True, False, "LlamaForCausalLM"), (18, False, True, "Qwen2ForCausalLM")],
     ids=["llama-tied", "qwen2-untied-padded-vocab"],
 )
-def test_load_policy_reads_a_checkpoint_gpt_model_wrote(tmp_path, tokenizer, tokens, stored_vocab_extra, tied,
-                                                        qkv_bias, architecture):
+def test_load_policy_reads_a_checkpoint_gpt_model_wrote(
+    tmp_path, tokenizer, tokens, stored_vocab_extra, tied, qkv_bias, architecture
+):
     vocab = len(tokenizer)
     folder = tmp_path / "iter_0000000"
     folder.mkdir()
@@ -462,8 +467,9 @@ def test_to_megatron_names_an_extra_or_a_missing_tensor(tokenizer):
     ],
     ids=["hidden-size", "layer-count", "missing-output-layer", "unplaced-output-layer", "unplaced-qkv-bias"],
 )  # fmt: skip
-def test_a_config_that_disagrees_with_the_tensors_names_the_tensor(saved, tmp_path, name, config_changes,
-                                                                   expected_in_message):
+def test_a_config_that_disagrees_with_the_tensors_names_the_tensor(
+    saved, tmp_path, name, config_changes, expected_in_message
+):
     assert saved[name][0].config.vocab_size == 302  # as the expected messages say
     checkpoint = edited_copy(saved[name][1], tmp_path, **config_changes)
     with pytest.raises(LayoutError) as error:
@@ -494,8 +500,14 @@ def test_a_model_built_from_its_config_saves_and_loads(tokenizer, tmp_path, toke
 
 
 def test_llama3_rope_scaling_is_kept_for_gpt_model_and_for_a_checkpoint_without_hf_config(tokenizer, tmp_path, tokens):
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # Llama 3.1's values
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }  # Llama 3.1's values
     model = tiny_model("llama", tokenizer, rope_parameters=rope)
     iter_dir = save_megatron_checkpoint(model, tokenizer, tmp_path / "ckpt")
     with megatron_gpt(tmp_path / "ckpt") as gpt_logits:
@@ -506,11 +518,25 @@ def test_llama3_rope_scaling_is_kept_for_gpt_model_and_for_a_checkpoint_without_
     assert (hf_logits(rebuilt, tokens) - hf_logits(model, tokens)).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}}, "rope_type='yarn'"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 2.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}, "Llama 3.1 RoPE scaling"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}}, "rope_type='yarn'"),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "rope_theta": 10000.0,
+                    "factor": 8.0,
+                    "low_freq_factor": 2.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192,
+                }
+            },
+            "Llama 3.1 RoPE scaling",
+        ),
+    ],
+)
 def test_rope_variants_megatron_would_run_differently_are_refused(tokenizer, tmp_path, options, message):
     model = tiny_model("llama", tokenizer, **options)
     with pytest.raises(LayoutError, match=re.escape(message)):
@@ -521,8 +547,16 @@ def test_rope_variants_megatron_would_run_differently_are_refused(tokenizer, tmp
 def test_a_sliding_window_shorter_than_the_context_is_refused(tokenizer, tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=8)
+    config = MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=8,
+    )
     with pytest.raises(LayoutError, match="sliding_window=8"):
         save_megatron_checkpoint(MistralForCausalLM(config), tokenizer, tmp_path / "ckpt")
 
@@ -531,7 +565,7 @@ def test_a_sliding_window_shorter_than_the_context_is_refused(tokenizer, tmp_pat
 # 7. A kill in the middle of a write leaves the previous checkpoint
 
 
-WRITER_SCRIPT = '''
+WRITER_SCRIPT = """
 import sys
 import time
 from pathlib import Path
@@ -556,7 +590,7 @@ if __name__ == "__main__":  # megatron's checkpoint writer starts a spawn-contex
     target, first, second, ready = sys.argv[1:]
     write(target, first)
     write(target, second, ready)
-'''
+"""
 
 
 def test_a_kill_during_a_write_leaves_the_previous_checkpoint(tmp_path, tokenizer, tokens):
@@ -598,6 +632,11 @@ def test_a_kill_during_a_write_leaves_the_previous_checkpoint(tmp_path, tokenize
 def test_a_checkpoint_without_its_tokenizer_folder_names_the_folder_to_fill(tokenizer, tmp_path):
     iter_dir = save_megatron_checkpoint(tiny_model("llama", tokenizer), tokenizer, tmp_path / "ckpt")
     shutil.rmtree(iter_dir / "tokenizer")
-    with pytest.raises(ValueError, match=re.escape(f"copy the model's Hugging Face tokenizer files (tokenizer.json, "
-                                                   f"tokenizer_config.json) into {iter_dir / 'tokenizer'}")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"copy the model's Hugging Face tokenizer files (tokenizer.json, "
+            f"tokenizer_config.json) into {iter_dir / 'tokenizer'}"
+        ),
+    ):
         load_policy(tmp_path / "ckpt")

@@ -117,6 +117,7 @@ def test_tensorboard_and_wandb_receive_the_finite_numbers(tmp_path, monkeypatch)
             calls.append(("wandb_finish",))
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeSummaryWriter))
+
     def wandb_init(**kwargs):
         calls.append(("wandb_init", kwargs))
         return FakeRun()

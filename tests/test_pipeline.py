@@ -12,7 +12,7 @@ import pytest
 from cli_helpers import REPO, invoke
 from rlsteps.artifacts.inputs import Conversion
 from rlsteps.catalog import load_catalog
-from rlsteps.plan.pipeline import StageSpec, PipelineSpec, _with_conversion
+from rlsteps.plan.pipeline import PipelineSpec, StageSpec, _with_conversion
 
 TINY = REPO / "examples" / "pipelines" / "tiny.yaml"
 
@@ -40,12 +40,15 @@ def test_the_example_dry_run_binds_each_policy_to_the_previous_stage_and_starts_
 
 
 def test_a_bound_input_of_the_wrong_type_fails_with_exit_3_before_any_stage_runs(project):
-    pipeline = write(project / "p.yaml", """
+    pipeline = write(
+        project / "p.yaml",
+        """
         name: bad
         stages:
           - {name: rs, step: rl/rs, config: tiny}
           - {name: reinforce, step: rl/reinforce, config: tiny, inputs: {reward_model: "stage:rs"}}
-    """)
+    """,
+    )
     done = invoke("pipeline", "run", str(pipeline))
     assert done.exit_code == 3
     assert "is checkpoint_megatron, but a reward_model_hf is required" in done.stderr
@@ -53,20 +56,29 @@ def test_a_bound_input_of_the_wrong_type_fails_with_exit_3_before_any_stage_runs
 
 
 def test_a_path_input_of_the_wrong_type_fails_with_exit_3(project, tiny_world):
-    pipeline = write(project / "p.yaml", f"""
+    pipeline = write(
+        project / "p.yaml",
+        f"""
         name: bad
         stages:
           - {{name: rs, step: rl/rs, config: tiny, inputs: {{policy: "{tiny_world.train_prompts}"}}}}
-    """)
+    """,
+    )
     done = invoke("pipeline", "run", str(pipeline), "--dry-run")
-    assert done.exit_code == 3 and "is prompt_jsonl, but a checkpoint (checkpoint_hf or checkpoint_megatron) is required" in done.stderr
+    assert (
+        done.exit_code == 3
+        and "is prompt_jsonl, but a checkpoint (checkpoint_hf or checkpoint_megatron) is required" in done.stderr
+    )
 
 
-@pytest.mark.parametrize("text, message", [
-    ("{name: a, step: rl/rs, config: tiny, inputs: {policy: 'stage:b'}}", "which does not run before it"),
-    ("{name: a, step: rl/rs, config: tiny, inputs: {polcy: x}}", "rl/rs has no input 'polcy'"),
-    ("{name: a, step: rl/rs, config: tiny, colour: red}", "invalid pipeline: stages.0.colour"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{name: a, step: rl/rs, config: tiny, inputs: {policy: 'stage:b'}}", "which does not run before it"),
+        ("{name: a, step: rl/rs, config: tiny, inputs: {polcy: x}}", "rl/rs has no input 'polcy'"),
+        ("{name: a, step: rl/rs, config: tiny, colour: red}", "invalid pipeline: stages.0.colour"),
+    ],
+)
 def test_pipeline_mistakes_are_usage_errors(project, text, message):
     pipeline = write(project / "p.yaml", f"name: x\nstages:\n  - {text}\n")
     done = invoke("pipeline", "run", str(pipeline), "--dry-run")
@@ -86,9 +98,14 @@ def megatron_catalog(tmp_path, monkeypatch):
     shutil.copytree(REPO / "manifests", root / "manifests")
     shutil.copytree(REPO / "steps", root / "steps")
     rs = root / "manifests" / "rl" / "rs.toml"
-    rs.write_text(rs.read_text().replace('key = "inputs.policy"', 'key = "inputs.policy"', 1)
-                  .replace('name = "policy"\ntype = "checkpoint"\nkey = "inputs.policy"',
-                           'name = "policy"\ntype = "checkpoint_megatron"\nkey = "inputs.policy"'))
+    rs.write_text(
+        rs.read_text()
+        .replace('key = "inputs.policy"', 'key = "inputs.policy"', 1)
+        .replace(
+            'name = "policy"\ntype = "checkpoint"\nkey = "inputs.policy"',
+            'name = "policy"\ntype = "checkpoint_megatron"\nkey = "inputs.policy"',
+        )
+    )
     tiny = root / "steps" / "rl" / "rs" / "tiny.yaml"
     tiny.write_text(tiny.read_text().replace("${tiny:policy_megatron}", "${tiny:policy}"))
     shutil.rmtree(root / "manifests" / "convert")
@@ -117,7 +134,8 @@ def test_conversion_allowed_but_no_converter_in_the_catalog_fails_with_exit_3(pr
 def test_an_allowed_conversion_becomes_a_stage_before_the_one_that_needs_it(megatron_catalog, tmp_path):
     convert = tmp_path / "catalog" / "manifests" / "convert" / "hf_to_megatron.toml"
     convert.parent.mkdir()
-    convert.write_text(textwrap.dedent("""
+    convert.write_text(
+        textwrap.dedent("""
         [step]
         id = "convert/hf_to_megatron"
         name = "HF to Megatron"
@@ -132,12 +150,19 @@ def test_an_allowed_conversion_becomes_a_stage_before_the_one_that_needs_it(mega
         name = "checkpoint"
         type = "checkpoint_megatron"
         key = "output.dir"
-    """))
+    """)
+    )
     catalog = load_catalog()
     stage = StageSpec(name="rs", step="rl/rs", config="tiny")
     spec = PipelineSpec(name="m", convert=True, stages=[stage])
-    converted = _with_conversion(catalog, spec, stage, catalog.find("rl/rs").consumes[2],
-                                 Conversion("convert/hf_to_megatron", "checkpoint_hf", "checkpoint_megatron"), "/sft")
+    converted = _with_conversion(
+        catalog,
+        spec,
+        stage,
+        catalog.find("rl/rs").consumes[2],
+        Conversion("convert/hf_to_megatron", "checkpoint_hf", "checkpoint_megatron"),
+        "/sft",
+    )
     assert [s.name for s in converted.stages] == ["rs-convert-policy", "rs"]
     assert converted.stages[0].step == "convert/hf_to_megatron" and converted.stages[0].inputs == {"checkpoint": "/sft"}
     assert converted.stages[1].inputs == {"policy": "stage:rs-convert-policy"}
@@ -154,12 +179,14 @@ def fake_sbatch(folder: Path) -> Path:
     """An sbatch that records each script it is given and answers increasing job ids, as --parsable does."""
     folder.mkdir()
     script = folder / "sbatch"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         n=$(($(cat {folder}/count 2>/dev/null || echo 100) + 1)); echo $n > {folder}/count
         cp "$2" {folder}/script-$n.sh
         echo "$n"
-    """))
+    """)
+    )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return folder
 
@@ -189,8 +216,8 @@ def test_publishing_without_a_store_fails_before_any_stage_runs(project, monkeyp
 
 
 def test_a_stage_is_fresh_only_with_the_same_config_hash_and_input_versions(project):
-    from rlsteps.plan.compile import worker_config_hash
     from rlsteps.engine.artifact import input_versions
+    from rlsteps.plan.compile import worker_config_hash
     from rlsteps.plan.pipeline import PipelineRequest, _set_aside_stale_run, freshness, load_pipeline, plan_pipeline
 
     def plans(*overrides):
@@ -200,8 +227,10 @@ def test_a_stage_is_fresh_only_with_the_same_config_hash_and_input_versions(proj
     rs = plans()[0]
     output = project / ".rlsteps" / "pipelines" / "tiny" / "rs" / "policy"
     output.mkdir(parents=True)
-    metadata = {"config_hash": worker_config_hash(rs.step, rs.compiled.job.config),
-                "input_versions": input_versions(rs.compiled.job.config["inputs"])}
+    metadata = {
+        "config_hash": worker_config_hash(rs.step, rs.compiled.job.config),
+        "input_versions": input_versions(rs.compiled.job.config["inputs"]),
+    }
     (output / "rlsteps_artifact.json").write_text(json.dumps(metadata))
     assert freshness(rs) == (True, "output exists, same config and inputs")
     assert freshness(plans("rs:train.lr=1e-5")[0]) == (False, "the config changed")
@@ -234,13 +263,16 @@ def test_a_finished_run_is_set_aside_whatever_the_reason_but_a_failed_run_is_res
 
 
 def test_pipeline_wide_overrides_reach_the_stages_that_have_the_key_and_a_key_none_has_is_an_error(project):
-    pipeline = write(project / "p.yaml", """
+    pipeline = write(
+        project / "p.yaml",
+        """
         name: mixed
         overrides: [train.max_steps=3, run.num_threads=1]
         stages:
           - {name: rs, step: rl/rs, config: tiny}
           - {name: to-hf, step: convert/megatron_to_hf, config: tiny, inputs: {checkpoint: "stage:rs"}}
-    """)
+    """,
+    )
     shown = invoke("pipeline", "run", str(pipeline), "--dry-run", "--json")
     assert shown.exit_code == 0, shown.output
     stages = {s["stage"]: s for s in json.loads(shown.stdout)}
@@ -248,4 +280,8 @@ def test_pipeline_wide_overrides_reach_the_stages_that_have_the_key_and_a_key_no
     assert "run.num_threads=1" in stages["to-hf"]["overrides"]
     assert not any(o.startswith("train.") for o in stages["to-hf"]["overrides"])  # a convert step has no train section
     typo = invoke("pipeline", "run", str(pipeline), "--dry-run", "train.max_stepz=3")
-    assert typo.exit_code == 2 and "unknown config key 'train.max_stepz'" in typo.stderr and "train.max_steps" in typo.stderr
+    assert (
+        typo.exit_code == 2
+        and "unknown config key 'train.max_stepz'" in typo.stderr
+        and "train.max_steps" in typo.stderr
+    )

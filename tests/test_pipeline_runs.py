@@ -1,4 +1,5 @@
-"""Pipelines end to end on the tiny world: three stages chained and published, skipped when unchanged, resumed after a failure."""
+"""Pipelines end to end on the tiny world: three stages chained and published, skipped when unchanged, resumed
+after a failure."""
 
 import json
 import shutil
@@ -32,7 +33,9 @@ def test_three_stages_chain_publish_show_their_lineage_and_skip_when_unchanged(t
     assert all(f"{stage}: ran (published tiny-{stage}:v1)" in done.stdout for stage in ("rs", "reinforce", "rlhf"))
 
     rs_out = tmp_path / OUTPUTS.format(pipeline="tiny", stage="rs")
-    reinforce = json.loads((tmp_path / OUTPUTS.format(pipeline="tiny", stage="reinforce") / "rlsteps_artifact.json").read_text())
+    reinforce = json.loads(
+        (tmp_path / OUTPUTS.format(pipeline="tiny", stage="reinforce") / "rlsteps_artifact.json").read_text()
+    )
     assert reinforce["producer"]["step"] == "rl/reinforce" and reinforce["counters"]["step"] == 3
     assert reinforce["inputs"]["policy"] == OUTPUTS.format(pipeline="tiny", stage="rs")
     assert reinforce["input_versions"]["policy"] == fingerprint(str(rs_out))  # it read that very rs output
@@ -41,14 +44,19 @@ def test_three_stages_chain_publish_show_their_lineage_and_skip_when_unchanged(t
     assert lineage[0].startswith("tiny-rlhf:v1 (checkpoint_megatron) from rl/rlhf")
     assert "  policy <- tiny-reinforce:v1" in lineage
     assert "      policy <- tiny-rs:v1" in lineage
-    assert any(line.startswith("          policy <- ") and line.endswith(")") and str(tiny_world.policy_megatron) in line for line in lineage)
+    assert any(
+        line.startswith("          policy <- ") and line.endswith(")") and str(tiny_world.policy_megatron) in line
+        for line in lineage
+    )
 
     again = rlsteps("pipeline", "run", str(pipeline), cwd=tmp_path, timeout=60)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("skipped (output exists, same config and inputs)") == 3
     assert "published" not in again.stdout and len(list((tmp_path / "store" / "tiny-rs").iterdir())) == 1
 
-    changed = rlsteps("pipeline", "run", str(pipeline), "--dry-run", "reinforce:train.lr=1e-5", cwd=tmp_path, timeout=60)
+    changed = rlsteps(
+        "pipeline", "run", str(pipeline), "--dry-run", "reinforce:train.lr=1e-5", cwd=tmp_path, timeout=60
+    )
     assert "stage rs: skip" in changed.stdout
     assert "stage reinforce: run (the config changed)" in changed.stdout
     assert "stage rlhf: run (an upstream stage runs first)" in changed.stdout
@@ -70,7 +78,9 @@ stages:
     assert (tmp_path / OUTPUTS.format(pipeline="two", stage="rs") / "rlsteps_artifact.json").is_file()
     assert not (tmp_path / OUTPUTS.format(pipeline="two", stage="reinforce")).exists()
 
-    prompts.write_text("".join(f'{{"prompt": "Describe the {noun}."}}\n' for noun in ("cat", "dog", "castle", "lake") * 4))
+    prompts.write_text(
+        "".join(f'{{"prompt": "Describe the {noun}."}}\n' for noun in ("cat", "dog", "castle", "lake") * 4)
+    )
     resumed = rlsteps("pipeline", "run", "p.yaml", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "rs: skipped" in resumed.stdout and "reinforce: ran" in resumed.stdout
@@ -83,7 +93,11 @@ def test_a_needed_conversion_runs_as_a_real_convert_stage_before_the_step(tiny_w
     shutil.copytree(REPO / "manifests", root / "manifests")
     shutil.copytree(REPO / "steps", root / "steps")
     rs = root / "manifests" / "rl" / "rs.toml"
-    rs.write_text(rs.read_text().replace('type = "checkpoint"\nkey = "inputs.policy"', 'type = "checkpoint_megatron"\nkey = "inputs.policy"'))
+    rs.write_text(
+        rs.read_text().replace(
+            'type = "checkpoint"\nkey = "inputs.policy"', 'type = "checkpoint_megatron"\nkey = "inputs.policy"'
+        )
+    )
     monkeypatch.setenv("RLSTEPS_ROOT", str(root))
     (tmp_path / "p.yaml").write_text(f"""
 name: conv

@@ -8,7 +8,9 @@ def test_lookup_order_cwd_then_env_then_home(tmp_path, monkeypatch):
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     (home / ".config" / "rlsteps").mkdir(parents=True)
     cwd.mkdir()
-    (home / ".config" / "rlsteps" / "profiles.yaml").write_text("profiles:\n  p: {executor: local, where: home}\n  h: {executor: local}\n")
+    (home / ".config" / "rlsteps" / "profiles.yaml").write_text(
+        "profiles:\n  p: {executor: local, where: home}\n  h: {executor: local}\n"
+    )
     env_file = tmp_path / "env.yaml"
     env_file.write_text("profiles:\n  p: {executor: local, where: env}\n  e: {executor: local}\n")
     (cwd / "rlsteps.yaml").write_text("profiles:\n  p: {executor: local, where: cwd}\n")

@@ -28,14 +28,20 @@ def _close(actual: torch.Tensor, expected: list, abs: float = 1e-6) -> None:
 
 def make_batch(prompt_ids: list[str], response_lengths: list[int], is_end: list[bool], prompt_length: int = 2):
     """Prompt tokens 1..prompt_length, then row i's response tokens 10*(i+1)+j; right-padded with 0."""
-    rows = [list(range(1, prompt_length + 1)) + [10 * (i + 1) + j for j in range(r)]
-            for i, r in enumerate(response_lengths)]
+    rows = [
+        list(range(1, prompt_length + 1)) + [10 * (i + 1) + j for j in range(r)] for i, r in enumerate(response_lengths)
+    ]
     width = max(map(len, rows))
     tokens = torch.tensor([row + [PAD] * (width - len(row)) for row in rows])
     return RolloutBatch(
-        tokens=tokens, prompt_lengths=torch.full((len(rows),), prompt_length), pad_id=PAD,
-        response_lengths=torch.tensor(response_lengths), is_end=torch.tensor(is_end), prompt_ids=prompt_ids,
-        prompt_texts=[f"prompt {p}" for p in prompt_ids], response_texts=[f"response {i}" for i in range(len(rows))],
+        tokens=tokens,
+        prompt_lengths=torch.full((len(rows),), prompt_length),
+        pad_id=PAD,
+        response_lengths=torch.tensor(response_lengths),
+        is_end=torch.tensor(is_end),
+        prompt_ids=prompt_ids,
+        prompt_texts=[f"prompt {p}" for p in prompt_ids],
+        response_texts=[f"response {i}" for i in range(len(rows))],
     )
 
 
@@ -57,8 +63,15 @@ def never_called(batch: RolloutBatch) -> torch.Tensor:
 
 
 def config(schema, algorithm: str, rollouts: dict, **sections):
-    return schema.model_validate({"algorithm": algorithm, "inputs": {"prompts": "p.jsonl", "policy": "sft"}, "output": {"dir": "out"},
-                                  "rollout": rollouts, **sections})
+    return schema.model_validate(
+        {
+            "algorithm": algorithm,
+            "inputs": {"prompts": "p.jsonl", "policy": "sft"},
+            "output": {"dir": "out"},
+            "rollout": rollouts,
+            **sections,
+        }
+    )
 
 
 # --- the registry ------------------------------------------------------------------------------
@@ -92,8 +105,9 @@ def test_rs_keeps_the_best_rollout_per_prompt_and_the_later_one_on_a_tie():
 
 def test_rs_never_selects_an_unscored_rollout():
     batch = make_batch(["a", "a", "b", "b"], response_lengths=[2, 1, 3, 2], is_end=[True] * 4)
-    selected, stats = rs_recipe().prepare(batch, scores([1.0, 9.0, 2.0, 0.0], valid=[True, False, True, True]),
-                                          never_called, never_called)
+    selected, stats = rs_recipe().prepare(
+        batch, scores([1.0, 9.0, 2.0, 0.0], valid=[True, False, True, True]), never_called, never_called
+    )
     assert selected.response_texts == ["response 0", "response 2"]
     assert stats["train/fraction_scored"] == pytest.approx(0.75)
 
@@ -116,8 +130,12 @@ def test_reinforce_folds_the_kl_into_the_reward_and_only_ended_rows_learn():
     batch = make_batch(["p"] * 4, response_lengths=[1, 2, 1, 2], is_end=[True, True, True, False], prompt_length=1)
     logp = torch.full((4, 2), -1.0)
     logp_init = torch.tensor([[-1.2, 0.0], [-1.4, -1.4], [-1.0, 0.0], [-1.6, -1.6]])  # |kl| per row: .2 .4 0 .6
-    cfg = config(ReinforceConfig, "reinforce", {"prompts_per_step": 1, "num_rollouts_per_prompt": 4},
-                 reinforce={"initial_policy_kl_penalty": 0.5, "use_absolute_kl": True})
+    cfg = config(
+        ReinforceConfig,
+        "reinforce",
+        {"prompts_per_step": 1, "num_rollouts_per_prompt": 4},
+        reinforce={"initial_policy_kl_penalty": 0.5, "use_absolute_kl": True},
+    )
     recipe = ReinforceRLOO(cfg)
     prepared, stats = recipe.prepare(batch, scores([2.0, 7.0, -1.0, 0.0]), lambda b: logp, lambda b: logp_init)
 
@@ -137,10 +155,15 @@ def test_reinforce_folds_the_kl_into_the_reward_and_only_ended_rows_learn():
 
 def test_reinforce_masks_an_unscored_row():
     batch = make_batch(["p"] * 3, response_lengths=[1, 1, 1], is_end=[True] * 3, prompt_length=1)
-    cfg = config(ReinforceConfig, "reinforce", {"prompts_per_step": 1, "num_rollouts_per_prompt": 3},
-                 reinforce={"initial_policy_kl_penalty": 0.0})
-    prepared, _ = ReinforceRLOO(cfg).prepare(batch, scores([1.0, 0.0, 3.0], valid=[True, False, True]),
-                                             policy_logprobs, reference_logprobs)
+    cfg = config(
+        ReinforceConfig,
+        "reinforce",
+        {"prompts_per_step": 1, "num_rollouts_per_prompt": 3},
+        reinforce={"initial_policy_kl_penalty": 0.0},
+    )
+    prepared, _ = ReinforceRLOO(cfg).prepare(
+        batch, scores([1.0, 0.0, 3.0], valid=[True, False, True]), policy_logprobs, reference_logprobs
+    )
     _close(prepared.extras[ROW_MASK], [1.0, 0.0, 1.0])
     _close(prepared.extras["advantages"][[0, 2]], [1.0 - 3.0, 3.0 - 1.0])  # the unscored row is no one's peer
 
@@ -149,8 +172,12 @@ def test_reinforce_masks_an_unscored_row():
 
 
 def grpo_recipe(**grpo) -> GRPO:
-    cfg = config(GRPOConfig, "grpo", {"prompts_per_step": 2, "num_rollouts_per_prompt": 2},
-                 grpo={"leave_one_out": False, "normalize_std": True, **grpo})
+    cfg = config(
+        GRPOConfig,
+        "grpo",
+        {"prompts_per_step": 2, "num_rollouts_per_prompt": 2},
+        grpo={"leave_one_out": False, "normalize_std": True, **grpo},
+    )
     return GRPO(cfg)
 
 
@@ -189,10 +216,13 @@ def test_grpo_dynamic_sampling_drops_zero_variance_groups_before_the_logprobs():
     assert torch.equal(prepared.extras["ref_logprobs"], reference_logprobs(prepared))
 
 
-@pytest.mark.parametrize("overlong_filtering, advantages, row_mask", [
-    (True, [-1 / ROOT2, 1 / ROOT2, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]),  # b: one valid row left: no advantage
-    (False, [-1 / ROOT2, 1 / ROOT2, -1 / ROOT2, 1 / ROOT2], [1.0, 1.0, 1.0, 1.0]),
-])
+@pytest.mark.parametrize(
+    "overlong_filtering, advantages, row_mask",
+    [
+        (True, [-1 / ROOT2, 1 / ROOT2, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]),  # b: one valid row left: no advantage
+        (False, [-1 / ROOT2, 1 / ROOT2, -1 / ROOT2, 1 / ROOT2], [1.0, 1.0, 1.0, 1.0]),
+    ],
+)
 def test_grpo_overlong_filtering_masks_rows_that_did_not_end(overlong_filtering, advantages, row_mask):
     batch = grpo_batch(is_end=(True, True, True, False))
     recipe = grpo_recipe(kl_beta=0.0, overlong_filtering=overlong_filtering)

@@ -28,8 +28,15 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 def tiny_model(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -52,6 +59,7 @@ def write_stub_policy(text: str = "weights"):
     def write(policy_dir: Path) -> None:
         policy_dir.mkdir()
         (policy_dir / "weights.txt").write_text(text)
+
     return write
 
 
@@ -258,8 +266,11 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path, c
     root, ready, log = tmp_path / "ckpt", tmp_path / "ready", tmp_path / "worker.log"
     expected = tmp_path / "expected.safetensors"
     with log.open("w") as out:
-        worker = subprocess.Popen([sys.executable, "-c", KILL_WORKER, str(root), str(ready), str(expected)],
-                                  stdout=out, stderr=subprocess.STDOUT)
+        worker = subprocess.Popen(
+            [sys.executable, "-c", KILL_WORKER, str(root), str(ready), str(expected)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 180
         while not ready.exists():
@@ -295,8 +306,14 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path, c
 
 def test_corrupt_trainer_state_gives_an_error_naming_the_file(tmp_path):
     manager = CheckpointManager(tmp_path)
-    path = manager.save(1, None, None, {"optimizer": {"state": {}, "weights": torch.ones(64)}}, info(1),
-                        write_policy=write_stub_policy())
+    path = manager.save(
+        1,
+        None,
+        None,
+        {"optimizer": {"state": {}, "weights": torch.ones(64)}},
+        info(1),
+        write_policy=write_stub_policy(),
+    )
     state_file = path / "trainer_state.pt"
     data = state_file.read_bytes()
     state_file.write_bytes(data[: len(data) // 2])  # truncated

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rlsteps.engine.rewards.process import LocalServer, ServerStartError, free_port
 from rlsteps.engine.rewards.rm.client import (
     INVALID_ANSWER_RETRIES,
     RewardClient,
@@ -22,7 +23,6 @@ from rlsteps.engine.rewards.rm.client import (
     RewardServerError,
     RewardServerUnavailable,
 )
-from rlsteps.engine.rewards.process import LocalServer, ServerStartError, free_port
 from rlsteps.engine.rewards.rm.scorer import RewardScorer
 
 Answer = tuple[int, str, dict[str, str]]  # status, body, headers
@@ -172,7 +172,7 @@ def test_local_server_starts_answers_and_is_stopped(tmp_path: Path) -> None:
     assert process is not None and process.returncode == -signal.SIGKILL  # it ignored SIGTERM
     assert "serving" in (tmp_path / "logs" / "server.log").read_text()
     with pytest.raises(RuntimeError, match="not running"):
-        server.url
+        _ = server.url
 
 
 def test_local_server_that_crashes_reports_its_log_tail(tmp_path: Path) -> None:

@@ -10,11 +10,12 @@ import httpx
 import pytest
 import torch
 
-from rlsteps.engine.rewards.rm.client import RewardClient
 from model_fixtures import LINES, PROMPTS, RESPONSES, save_reward_model, serving
+from rlsteps.engine.rewards.rm.client import RewardClient
 from rlsteps.engine.rewards.rm.scorer import RewardScorer
 from rlsteps.engine.rewards.rm.server import create_app
 from rlsteps.engine.rewards.text import reward_input_text
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -38,7 +38,12 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     assert val[-1] > val[0], val
     meta = artifact_metadata(run)  # Megatron in (the tiny configs read policy_megatron), Megatron out
     assert meta["type"] == "checkpoint_megatron" and meta["producer"]["step"] == step
-    assert meta["counters"] == {"step": 16, "consumed_samples": 256, "optimizer_steps": meta["counters"]["optimizer_steps"], "epoch": 0}
+    assert meta["counters"] == {
+        "step": 16,
+        "consumed_samples": 256,
+        "optimizer_steps": meta["counters"]["optimizer_steps"],
+        "epoch": 0,
+    }
     iteration = meta["counters"]["optimizer_steps"]
     assert (run / "policy" / "latest_checkpointed_iteration.txt").read_text() == str(iteration)
     assert (run / "policy" / f"iter_{iteration:07d}" / "metadata.json").is_file()
@@ -77,11 +82,21 @@ def test_rerun_resumes_and_a_sigkilled_run_ends_with_the_same_weights(tiny_world
 def test_reward_server_down_mid_run_stops_after_a_checkpoint_and_the_rerun_resumes(tiny_world, tmp_path):
     from rlsteps.engine.rewards.process import LocalServer
 
-    args = ["train.max_steps=6", "checkpoint.interval=1", "validation.interval=0", "rm.max_retries=1",
-            "rm.backoff_s=0.1", "rm.timeout_s=5", *FAST]
-    with LocalServer("rlsteps.engine.rewards.rm", ["--model", str(tiny_world.reward_model)],
-                     log_path=tmp_path / "rm.log") as server:
-        process = start_rlsteps("run", "rs", "-c", "tiny", f"rm.url={server.url}", *args, cwd=tmp_path, log=tmp_path / "run.log")
+    args = [
+        "train.max_steps=6",
+        "checkpoint.interval=1",
+        "validation.interval=0",
+        "rm.max_retries=1",
+        "rm.backoff_s=0.1",
+        "rm.timeout_s=5",
+        *FAST,
+    ]
+    with LocalServer(
+        "rlsteps.engine.rewards.rm", ["--model", str(tiny_world.reward_model)], log_path=tmp_path / "rm.log"
+    ) as server:
+        process = start_rlsteps(
+            "run", "rs", "-c", "tiny", f"rm.url={server.url}", *args, cwd=tmp_path, log=tmp_path / "run.log"
+        )
         wait_for(run_dir(tmp_path, "rl_rs") / "checkpoints" / "step_2" / "COMPLETE", 300, process)
     _assert_stopped_cleanly(process, tmp_path / "run.log", run_dir(tmp_path, "rl_rs"))
 
@@ -92,8 +107,18 @@ def test_reward_server_down_mid_run_stops_after_a_checkpoint_and_the_rerun_resum
 
 
 def test_unreachable_reward_server_fails_fast_with_the_url_and_the_fix(tiny_world, tmp_path):
-    done = rlsteps("run", "rs", "-c", "tiny", "rm.url=http://127.0.0.1:9", "rm.max_retries=1", "rm.backoff_s=0.1", *FAST,
-                   cwd=tmp_path, timeout=300)
+    done = rlsteps(
+        "run",
+        "rs",
+        "-c",
+        "tiny",
+        "rm.url=http://127.0.0.1:9",
+        "rm.max_retries=1",
+        "rm.backoff_s=0.1",
+        *FAST,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert done.returncode == 1
     assert "http://127.0.0.1:9" in done.stderr and "rlsteps serve rm" in done.stderr
     assert "Traceback" not in done.stderr
@@ -120,9 +145,19 @@ def test_a_differently_configured_architecture_trains(tiny_world, tmp_path, arch
     model.save_pretrained(policy)
     tokenizer.save_pretrained(policy)
     for slug, step in (("rl_rs", "rl/rs"), ("rl_reinforce", "rl/reinforce")):
-        done = rlsteps("run", step, "-c", "tiny", f"inputs.policy={policy}", "train.max_steps=2",
-                       "validation.interval=0", "rollout.sampling.max_new_tokens=12", f"output.type={output}", *FAST,
-                       cwd=tmp_path)
+        done = rlsteps(
+            "run",
+            step,
+            "-c",
+            "tiny",
+            f"inputs.policy={policy}",
+            "train.max_steps=2",
+            "validation.interval=0",
+            "rollout.sampling.max_new_tokens=12",
+            f"output.type={output}",
+            *FAST,
+            cwd=tmp_path,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         from rlsteps.engine.policy.model import load_policy
 
@@ -150,20 +185,40 @@ def test_a_policy_without_a_megatron_layout_fails_before_training_when_megatron_
 def test_judge_down_mid_run_stops_cleanly_with_checkpoints_intact(tiny_world, tmp_path):
     from rlsteps.engine.rewards.process import LocalServer
 
-    args = ["train.max_steps=6", "checkpoint.interval=1", "validation.interval=0", "judge.on_failure=stop",
-            "judge.max_retries=1", "judge.timeout_s=5", *FAST]
-    with LocalServer("rlsteps.engine.rewards.judge", ["--model", str(tiny_world.reward_model)],
-                     log_path=tmp_path / "judge.log") as server:
-        process = start_rlsteps("run", "rlhf", "-c", "tiny", f"judge.url={server.url}/v1", *args, cwd=tmp_path,
-                                log=tmp_path / "run.log")
+    args = [
+        "train.max_steps=6",
+        "checkpoint.interval=1",
+        "validation.interval=0",
+        "judge.on_failure=stop",
+        "judge.max_retries=1",
+        "judge.timeout_s=5",
+        *FAST,
+    ]
+    with LocalServer(
+        "rlsteps.engine.rewards.judge", ["--model", str(tiny_world.reward_model)], log_path=tmp_path / "judge.log"
+    ) as server:
+        process = start_rlsteps(
+            "run", "rlhf", "-c", "tiny", f"judge.url={server.url}/v1", *args, cwd=tmp_path, log=tmp_path / "run.log"
+        )
         wait_for(run_dir(tmp_path, "rl_rlhf") / "checkpoints" / "step_2" / "COMPLETE", 300, process)
     _assert_stopped_cleanly(process, tmp_path / "run.log", run_dir(tmp_path, "rl_rlhf"))
 
 
 def test_batch_profile_detaches_and_the_job_finishes_in_the_background(tiny_world, tmp_path):
     (tmp_path / "rlsteps.yaml").write_text("profiles:\n  here: {executor: local}\n")
-    done = rlsteps("run", "rs", "-c", "tiny", "-b", "here", "train.max_steps=2", "validation.interval=0", *FAST,
-                   cwd=tmp_path, timeout=60)
+    done = rlsteps(
+        "run",
+        "rs",
+        "-c",
+        "tiny",
+        "-b",
+        "here",
+        "train.max_steps=2",
+        "validation.interval=0",
+        *FAST,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "submitted job" in done.stdout
     job_dir = next((tmp_path / ".rlsteps" / "jobs").iterdir())
@@ -179,10 +234,15 @@ def test_the_convert_steps_round_trip_the_tiny_policy_bit_for_bit(tiny_world, tm
     to_megatron = rlsteps("run", "convert/hf_to_megatron", "-c", "tiny", cwd=tmp_path, timeout=300)
     assert to_megatron.returncode == 0, to_megatron.stderr[-3000:]
     megatron = run_dir(tmp_path, "convert_hf_to_megatron") / "policy"
-    back = rlsteps("run", "convert/megatron_to_hf", "-c", "tiny", f"inputs.checkpoint={megatron}", cwd=tmp_path, timeout=300)
+    back = rlsteps(
+        "run", "convert/megatron_to_hf", "-c", "tiny", f"inputs.checkpoint={megatron}", cwd=tmp_path, timeout=300
+    )
     assert back.returncode == 0, back.stderr[-3000:]
     hf = run_dir(tmp_path, "convert_megatron_to_hf") / "policy"
-    assert artifact_metadata(hf.parent)["type"] == "checkpoint_hf" and artifact_metadata(megatron.parent)["type"] == "checkpoint_megatron"
+    assert (
+        artifact_metadata(hf.parent)["type"] == "checkpoint_hf"
+        and artifact_metadata(megatron.parent)["type"] == "checkpoint_megatron"
+    )
     original, returned = weights(tiny_world.policy), weights(hf)
     assert original.keys() == returned.keys() and all(torch.equal(original[k], returned[k]) for k in original)
     assert json.loads((hf / "config.json").read_text()) == json.loads((tiny_world.policy / "config.json").read_text())

@@ -10,9 +10,17 @@ def test_secret_words_not_substrings():
 
 def test_mask_nested_and_argv():
     data = {"rm": {"token": "abc", "url": "u"}, "env_vars": {"HF_TOKEN": "x", "A": "b"}, "empty_key": None}
-    assert mask(data) == {"rm": {"token": MASK, "url": "u"}, "env_vars": {"HF_TOKEN": MASK, "A": "b"}, "empty_key": None}
+    assert mask(data) == {
+        "rm": {"token": MASK, "url": "u"},
+        "env_vars": {"HF_TOKEN": MASK, "A": "b"},
+        "empty_key": None,
+    }
     assert mask_argv(["rm.token=abc", "+judge.api_key=k", "train.lr=1", "run"]) == [
-        f"rm.token={MASK}", f"+judge.api_key={MASK}", "train.lr=1", "run"]
+        f"rm.token={MASK}",
+        f"+judge.api_key={MASK}",
+        "train.lr=1",
+        "run",
+    ]
 
 
 def test_secret_paths_and_env_names():
@@ -22,4 +30,10 @@ def test_secret_paths_and_env_names():
 
 def test_mask_argv_masks_the_word_after_a_secret_flag():
     assert mask_argv(["--hf-token", "abc", "--log-level", "debug", "--api-key=k", "x"]) == [
-        "--hf-token", MASK, "--log-level", "debug", f"--api-key={MASK}", "x"]
+        "--hf-token",
+        MASK,
+        "--log-level",
+        "debug",
+        f"--api-key={MASK}",
+        "x",
+    ]

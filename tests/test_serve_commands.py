@@ -22,8 +22,14 @@ def _options(help_text: str) -> set[str]:
 
 
 def _python_m(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SERVERS))

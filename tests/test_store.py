@@ -7,10 +7,10 @@ import fsspec
 import pytest
 
 from cli_helpers import invoke
+from rlsteps.artifacts.store import ArtifactStore, parse_reference, resolve_reference, store_root
 from rlsteps.catalog import load_catalog
 from rlsteps.engine.artifact import METADATA_FILE, fingerprint
 from rlsteps.errors import ArtifactError, UsageError
-from rlsteps.artifacts.store import ArtifactStore, parse_reference, resolve_reference, store_root
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +24,18 @@ def run_output(path, producer_job, inputs=None, weights=b"w1", created="2026-01-
     (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     (path / "model.safetensors").write_bytes(weights)
     inputs = inputs or {}
-    (path / METADATA_FILE).write_text(json.dumps({
-        "type": "checkpoint_hf", "producer": {"step": "rl/rs", "job": producer_job}, "config_hash": "abc",
-        "inputs": inputs, "input_versions": {k: fingerprint(v) for k, v in inputs.items()}, "created": created,
-    }))
+    (path / METADATA_FILE).write_text(
+        json.dumps(
+            {
+                "type": "checkpoint_hf",
+                "producer": {"step": "rl/rs", "job": producer_job},
+                "config_hash": "abc",
+                "inputs": inputs,
+                "input_versions": {k: fingerprint(v) for k, v in inputs.items()},
+                "created": created,
+            }
+        )
+    )
     return path
 
 
@@ -109,11 +117,16 @@ def test_lineage_follows_published_inputs_through_the_chain(catalog, tmp_path):
     rs = run_output(tmp_path / "runs" / "rs" / "policy", "job-rs", {"prompts": str(prompts)})
     store.publish(catalog, str(rs), "rs-policy")
     # the next stage read the run's output path (not the store copy): linked through the version it read
-    reinforce = run_output(tmp_path / "runs" / "reinforce" / "policy", "job-reinforce", {"policy": str(rs), "prompts": str(prompts)})
+    reinforce = run_output(
+        tmp_path / "runs" / "reinforce" / "policy", "job-reinforce", {"policy": str(rs), "prompts": str(prompts)}
+    )
     store.publish(catalog, str(reinforce), "reinforce-policy")
     # a step that read a store version directly, by its path
-    rlhf = run_output(tmp_path / "runs" / "rlhf" / "policy", "job-rlhf",
-                      {"policy": resolve_reference_in(store, "artifact:reinforce-policy:v1")})
+    rlhf = run_output(
+        tmp_path / "runs" / "rlhf" / "policy",
+        "job-rlhf",
+        {"policy": resolve_reference_in(store, "artifact:reinforce-policy:v1")},
+    )
     final = store.publish(catalog, str(rlhf), "rlhf-policy")
     assert final.metadata["inputs"]["policy"]["artifact"] == "reinforce-policy:v1"
     lines = [("  " * depth) + text for depth, text in store.lineage(final)]

@@ -15,13 +15,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from rlsteps.tiny import build, evaluate, recipe, training
-from rlsteps.tiny.tokenizer import chat_prompt, train_tokenizer
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.build import ensure_tiny_world, load_tiny_world
-from rlsteps.tiny.layout import TINY_WORLD_VERSION, tiny_world_dir
+from rlsteps.tiny.layout import TINY_WORLD_VERSION, rlsteps_home, tiny_world_dir
 from rlsteps.tiny.models import build_random_causal_lm
-from rlsteps.tiny.layout import rlsteps_home
 from rlsteps.tiny.task import BEST_TRUE_REWARD, true_reward
+from rlsteps.tiny.tokenizer import chat_prompt, train_tokenizer
 
 RESPONSE_FORMAT = re.compile(r"^(The [a-z]+|It) (is|looks|seems) [a-z]+((, [a-z]+)* and [a-z]+)?\.$")
 
@@ -353,7 +352,9 @@ def test_two_fresh_builds_are_bit_identical(tmp_path):
     for home in (tmp_path / "a", tmp_path / "b"):
         world = ensure_tiny_world(seed=0, home=home, log=lambda message: None)
         # torch DCP's .metadata records the folder and a fresh save id on every save; the tensors are in *.distcp
-        files = sorted(p for p in world.root.rglob("*") if p.is_file() and p.name not in {"world.json", "README.md", ".metadata"})
+        files = sorted(
+            p for p in world.root.rglob("*") if p.is_file() and p.name not in {"world.json", "README.md", ".metadata"}
+        )
         digests.append({str(p.relative_to(world.root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files})
     assert "policy/model.safetensors" in digests[0] and "reward_model/model.safetensors" in digests[0]
     assert "policy_megatron/iter_0000000/__0_0.distcp" in digests[0]

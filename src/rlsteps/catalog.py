@@ -134,7 +134,8 @@ class Catalog:
             return wanted is None or any(self.is_a(s.type, wanted) for s in specs)  # the type or a subtype of it
 
         return [
-            s for s in sorted(self.steps.values(), key=lambda s: s.id)
+            s
+            for s in sorted(self.steps.values(), key=lambda s: s.id)
             if accepts(s.consumes, consumes) and accepts(s.produces, produces) and (tag is None or tag in s.tags)
         ]
 
@@ -147,7 +148,9 @@ def project_root() -> Path:
         for folder in (start, *start.parents):
             if (folder / "manifests" / "types.toml").is_file() and (folder / "steps").is_dir():
                 return folder
-    raise UsageError("cannot find the rlsteps manifests/ and steps/ folders", fix=f"set {ROOT_ENV} to the rlsteps checkout")
+    raise UsageError(
+        "cannot find the rlsteps manifests/ and steps/ folders", fix=f"set {ROOT_ENV} to the rlsteps checkout"
+    )
 
 
 def load_catalog(root: Path | None = None) -> Catalog:

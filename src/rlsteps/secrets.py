@@ -34,7 +34,9 @@ def mask_argv(argv: list[str]) -> list[str]:
     out = []
     for i, word in enumerate(argv):
         key, sep, val = word.partition("=")
-        follows_flag = i > 0 and argv[i - 1].startswith("-") and "=" not in argv[i - 1] and is_secret_key(argv[i - 1].lstrip("-"))
+        follows_flag = (
+            i > 0 and argv[i - 1].startswith("-") and "=" not in argv[i - 1] and is_secret_key(argv[i - 1].lstrip("-"))
+        )
         if (sep and val and is_secret_key(key.lstrip("+-"))) or (follows_flag and not word.startswith("-")):
             out.append(f"{key}={MASK}" if sep and not follows_flag else MASK)
         else:

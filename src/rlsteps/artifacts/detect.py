@@ -7,7 +7,8 @@ never weights.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fsspec.core import url_to_fs
 
@@ -59,7 +60,11 @@ def _is_hf_causal_lm(ref: str) -> bool:
 def _is_hf_reward_model(ref: str) -> bool:
     config = _read_json(ref, "config.json") or {}
     archs = _architectures(ref)
-    return any(a.endswith("ForSequenceClassification") for a in archs) and config.get("num_labels", len(config.get("id2label") or {1: 0})) == 1 and _has_weights(ref)
+    return (
+        any(a.endswith("ForSequenceClassification") for a in archs)
+        and config.get("num_labels", len(config.get("id2label") or {1: 0})) == 1
+        and _has_weights(ref)
+    )
 
 
 def _is_hf_any_model(ref: str) -> bool:

@@ -5,8 +5,9 @@ A reference is a local path or any fsspec URL; what it holds is decided by rlste
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from rlsteps.artifacts.detect import detect_types, exists
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
@@ -44,7 +45,9 @@ def check_input(catalog: Catalog, spec_name: str, key: str, ref: str | None, req
     return ResolvedInput(spec_name, key, ref, required_type, detected, status)
 
 
-def promised_input(catalog: Catalog, spec_name: str, key: str, ref: str, required_type: str, produced_type: str) -> ResolvedInput:
+def promised_input(
+    catalog: Catalog, spec_name: str, key: str, ref: str, required_type: str, produced_type: str
+) -> ResolvedInput:
     """An input an earlier pipeline stage will write: checked against the type that stage's manifest declares."""
     status = "pending" if catalog.is_a(produced_type, required_type) else "wrong_type"
     return ResolvedInput(spec_name, key, ref, required_type, [produced_type], status)
@@ -72,8 +75,13 @@ def required_here(spec: ArtifactSpec, config: dict[str, Any]) -> bool:
     return spec.required and not (spec.required_unless and lookup(config, spec.required_unless))
 
 
-def check_inputs(catalog: Catalog, step: Step, config: dict[str, Any], promised: Mapping[str, str] = {},
-                 built_before_run: str | None = None) -> list[ResolvedInput]:
+def check_inputs(
+    catalog: Catalog,
+    step: Step,
+    config: dict[str, Any],
+    promised: Mapping[str, str] = {},
+    built_before_run: str | None = None,
+) -> list[ResolvedInput]:
     """The state of every input the manifest declares, raising nothing.
 
     promised: input name -> the type an earlier pipeline stage will write there (not on disk yet).
@@ -82,16 +90,20 @@ def check_inputs(catalog: Catalog, step: Step, config: dict[str, Any], promised:
     resolved = []
     for s in step.consumes:
         ref = lookup(config, s.key)
-        item = (promised_input(catalog, s.name, s.key, ref, s.type, promised[s.name]) if s.name in promised
-                else check_input(catalog, s.name, s.key, ref, s.type))
+        item = (
+            promised_input(catalog, s.name, s.key, ref, s.type, promised[s.name])
+            if s.name in promised
+            else check_input(catalog, s.name, s.key, ref, s.type)
+        )
         if item.status == "missing" and built_before_run and str(ref).startswith(built_before_run):
             item = replace(item, status="pending")
         resolved.append(item)
     return resolved
 
 
-def resolve_inputs(catalog: Catalog, step: Step, config: dict[str, Any],
-                   promised: Mapping[str, str] = {}) -> list[ResolvedInput]:
+def resolve_inputs(
+    catalog: Catalog, step: Step, config: dict[str, Any], promised: Mapping[str, str] = {}
+) -> list[ResolvedInput]:
     """Check every input the manifest declares; raise ArtifactError (exit 3) naming the first problem."""
     resolved = check_inputs(catalog, step, config, promised)
     for spec, item in zip(step.consumes, resolved):
@@ -111,7 +123,9 @@ def raise_for(catalog: Catalog, required: bool, item: ResolvedInput, allow_conve
     if item.status == "absent" and required:
         raise ArtifactError(f"input '{item.name}' ({wanted}) is required", fix=f"pass {item.key}=PATH")
     if item.status == "missing":
-        raise ArtifactError(f"input '{item.name}': {item.ref} does not exist", fix=f"pass {item.key}=PATH to a {wanted}")
+        raise ArtifactError(
+            f"input '{item.name}': {item.ref} does not exist", fix=f"pass {item.key}=PATH to a {wanted}"
+        )
     if item.status != "wrong_type":
         return None
     what = " or ".join(item.detected) if item.detected else "not a recognised artifact"
@@ -120,12 +134,17 @@ def raise_for(catalog: Catalog, required: bool, item: ResolvedInput, allow_conve
     if conversion is None:
         raise ArtifactError(problem, fix=f"point {item.key} at a {wanted}")
     if not allow_convert:
-        raise ArtifactError(problem, fix=f"convert it with the step {conversion.step_id} (in a pipeline, set convert: true), "
-                                         f"or point {item.key} at a {item.required_type}")
+        raise ArtifactError(
+            problem,
+            fix=f"convert it with the step {conversion.step_id} (in a pipeline, set convert: true), "
+            f"or point {item.key} at a {item.required_type}",
+        )
     if conversion.step_id not in catalog.steps:
-        raise ArtifactError(f"{problem}; converting {conversion.source} to {conversion.target} needs the step "
-                            f"{conversion.step_id}, which is not available in this catalog",
-                            fix=f"convert it outside rlsteps and point {item.key} at the {item.required_type}")
+        raise ArtifactError(
+            f"{problem}; converting {conversion.source} to {conversion.target} needs the step "
+            f"{conversion.step_id}, which is not available in this catalog",
+            fix=f"convert it outside rlsteps and point {item.key} at the {item.required_type}",
+        )
     return conversion
 
 
@@ -136,7 +155,9 @@ def produced_type(spec: ArtifactSpec, config: dict[str, Any]) -> str:
 
 
 def output_ref(config: dict[str, Any], spec: ArtifactSpec) -> str:
-    """Where a step writes an output: the folder named after it in the run directory its key holds (<output.dir>/policy)."""
+    """Where a step writes an output: the folder named after it in the run directory its key holds.
+
+    For example <output.dir>/policy."""
     return f"{str(lookup(config, spec.key)).rstrip('/')}/{spec.name}"
 
 

@@ -58,8 +58,10 @@ def store_root() -> str:
         raw = OmegaConf.to_container(OmegaConf.load(settings), resolve=False) or {}
         root = ((raw.get("artifacts") or {}) if isinstance(raw, dict) else {}).get("root")
     if not root:
-        raise UsageError("no artifact store is configured",
-                         fix=f"add `artifacts: {{root: DIR_OR_URL}}` to ./rlsteps.yaml or set {ROOT_ENV}")
+        raise UsageError(
+            "no artifact store is configured",
+            fix=f"add `artifacts: {{root: DIR_OR_URL}}` to ./rlsteps.yaml or set {ROOT_ENV}",
+        )
     return str(root) if "://" in str(root) else str(Path(str(root)).expanduser().absolute())
 
 
@@ -67,7 +69,9 @@ def parse_reference(ref: str) -> tuple[str, int | None]:
     """artifact:NAME, artifact:NAME:latest -> (NAME, None); artifact:NAME:vN -> (NAME, N)."""
     name, _, version = ref.removeprefix(SCHEME).partition(":")
     if not NAME.fullmatch(name) or not (version in ("", "latest") or VERSION_DIR.fullmatch(version)):
-        raise UsageError(f"'{ref}' is not an artifact reference", fix="write artifact:NAME, artifact:NAME:latest or artifact:NAME:v3")
+        raise UsageError(
+            f"'{ref}' is not an artifact reference", fix="write artifact:NAME, artifact:NAME:latest or artifact:NAME:v3"
+        )
     return name, None if version in ("", "latest") else int(version[1:])
 
 
@@ -82,8 +86,11 @@ class ArtifactStore:
     def names(self) -> list[str]:
         if not self.fs.isdir(self.path):
             return []
-        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.path, detail=False)
-                      if self.fs.isdir(p) and self.versions(p.rstrip("/").rsplit("/", 1)[-1]))
+        return sorted(
+            p.rstrip("/").rsplit("/", 1)[-1]
+            for p in self.fs.ls(self.path, detail=False)
+            if self.fs.isdir(p) and self.versions(p.rstrip("/").rsplit("/", 1)[-1])
+        )
 
     def versions(self, name: str) -> list[Version]:
         """The complete versions of NAME, oldest first."""
@@ -102,7 +109,9 @@ class ArtifactStore:
         for entry in self.fs.ls(folder, detail=False):
             base = entry.rstrip("/").rsplit("/", 1)[-1]
             match = VERSION_DIR.fullmatch(base.split(".tmp-")[0])
-            if match and (not complete_only or (base == f"v{match[1]}" and self.fs.isfile(f"{entry.rstrip('/')}/{METADATA_FILE}"))):
+            if match and (
+                not complete_only or (base == f"v{match[1]}" and self.fs.isfile(f"{entry.rstrip('/')}/{METADATA_FILE}"))
+            ):
                 numbers.append(int(match[1]))
         return sorted(set(numbers))
 
@@ -135,7 +144,7 @@ class ArtifactStore:
         fs, path = url_to_fs(ref)
         if type(fs) is not type(self.fs) or not path.startswith(self.path + "/"):
             return None
-        parts = path[len(self.path) + 1:].split("/")
+        parts = path[len(self.path) + 1 :].split("/")
         if len(parts) < 2 or not VERSION_DIR.fullmatch(parts[1]):
             return None
         try:
@@ -151,11 +160,16 @@ class ArtifactStore:
             raise UsageError(f"'{name}' is not a valid artifact name", fix="use letters, digits, '.', '_' and '-'")
         src_fs, src_path = url_to_fs(source)
         if not src_fs.exists(src_path):
-            raise ArtifactError(f"{source} does not exist", fix="publish a finished run's output artifact, e.g. .rlsteps/runs/rl_rs-tiny/policy")
+            raise ArtifactError(
+                f"{source} does not exist",
+                fix="publish a finished run's output artifact, e.g. .rlsteps/runs/rl_rs-tiny/policy",
+            )
         own = _read_metadata(src_fs, src_path)
         types = detect_types(catalog, source)
         if not types:
-            raise ArtifactError(f"{source} is not a recognised artifact", fix=f"known types: {', '.join(sorted(catalog.types))}")
+            raise ArtifactError(
+                f"{source} is not a recognised artifact", fix=f"known types: {', '.join(sorted(catalog.types))}"
+            )
         number = max(self._numbers(name, complete_only=False), default=0) + 1
         staging = f"{self.path}/{name}/v{number}.tmp-{uuid.uuid4().hex[:8]}"
         digest, size = _copy_tree(src_fs, src_path, self.fs, staging)
@@ -164,11 +178,18 @@ class ArtifactStore:
             raise ArtifactError(f"{self._url(name, f'v{number}')} appeared while publishing", fix="publish again")
         self.fs.mv(staging, final, recursive=True)
         metadata = {
-            "name": name, "version": number, "type": types[0], "entry": _entry(src_fs, src_path),
-            "producer": own.get("producer"), "config_hash": own.get("config_hash"), "counters": own.get("counters"),
+            "name": name,
+            "version": number,
+            "type": types[0],
+            "entry": _entry(src_fs, src_path),
+            "producer": own.get("producer"),
+            "config_hash": own.get("config_hash"),
+            "counters": own.get("counters"),
             "inputs": self._link_inputs(own),
             "source": {"ref": source, "fingerprint": fingerprint(source), "created": own.get("created")},
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "size_bytes": size, "content_hash": digest,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "size_bytes": size,
+            "content_hash": digest,
         }
         with self.fs.open(f"{final}/{METADATA_FILE}", "wt") as f:
             f.write(json.dumps(metadata, indent=2, sort_keys=True, default=str))
@@ -190,8 +211,13 @@ class ArtifactStore:
         """(depth, line) rows: the version, then each input, and each published input's own inputs, recursively."""
         meta = version.metadata
         producer = meta.get("producer") or {}
-        rows = [(depth, f"{version.label} ({meta.get('type')}) from {producer.get('step') or 'outside rlsteps'}"
-                        f"{' job ' + producer['job'] if producer.get('job') else ''}, config {meta.get('config_hash')}")]
+        rows = [
+            (
+                depth,
+                f"{version.label} ({meta.get('type')}) from {producer.get('step') or 'outside rlsteps'}"
+                f"{' job ' + producer['job'] if producer.get('job') else ''}, config {meta.get('config_hash')}",
+            )
+        ]
         for input_name, item in sorted((meta.get("inputs") or {}).items()):
             label = item.get("artifact")
             if label and label not in seen:
@@ -228,7 +254,7 @@ def _copy_tree(src_fs: Any, src: str, dst_fs: Any, dst: str) -> tuple[str, int]:
     digest, size = hashlib.sha256(), 0
     dst_fs.makedirs(dst, exist_ok=True)
     for file in files:
-        relative = file[len(base) + 1:]
+        relative = file[len(base) + 1 :]
         if relative == METADATA_FILE:
             continue
         digest.update(relative.encode() + b"\0")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -18,8 +17,12 @@ from rlsteps.errors import RlstepsError, UsageError
 out = Console()
 err = Console(stderr=True)
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
-                  help="Step-based online RL post-training: rejection sampling, REINFORCE/RLOO, GRPO-RLHF.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    help="Step-based online RL post-training: rejection sampling, REINFORCE/RLOO, GRPO-RLHF.",
+)
 steps_app = typer.Typer(no_args_is_help=True, help="The step commands (the same as the top-level list/show/run).")
 app.add_typer(steps_app, name="steps")
 app.add_typer(serve_app, name="serve")
@@ -37,9 +40,9 @@ def _catalog():
 
 
 def list_steps(
-    consumes: Optional[str] = typer.Option(None, "--consumes", help="Only steps that consume this artifact type."),
-    produces: Optional[str] = typer.Option(None, "--produces", help="Only steps that produce this artifact type."),
-    tag: Optional[str] = typer.Option(None, "--tag", help="Only steps with this tag."),
+    consumes: str | None = typer.Option(None, "--consumes", help="Only steps that consume this artifact type."),
+    produces: str | None = typer.Option(None, "--produces", help="Only steps that produce this artifact type."),
+    tag: str | None = typer.Option(None, "--tag", help="Only steps with this tag."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List the steps."""
@@ -48,7 +51,9 @@ def list_steps(
     catalog = _catalog()
     for wanted in (consumes, produces):
         if wanted is not None and wanted not in catalog.types:
-            raise UsageError(f"unknown artifact type '{wanted}'", fix=f"known types: {', '.join(sorted(catalog.types))}")
+            raise UsageError(
+                f"unknown artifact type '{wanted}'", fix=f"known types: {', '.join(sorted(catalog.types))}"
+            )
     steps = catalog.filter(consumes=consumes, produces=produces, tag=tag)
     if as_json:
         out.print_json(json.dumps([s.as_dict() for s in steps], default=str))
@@ -56,8 +61,10 @@ def list_steps(
         out.print(render.steps_table(steps))
 
 
-def show_step(step: str = typer.Argument(..., help="A step id (rl/rs) or a unique suffix (rs)."),
-              as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def show_step(
+    step: str = typer.Argument(..., help="A step id (rl/rs) or a unique suffix (rs)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
     """Show a step: its artifacts, parameters, strategies and errors."""
     from rlsteps.cli import render
 
@@ -71,10 +78,12 @@ def show_step(step: str = typer.Argument(..., help="A step id (rl/rs) or a uniqu
 def run_step(
     ctx: typer.Context,
     step: str = typer.Argument(..., help="A step id (rl/rs) or a unique suffix (rs)."),
-    overrides: Optional[list[str]] = typer.Argument(None, help="key=value config overrides (+key=value adds a key)."),
+    overrides: list[str] | None = typer.Argument(None, help="key=value config overrides (+key=value adds a key)."),
     config: str = typer.Option("default", "-c", "--config", help="A config name under steps/<step>/ or a YAML path."),
-    run_profile: Optional[str] = typer.Option(None, "-r", "--run", help="Run attached on this profile."),
-    batch_profile: Optional[str] = typer.Option(None, "-b", "--batch", help="Submit a detached batch job on this profile."),
+    run_profile: str | None = typer.Option(None, "-r", "--run", help="Run attached on this profile."),
+    batch_profile: str | None = typer.Option(
+        None, "-b", "--batch", help="Submit a detached batch job on this profile."
+    ),
     dry_run: bool = typer.Option(False, "-d", "--dry-run", help="Print the merged config and the launch; do nothing."),
     force_squash: bool = typer.Option(False, "--force-squash", help="Rebuild the squashed container image."),
 ) -> None:
@@ -85,10 +94,18 @@ def run_step(
     words = list(overrides or []) + list(ctx.args)
     stray = [w for w in words if "=" not in w]
     if stray:
-        raise UsageError(f"unexpected argument '{stray[0]}'", fix="overrides are key=value; put worker arguments after --")
+        raise UsageError(
+            f"unexpected argument '{stray[0]}'", fix="overrides are key=value; put worker arguments after --"
+        )
     request = RunRequest(
-        step=step, config=config, run_profile=run_profile, batch_profile=batch_profile, dry_run=dry_run,
-        force_squash=force_squash, overrides=tuple(words), passthrough=tuple((ctx.obj or {}).get("passthrough", ())),
+        step=step,
+        config=config,
+        run_profile=run_profile,
+        batch_profile=batch_profile,
+        dry_run=dry_run,
+        force_squash=force_squash,
+        overrides=tuple(words),
+        passthrough=tuple((ctx.obj or {}).get("passthrough", ())),
         argv=tuple((ctx.obj or {}).get("argv", ())),
     )
     catalog = _catalog()
@@ -110,7 +127,7 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     """Arguments after the first `--` go to the worker unchanged."""
     if "--" in argv:
         at = argv.index("--")
-        return argv[:at], argv[at + 1:]
+        return argv[:at], argv[at + 1 :]
     return argv, []
 
 
@@ -120,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app(args=args, obj={"passthrough": passthrough, "argv": ["rlsteps", *argv]}, standalone_mode=False)
     except RlstepsError as error:
-        err.print(f"[bold red]error:[/] {error.message}" + (f"\n[bold]fix:[/] {error.fix}" if error.fix else ""), highlight=False, soft_wrap=True)
+        err.print(
+            f"[bold red]error:[/] {error.message}" + (f"\n[bold]fix:[/] {error.fix}" if error.fix else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
         return error.exit_code
     except typer.Exit as done:
         return done.exit_code
@@ -137,4 +158,3 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     sys.exit(main())
-

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -12,8 +11,10 @@ from rich.table import Table
 out = Console()
 err = Console(stderr=True)
 
-artifacts_app = typer.Typer(no_args_is_help=True,
-                            help="The artifact store (artifacts: {root: DIR_OR_URL} in rlsteps.yaml): list, show, lineage, publish.")
+artifacts_app = typer.Typer(
+    no_args_is_help=True,
+    help="The artifact store (artifacts: {root: DIR_OR_URL} in rlsteps.yaml): list, show, lineage, publish.",
+)
 REFERENCE = "NAME, NAME:vN or NAME:latest (artifact: in front is optional)."
 
 
@@ -30,8 +31,10 @@ def _version(reference: str):
 
 
 @artifacts_app.command("list")
-def list_artifacts(name: Optional[str] = typer.Argument(None, help="Only this name's versions."),
-                   as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def list_artifacts(
+    name: str | None = typer.Argument(None, help="Only this name's versions."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
     """List the names in the store, or one name's versions."""
     store = _store()
     versions = [v for n in ([name] if name else store.names()) for v in store.versions(n)]
@@ -46,8 +49,14 @@ def list_artifacts(name: Optional[str] = typer.Argument(None, help="Only this na
         table.add_column(column, overflow="fold")
     for v in versions:
         m = v.metadata
-        table.add_row(v.label, str(m.get("type")), str((m.get("producer") or {}).get("step") or "-"), str(m.get("created")),
-                      f"{m.get('size_bytes', 0) / 1e6:.1f} MB", str(m.get("content_hash", ""))[:19])
+        table.add_row(
+            v.label,
+            str(m.get("type")),
+            str((m.get("producer") or {}).get("step") or "-"),
+            str(m.get("created")),
+            f"{m.get('size_bytes', 0) / 1e6:.1f} MB",
+            str(m.get("content_hash", ""))[:19],
+        )
     out.print(table)
 
 
@@ -67,8 +76,13 @@ def lineage(reference: str = typer.Argument(..., help=REFERENCE)) -> None:
 
 
 @artifacts_app.command("publish")
-def publish(path: str = typer.Argument(..., help="The artifact to copy in: a path or an fsspec URL (a run's output, e.g. .rlsteps/runs/rl_rs-tiny/policy)."),
-            name: str = typer.Argument(..., help="The name to publish under; the next version number is taken.")) -> None:
+def publish(
+    path: str = typer.Argument(
+        ...,
+        help="The artifact to copy in: a path or an fsspec URL (a run's output, e.g. .rlsteps/runs/rl_rs-tiny/policy).",
+    ),
+    name: str = typer.Argument(..., help="The name to publish under; the next version number is taken."),
+) -> None:
     """Copy an artifact into the store as NAME's next version (files first, the metadata last)."""
     from rlsteps.catalog import load_catalog
 

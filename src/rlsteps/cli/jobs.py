@@ -14,10 +14,18 @@ from rich.text import Text
 out = Console()
 err = Console(stderr=True)
 
-jobs_app = typer.Typer(no_args_is_help=True, help="Submitted jobs (local -b, Slurm, Lepton): list, status, logs, cancel.")
+jobs_app = typer.Typer(
+    no_args_is_help=True, help="Submitted jobs (local -b, Slurm, Lepton): list, status, logs, cancel."
+)
 
-STATE_STYLES = {"pending": "yellow", "running": "cyan", "succeeded": "green", "failed": "bold red",
-                "cancelled": "magenta", "unknown": "dim"}
+STATE_STYLES = {
+    "pending": "yellow",
+    "running": "cyan",
+    "succeeded": "green",
+    "failed": "bold red",
+    "cancelled": "magenta",
+    "unknown": "dim",
+}
 JOB_ARGUMENT = "A job id (Slurm job id, pid, ...) or its job directory's name (a unique prefix will do)."
 
 
@@ -41,14 +49,22 @@ def list_jobs(as_json: bool = typer.Option(False, "--json", help="Print JSON."))
     for column in ("job", "launcher", "id", "step", "submitted", "state", "detail"):
         table.add_column(column, overflow="fold")
     for v in views:
-        table.add_row(Text(v.name, style="bold"), v.record.launcher, v.record.job_id, v.record.step, v.record.submitted,
-                      _state(v.status.state.value), v.status.detail)
+        table.add_row(
+            Text(v.name, style="bold"),
+            v.record.launcher,
+            v.record.job_id,
+            v.record.step,
+            v.record.submitted,
+            _state(v.status.state.value),
+            v.status.detail,
+        )
     out.print(table)
 
 
 @jobs_app.command("status")
-def show_status(job: str = typer.Argument(..., help=JOB_ARGUMENT),
-                as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def show_status(
+    job: str = typer.Argument(..., help=JOB_ARGUMENT), as_json: bool = typer.Option(False, "--json", help="Print JSON.")
+) -> None:
     """Show a job's state as its launcher reports it."""
     from rlsteps.plan.submitted_jobs import JobView, find_job, job_status
 
@@ -58,8 +74,14 @@ def show_status(job: str = typer.Argument(..., help=JOB_ARGUMENT),
         out.print_json(json.dumps(view.as_dict()))
         return
     grid = Table.grid(padding=(0, 2))
-    for key, value in (("job", view.name), ("launcher", record.launcher), ("id", record.job_id), ("step", record.step),
-                       ("submitted", record.submitted), ("job dir", record.job_dir)):
+    for key, value in (
+        ("job", view.name),
+        ("launcher", record.launcher),
+        ("id", record.job_id),
+        ("step", record.step),
+        ("submitted", record.submitted),
+        ("job dir", record.job_dir),
+    ):
         grid.add_row(Text(key, style="bold"), value)
     grid.add_row(Text("state", style="bold"), _state(view.status.state.value))
     grid.add_row(Text("detail", style="bold"), view.status.detail)
@@ -67,8 +89,10 @@ def show_status(job: str = typer.Argument(..., help=JOB_ARGUMENT),
 
 
 @jobs_app.command("logs")
-def show_logs(job: str = typer.Argument(..., help=JOB_ARGUMENT),
-              follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until the job ends.")) -> None:
+def show_logs(
+    job: str = typer.Argument(..., help=JOB_ARGUMENT),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until the job ends."),
+) -> None:
     """Print a job's log; with -f, follow it until the job ends (Ctrl-C stops following, the job goes on)."""
     from rlsteps.plan.submitted_jobs import find_job, job_logs
 

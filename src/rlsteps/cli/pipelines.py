@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -19,10 +18,14 @@ pipeline_app = typer.Typer(no_args_is_help=True, help="Pipelines: stages of step
 def run_pipeline(
     ctx: typer.Context,
     path: Path = typer.Argument(..., help="A pipeline YAML file (see examples/pipelines/tiny.yaml)."),
-    overrides: Optional[list[str]] = typer.Argument(None, help="key=value for every stage, STAGE:key=value for one."),
-    run_profile: Optional[str] = typer.Option(None, "-r", "--run", help="Run each stage attached on this profile."),
-    batch_profile: Optional[str] = typer.Option(None, "-b", "--batch", help="Submit the stages as dependent batch jobs (Slurm)."),
-    dry_run: bool = typer.Option(False, "-d", "--dry-run", help="Show each stage, its inputs and whether it would run."),
+    overrides: list[str] | None = typer.Argument(None, help="key=value for every stage, STAGE:key=value for one."),
+    run_profile: str | None = typer.Option(None, "-r", "--run", help="Run each stage attached on this profile."),
+    batch_profile: str | None = typer.Option(
+        None, "-b", "--batch", help="Submit the stages as dependent batch jobs (Slurm)."
+    ),
+    dry_run: bool = typer.Option(
+        False, "-d", "--dry-run", help="Show each stage, its inputs and whether it would run."
+    ),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: print JSON."),
 ) -> None:
     """Run a pipeline's stages in order; unchanged finished stages are skipped, a failed one resumes on rerun."""
@@ -31,13 +34,20 @@ def run_pipeline(
     from rlsteps.plan import pipeline
 
     if run_profile and batch_profile:
-        raise UsageError("-r and -b are exclusive", fix="use -r PROFILE to run attached or -b PROFILE to submit batch jobs")
+        raise UsageError(
+            "-r and -b are exclusive", fix="use -r PROFILE to run attached or -b PROFILE to submit batch jobs"
+        )
     words = list(overrides or []) + list(ctx.args)
     stray = [w for w in words if "=" not in w]
     if stray:
         raise UsageError(f"unexpected argument '{stray[0]}'", fix="overrides are key=value or STAGE:key=value")
-    request = pipeline.PipelineRequest(path=path, run_profile=run_profile, batch_profile=batch_profile,
-                                       overrides=tuple(words), argv=tuple((ctx.obj or {}).get("argv", ())))
+    request = pipeline.PipelineRequest(
+        path=path,
+        run_profile=run_profile,
+        batch_profile=batch_profile,
+        overrides=tuple(words),
+        argv=tuple((ctx.obj or {}).get("argv", ())),
+    )
     catalog = load_catalog()
     if dry_run:
         rows = pipeline.describe(pipeline.plan_pipeline(catalog, pipeline.load_pipeline(path), request))
@@ -48,7 +58,11 @@ def run_pipeline(
         return
     outcomes = pipeline.run_pipeline(catalog, request, say=lambda line: err.print(f"[bold]rlsteps[/] {line}"))
     for o in outcomes:
-        out.print(f"{o.name}: {o.action}" + (f" (job {o.job_id})" if o.job_id else "") + (f" ({o.detail})" if o.detail else ""))
+        out.print(
+            f"{o.name}: {o.action}"
+            + (f" (job {o.job_id})" if o.job_id else "")
+            + (f" ({o.detail})" if o.detail else "")
+        )
 
 
 def _print_stages(rows: list[dict]) -> None:
@@ -59,5 +73,13 @@ def _print_stages(rows: list[dict]) -> None:
         for name, value in r["inputs"].items():
             out.print(f"  in  {name}: {value}", highlight=False, soft_wrap=True)
         for name, value in r["outputs"].items():
-            out.print(f"  out {name}: {value}" + (f", published as {r['publish']}" if r["publish"] else ""), highlight=False, soft_wrap=True)
-        out.print(f"  launch: {r['launch']}" + (f", after {', '.join(r['after'])}" if r["after"] else ""), highlight=False, soft_wrap=True)
+            out.print(
+                f"  out {name}: {value}" + (f", published as {r['publish']}" if r["publish"] else ""),
+                highlight=False,
+                soft_wrap=True,
+            )
+        out.print(
+            f"  launch: {r['launch']}" + (f", after {', '.join(r['after'])}" if r["after"] else ""),
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -28,7 +28,13 @@ def steps_table(steps: list[Step]) -> Table:
     for column in ("id", "name", "consumes", "produces", "tags"):
         table.add_column(column, overflow="fold")
     for s in steps:
-        table.add_row(Text(s.id, style="bold cyan"), s.name, _artifacts(s, "consumes"), _artifacts(s, "produces"), ", ".join(s.tags))
+        table.add_row(
+            Text(s.id, style="bold cyan"),
+            s.name,
+            _artifacts(s, "consumes"),
+            _artifacts(s, "produces"),
+            ", ".join(s.tags),
+        )
     return table
 
 
@@ -82,15 +88,26 @@ def dry_run(compiled: Compiled) -> Group:
     for column in ("name", "key", "reference", "required type", "status"):
         inputs.add_column(column, overflow="fold")
     for item in compiled.inputs:
-        status = {"ok": "[green]ok[/]", "absent": "not set", "pending": "[cyan]written before the run[/]", "missing": "[yellow]missing[/]", "wrong_type": "[red]wrong type[/]"}[item.status]
+        status = {
+            "ok": "[green]ok[/]",
+            "absent": "not set",
+            "pending": "[cyan]written before the run[/]",
+            "missing": "[yellow]missing[/]",
+            "wrong_type": "[red]wrong type[/]",
+        }[item.status]
         inputs.add_row(item.name, item.key, item.ref or "-", item.required_type, status)
-    parts = [Panel(summary, title="[bold]dry run[/]: nothing was written, started or sent"), inputs,
-             Panel(Syntax(shlex.join(mask_argv(plan.command)), "bash", word_wrap=True), title="command")]
+    parts = [
+        Panel(summary, title="[bold]dry run[/]: nothing was written, started or sent"),
+        inputs,
+        Panel(Syntax(shlex.join(mask_argv(plan.command)), "bash", word_wrap=True), title="command"),
+    ]
     if plan.env:
         parts.append(Panel("\n".join(f"{k}={v}" for k, v in plan.env.items()), title="environment"))
     for name, content in plan.files.items():
         parts.append(Panel(Syntax(content, "bash" if name.endswith(".sh") else "json", word_wrap=True), title=name))
     if job.profile_name:
-        parts.append(Panel(Syntax(OmegaConf.to_yaml(OmegaConf.create(job.public_launcher_settings())), "yaml"), title="profile"))
+        parts.append(
+            Panel(Syntax(OmegaConf.to_yaml(OmegaConf.create(job.public_launcher_settings())), "yaml"), title="profile")
+        )
     parts.append(Panel(Syntax(OmegaConf.to_yaml(OmegaConf.create(job.public_config())), "yaml"), title="merged config"))
     return Group(*parts)

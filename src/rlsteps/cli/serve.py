@@ -1,4 +1,4 @@
-"""`rlsteps serve rm|judge`: the servers' own commands, the same ones `python -m rlsteps.engine.rewards.rm|judge` runs."""
+"""`rlsteps serve rm|judge`: the servers' own commands, the ones `python -m rlsteps.engine.rewards.rm|judge` runs."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fsspec.core import url_to_fs
 

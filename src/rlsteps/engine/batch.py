@@ -72,9 +72,15 @@ class RolloutBatch:
         """The tensors on a device (rows, texts and ids unchanged)."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return RolloutBatch(
-            tokens=move(self.tokens), prompt_lengths=move(self.prompt_lengths), response_lengths=move(self.response_lengths),
-            is_end=move(self.is_end), prompt_ids=self.prompt_ids, prompt_texts=self.prompt_texts,
-            response_texts=self.response_texts, pad_id=self.pad_id, gen_logprobs=move(self.gen_logprobs),
+            tokens=move(self.tokens),
+            prompt_lengths=move(self.prompt_lengths),
+            response_lengths=move(self.response_lengths),
+            is_end=move(self.is_end),
+            prompt_ids=self.prompt_ids,
+            prompt_texts=self.prompt_texts,
+            response_texts=self.response_texts,
+            pad_id=self.pad_id,
+            gen_logprobs=move(self.gen_logprobs),
             extras={k: v.to(device) for k, v in self.extras.items()},
         )
 

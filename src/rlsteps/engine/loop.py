@@ -10,19 +10,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.resume import (
-    CheckpointManager,
-    capture_rng_state,
-    restore_rng_state,
-)
 from rlsteps.engine.config import RecipeConfig
 from rlsteps.engine.data import Prompt, load_prompts, prompt_indices, steps_per_epoch
 from rlsteps.engine.device import resolve_device
@@ -31,6 +26,11 @@ from rlsteps.engine.metrics import MetricsWriter, Timers, TrainingProgress
 from rlsteps.engine.policy.logprobs import batched_token_logprobs, token_logprobs
 from rlsteps.engine.policy.model import frozen_copy, load_policy
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler, optimizer_step
+from rlsteps.engine.resume import (
+    CheckpointManager,
+    capture_rng_state,
+    restore_rng_state,
+)
 from rlsteps.engine.rewards.sources import RewardSource
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,12 @@ class Counters:
     epoch: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"step": self.step, "consumed_samples": self.consumed_samples,
-                "optimizer_steps": self.optimizer_steps, "epoch": self.epoch}
+        return {
+            "step": self.step,
+            "consumed_samples": self.consumed_samples,
+            "optimizer_steps": self.optimizer_steps,
+            "epoch": self.epoch,
+        }
 
 
 @dataclass
@@ -59,18 +63,25 @@ class RunResult:
     tokenizer: object
 
 
-def train(cfg: RecipeConfig, recipe: Recipe, rewards: RewardSource, run_dir: Path,
-          say: Callable[[str], None] = print) -> RunResult:
+def train(
+    cfg: RecipeConfig, recipe: Recipe, rewards: RewardSource, run_dir: Path, say: Callable[[str], None] = print
+) -> RunResult:
     device = resolve_device(cfg.run.device)
     dtype = torch.bfloat16 if cfg.run.dtype == "bfloat16" else torch.float32
     model, tokenizer = load_policy(cfg.inputs.policy, device=device, dtype=dtype)
     reference = frozen_copy(model) if recipe.needs_reference else None  # always the initial policy
     prompts = load_prompts(cfg.inputs.prompts, tokenizer, cfg.data.max_prompt_tokens)
     val_prompts = _validation_prompts(cfg, tokenizer)
-    total_steps = min(cfg.train.max_steps, cfg.train.max_epochs * steps_per_epoch(len(prompts), cfg.rollout.prompts_per_step))
+    total_steps = min(
+        cfg.train.max_steps, cfg.train.max_epochs * steps_per_epoch(len(prompts), cfg.rollout.prompts_per_step)
+    )
 
-    checkpoints = CheckpointManager(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last,
-                                    keep_top_k=cfg.checkpoint.keep_top_k, metric=cfg.checkpoint.metric)
+    checkpoints = CheckpointManager(
+        run_dir / "checkpoints",
+        keep_last=cfg.checkpoint.keep_last,
+        keep_top_k=cfg.checkpoint.keep_top_k,
+        metric=cfg.checkpoint.metric,
+    )
     latest = checkpoints.latest()
     loaded = checkpoints.load(latest) if latest is not None else None
     counters = Counters()
@@ -84,9 +95,24 @@ def train(cfg: RecipeConfig, recipe: Recipe, rewards: RewardSource, run_dir: Pat
         scheduler.load_state_dict(loaded.trainer_state["scheduler"])
         restore_rng_state(loaded.trainer_state["rng"])
 
-    run = _Run(cfg, recipe, rewards, model, tokenizer, reference, optimizer, scheduler, checkpoints,
-               Sampler(tokenizer, cfg.rollout, device), counters, device)
-    with _metrics_writer(cfg, run_dir) as metrics, TrainingProgress(total=total_steps, initial=counters.step) as progress:
+    run = _Run(
+        cfg,
+        recipe,
+        rewards,
+        model,
+        tokenizer,
+        reference,
+        optimizer,
+        scheduler,
+        checkpoints,
+        Sampler(tokenizer, cfg.rollout, device),
+        counters,
+        device,
+    )
+    with (
+        _metrics_writer(cfg, run_dir) as metrics,
+        TrainingProgress(total=total_steps, initial=counters.step) as progress,
+    ):
         if counters.step == 0 and val_prompts:
             metrics.log(0, run.validate(val_prompts))
         while counters.step < total_steps:
@@ -95,7 +121,9 @@ def train(cfg: RecipeConfig, recipe: Recipe, rewards: RewardSource, run_dir: Pat
                 step_metrics.update(run.validate(val_prompts))
             metrics.log(counters.step, step_metrics)
             progress.update(counters.step, step_metrics)
-            if counters.step == total_steps or (cfg.checkpoint.interval and counters.step % cfg.checkpoint.interval == 0):
+            if counters.step == total_steps or (
+                cfg.checkpoint.interval and counters.step % cfg.checkpoint.interval == 0
+            ):
                 run.save(step_metrics)
     return RunResult(counters=counters, model=run.model, tokenizer=tokenizer)
 
@@ -104,14 +132,22 @@ def _optimizer_and_schedule(cfg: RecipeConfig, recipe: Recipe, model: torch.nn.M
     """AdamW and a schedule over every optimizer step of the run (several per RL step when batches are split)."""
     per_rl_step = math.ceil(recipe.train_rows_per_step() / cfg.train.global_batch_size)
     optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, tuple(cfg.train.betas))
-    scheduler = build_scheduler(optimizer, warmup_steps=cfg.train.warmup_steps, schedule=cfg.train.schedule,
-                                    total_steps=max(1, total_steps * per_rl_step), min_lr_ratio=cfg.train.min_lr_ratio)
+    scheduler = build_scheduler(
+        optimizer,
+        warmup_steps=cfg.train.warmup_steps,
+        schedule=cfg.train.schedule,
+        total_steps=max(1, total_steps * per_rl_step),
+        min_lr_ratio=cfg.train.min_lr_ratio,
+    )
     return optimizer, scheduler
 
 
 def _metrics_writer(cfg: RecipeConfig, run_dir: Path) -> MetricsWriter:
-    return MetricsWriter(run_dir / "metrics.jsonl", tensorboard_dir=run_dir / "tensorboard" if cfg.logging.tensorboard else None,
-                         wandb={"project": cfg.logging.wandb_project} if cfg.logging.wandb_project else None)
+    return MetricsWriter(
+        run_dir / "metrics.jsonl",
+        tensorboard_dir=run_dir / "tensorboard" if cfg.logging.tensorboard else None,
+        wandb={"project": cfg.logging.wandb_project} if cfg.logging.wandb_project else None,
+    )
 
 
 def _validation_prompts(cfg: RecipeConfig, tokenizer) -> list[Prompt]:
@@ -142,20 +178,29 @@ class _Run:
         started = time.perf_counter()
         indices, c.epoch = prompt_indices(cfg.seed, c.consumed_samples, cfg.rollout.prompts_per_step, len(prompts))
         with self.timers("rollout"):
-            batch = self.sampler.rollouts(self.model, [prompts[i] for i in indices], cfg.rollout.num_rollouts_per_prompt,
-                                          seed=(cfg.seed, c.step))
+            batch = self.sampler.rollouts(
+                self.model, [prompts[i] for i in indices], cfg.rollout.num_rollouts_per_prompt, seed=(cfg.seed, c.step)
+            )
         with self.timers("reward"):
             scores = self._score_or_stop(batch)
         with self.timers("prepare"):
-            train_batch, stats = self.recipe.prepare(batch, scores, self._logprobs(self.model), self._logprobs(self.reference))
+            train_batch, stats = self.recipe.prepare(
+                batch, scores, self._logprobs(self.model), self._logprobs(self.reference)
+            )
         with self.timers("train"):
             stats.update(self._optimize(train_batch))
         c.step += 1
         c.consumed_samples += cfg.rollout.prompts_per_step
         stats.update(scores.metrics)
         stats.update(self.timers.pop())
-        stats.update({"train/consumed_samples": c.consumed_samples, "train/epoch": c.epoch,
-                      "train/optimizer_steps": c.optimizer_steps, "timers/step": time.perf_counter() - started})
+        stats.update(
+            {
+                "train/consumed_samples": c.consumed_samples,
+                "train/epoch": c.epoch,
+                "train/optimizer_steps": c.optimizer_steps,
+                "timers/step": time.perf_counter() - started,
+            }
+        )
         return stats
 
     def _score_or_stop(self, batch: RolloutBatch):
@@ -195,21 +240,39 @@ class _Run:
                 self.counters.optimizer_steps += 1
             else:
                 self.skipped_updates += 1  # optimizer_step left the weights and the schedule unchanged
-        return {**stats.result(), "train/lr": self.scheduler.get_last_lr()[0], "train/skipped_updates": self.skipped_updates}
+        return {
+            **stats.result(),
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/skipped_updates": self.skipped_updates,
+        }
 
     def validate(self, prompts: list[Prompt]) -> dict[str, float]:
         with self.timers("validation"):
-            batch = self.sampler.validation_rollouts(self.model, prompts, self.rewards.validation_samples_per_prompt,
-                                                     max_new_tokens=self.cfg.validation.max_new_tokens, seed=self.cfg.seed)
+            batch = self.sampler.validation_rollouts(
+                self.model,
+                prompts,
+                self.rewards.validation_samples_per_prompt,
+                max_new_tokens=self.cfg.validation.max_new_tokens,
+                seed=self.cfg.seed,
+            )
             scores = self._score_or_stop(batch)
         rewards = scores.rewards[scores.valid]
-        return {"val/reward_mean": rewards.mean().item() if len(rewards) else float("nan"),
-                "val/response_length": batch.response_lengths.float().mean().item(),
-                "val/fraction_ended": batch.is_end.float().mean().item()}
+        return {
+            "val/reward_mean": rewards.mean().item() if len(rewards) else float("nan"),
+            "val/response_length": batch.response_lengths.float().mean().item(),
+            "val/fraction_ended": batch.is_end.float().mean().item(),
+        }
 
     def save(self, step_metrics: dict[str, float]) -> Path:
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "rng": capture_rng_state()}
-        info = {**self.counters.as_dict(), "metrics": {k: v for k, v in step_metrics.items() if isinstance(v, int | float)}}
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": capture_rng_state(),
+        }
+        info = {
+            **self.counters.as_dict(),
+            "metrics": {k: v for k, v in step_metrics.items() if isinstance(v, int | float)},
+        }
         return self.checkpoints.save(self.counters.step, self.model, self.tokenizer, state, info)
 
 
@@ -242,12 +305,14 @@ class StepStats:
 
     def result(self) -> dict[str, float]:
         keys = {k for step in self.finished for k in step}
-        means = {k: sum(s.get(k, 0.0) for s in self.finished) / len(self.finished) for k in keys} if self.finished else {}
+        means = (
+            {k: sum(s.get(k, 0.0) for s in self.finished) / len(self.finished) for k in keys} if self.finished else {}
+        )
         return {f"train/{k}": v for k, v in {**means, **self.extremes}.items()}
 
 
 def _is_reward_failure(error: Exception) -> bool:
-    from rlsteps.engine.rewards.rm.client import RewardError
     from rlsteps.engine.rewards.judge.client import JudgeUnavailable
+    from rlsteps.engine.rewards.rm.client import RewardError
 
     return isinstance(error, RewardError | JudgeUnavailable)

@@ -89,7 +89,9 @@ class MetricsWriter:
             self._warned_non_finite.add(key)
             logger.warning(
                 "metric %r is %s at step %d; written as null (later non-finite values of it are not reported)",
-                key, value, step,
+                key,
+                value,
+                step,
             )
         return number
 
@@ -120,8 +122,10 @@ def _open_tensorboard(log_dir: Path) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        logger.warning("tensorboard_dir is set but tensorboard is not installed (pip install tensorboard); "
-                       "metrics go to the JSONL file only")
+        logger.warning(
+            "tensorboard_dir is set but tensorboard is not installed (pip install tensorboard); "
+            "metrics go to the JSONL file only"
+        )
         return None
     return SummaryWriter(log_dir=str(log_dir))
 
@@ -130,8 +134,7 @@ def _open_wandb(init_kwargs: dict) -> Any:
     try:
         import wandb
     except ImportError:
-        logger.warning("wandb is configured but not installed (pip install wandb); "
-                       "metrics go to the JSONL file only")
+        logger.warning("wandb is configured but not installed (pip install wandb); metrics go to the JSONL file only")
         return None
     return wandb.init(**init_kwargs)
 
@@ -154,8 +157,9 @@ def read_metrics(path: Path) -> list[dict]:
             if number == len(lines):
                 logger.warning("%s: skipped a truncated last line", path)
                 break
-            raise ValueError(f"{path}, line {number}: not valid JSON ({error}); "
-                             "the file is corrupt: fix or remove that line") from error
+            raise ValueError(
+                f"{path}, line {number}: not valid JSON ({error}); the file is corrupt: fix or remove that line"
+            ) from error
         if records and record["step"] < records[-1]["step"]:
             records = [r for r in records if r["step"] < record["step"]]
         records.append(record)
@@ -235,8 +239,14 @@ class TrainingProgress:
     `initial` is the step a resumed run starts from; the ETA uses this run's mean step time.
     """
 
-    def __init__(self, total: int, initial: int = 0, reward_key: str = "train/reward",
-                 loss_key: str = "train/loss", stream: TextIO | None = None):
+    def __init__(
+        self,
+        total: int,
+        initial: int = 0,
+        reward_key: str = "train/reward",
+        loss_key: str = "train/loss",
+        stream: TextIO | None = None,
+    ):
         self.total, self.initial = total, initial
         self.reward_key, self.loss_key = reward_key, loss_key
         self.stream = stream if stream is not None else sys.stdout
@@ -263,8 +273,10 @@ class TrainingProgress:
         step_seconds, self._last = now - self._last, now
         done_this_run = max(step - self.initial, 1)
         eta = (now - self._started) / done_this_run * max(self.total - step, 0)
-        stats = (f"reward {_fmt(metrics.get(self.reward_key))}  loss {_fmt(metrics.get(self.loss_key))}  "
-                 f"step {step_seconds:.2f}s  eta {_duration(eta)}")
+        stats = (
+            f"reward {_fmt(metrics.get(self.reward_key))}  loss {_fmt(metrics.get(self.loss_key))}  "
+            f"step {step_seconds:.2f}s  eta {_duration(eta)}"
+        )
         if self._progress is not None:
             self._progress.update(self._task, completed=step, stats=stats)
         else:
@@ -275,8 +287,13 @@ def _rich_progress(stream: TextIO) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[stats]}"), console=Console(file=stream))
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"),
+        console=Console(file=stream),
+    )
 
 
 def _fmt(value: Any) -> str:

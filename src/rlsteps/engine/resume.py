@@ -28,7 +28,7 @@ import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +80,11 @@ def restore_rng_state(state: dict) -> None:
     cuda_states = state.get("cuda")
     if cuda_states and torch.cuda.is_available():
         if len(cuda_states) != torch.cuda.device_count():
-            logger.warning("checkpoint has CUDA RNG states for %d devices, this process sees %d; "
-                           "restoring the first ones", len(cuda_states), torch.cuda.device_count())
+            logger.warning(
+                "checkpoint has CUDA RNG states for %d devices, this process sees %d; restoring the first ones",
+                len(cuda_states),
+                torch.cuda.device_count(),
+            )
         torch.cuda.set_rng_state_all(cuda_states[: torch.cuda.device_count()])
 
 
@@ -96,8 +99,9 @@ class CheckpointManager:
     mode: "max" (higher metric is better) or "min".
     """
 
-    def __init__(self, root: Path, keep_last: int = 2, keep_top_k: int = 0,
-                 metric: str | None = None, mode: str = "max"):
+    def __init__(
+        self, root: Path, keep_last: int = 2, keep_top_k: int = 0, metric: str | None = None, mode: str = "max"
+    ):
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1 (the newest checkpoint is what resume uses), got {keep_last}")
         if keep_top_k < 0:
@@ -109,8 +113,15 @@ class CheckpointManager:
         self.root = Path(root)
         self.keep_last, self.keep_top_k, self.metric, self.mode = keep_last, keep_top_k, metric, mode
 
-    def save(self, step: int, model: Any, tokenizer: Any, trainer_state: dict, info: dict,
-             write_policy: Callable[[Path], None] | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        model: Any,
+        tokenizer: Any,
+        trainer_state: dict,
+        info: dict,
+        write_policy: Callable[[Path], None] | None = None,
+    ) -> Path:
         """Write `step_<step>/` atomically, then prune (see the module doc). Returns the checkpoint directory.
 
         trainer_state: optimizer/scheduler state dicts and anything else to resume; the RNG
@@ -164,11 +175,14 @@ class CheckpointManager:
     def load(self, path: Path) -> LoadedCheckpoint:
         path = Path(path)
         if not path.is_dir():
-            raise CheckpointError(f"checkpoint {path} does not exist; "
-                                  f"available under {self.root}: {[p.name for p in self.list()]}")
+            raise CheckpointError(
+                f"checkpoint {path} does not exist; available under {self.root}: {[p.name for p in self.list()]}"
+            )
         if not (path / COMPLETE).is_file():
-            raise CheckpointError(f"checkpoint {path} is incomplete (no {COMPLETE} marker: its save was "
-                                  "interrupted); resume from CheckpointManager.latest() instead")
+            raise CheckpointError(
+                f"checkpoint {path} is incomplete (no {COMPLETE} marker: its save was "
+                "interrupted); resume from CheckpointManager.latest() instead"
+            )
         info = _read_training_info(path / TRAINING_INFO)
         state_file = path / TRAINER_STATE
         try:
@@ -177,12 +191,16 @@ class CheckpointManager:
             # wrote this file ourselves; never load a trainer_state.pt from an untrusted source.
             trainer_state = torch.load(state_file, map_location="cpu", weights_only=False)
         except Exception as error:
-            raise CheckpointError(f"cannot read {state_file}: {type(error).__name__}: {error}. The file is "
-                                  "missing or corrupt; resume from another checkpoint or delete this one") from error
+            raise CheckpointError(
+                f"cannot read {state_file}: {type(error).__name__}: {error}. The file is "
+                "missing or corrupt; resume from another checkpoint or delete this one"
+            ) from error
         policy_dir = path / POLICY_DIR
         if not policy_dir.is_dir():
-            raise CheckpointError(f"checkpoint {path} has no {POLICY_DIR}/ directory; it was not written by "
-                                  "CheckpointManager.save or has been damaged")
+            raise CheckpointError(
+                f"checkpoint {path} has no {POLICY_DIR}/ directory; it was not written by "
+                "CheckpointManager.save or has been damaged"
+            )
         return LoadedCheckpoint(policy_dir=policy_dir, trainer_state=trainer_state, info=info)
 
     def _ranked_by_metric(self) -> list[Path]:
@@ -204,7 +222,7 @@ class CheckpointManager:
                 logger.warning("removing %s: superseded by %s (this run resumed from an earlier step)", path, keep)
                 self._delete(path)
         checkpoints = self.list()
-        kept = {keep, *checkpoints[-self.keep_last:], *self._ranked_by_metric()[: self.keep_top_k]}
+        kept = {keep, *checkpoints[-self.keep_last :], *self._ranked_by_metric()[: self.keep_top_k]}
         for path in checkpoints:
             if path not in kept:
                 self._delete(path)
@@ -235,12 +253,14 @@ class CheckpointManager:
 def _training_info(step: int, info: dict) -> dict:
     missing = [key for key in REQUIRED_INFO if key not in info]
     if missing:
-        raise ValueError(f"checkpoint info lacks {missing}; resume needs them: pass "
-                         f"consumed_samples, epoch and optimizer_steps in info")
+        raise ValueError(
+            f"checkpoint info lacks {missing}; resume needs them: pass "
+            f"consumed_samples, epoch and optimizer_steps in info"
+        )
     if info.get("step", step) != step:
         raise ValueError(f"info['step'] = {info['step']} disagrees with step = {step}")
     metrics = {key: to_json_number(value) for key, value in info.get("metrics", {}).items()}
-    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    created = datetime.now(UTC).isoformat(timespec="seconds")
     return {"step": step, **info, "metrics": metrics, "created": created}
 
 
@@ -261,8 +281,9 @@ def _read_training_info(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"cannot read {path}: {error}. The checkpoint is damaged; "
-                              "resume from another checkpoint or delete this one") from error
+        raise CheckpointError(
+            f"cannot read {path}: {error}. The checkpoint is damaged; resume from another checkpoint or delete this one"
+        ) from error
 
 
 def _step_of(path: Path) -> int:

@@ -35,10 +35,9 @@ def load_config(path: Path) -> StepConfig:
 
 def run(config_path: Path, log_level: str = "info") -> int:
     import torch
+    from transformers.utils import logging as hf_logging
 
     from rlsteps.engine.loop import RunStopped
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
     cfg = load_config(config_path)
@@ -75,13 +74,15 @@ def _check_megatron_output(cfg: StepConfig) -> None:
         try:
             gpt_shape(json.loads((source / "config.json").read_text()))
         except LayoutError as error:
-            raise LayoutError(f"{error}; the output would be a checkpoint_megatron: pass output.type=checkpoint_hf "
-                              "to write the Hugging Face form") from error
+            raise LayoutError(
+                f"{error}; the output would be a checkpoint_megatron: pass output.type=checkpoint_hf "
+                "to write the Hugging Face form"
+            ) from error
 
 
 def _train(cfg: RecipeConfig, run_dir: Path) -> tuple[Any, Any, dict[str, int]]:
-    from rlsteps.engine.loop import train
     from rlsteps.engine.algorithms import RECIPES
+    from rlsteps.engine.loop import train
     from rlsteps.engine.rewards.sources import open_reward_source
 
     with open_reward_source(cfg, run_dir) as rewards:
@@ -96,26 +97,44 @@ def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:
 
     dtype = "auto" if cfg.run.dtype == "auto" else getattr(torch, cfg.run.dtype)
     model, tokenizer = load_policy(cfg.inputs.checkpoint, dtype=dtype)
-    log.info("read %s (%s, %s parameters); writing it as %s", cfg.inputs.checkpoint, model.dtype,
-             f"{sum(p.numel() for p in model.parameters()):,}", cfg.output.type)
+    log.info(
+        "read %s (%s, %s parameters); writing it as %s",
+        cfg.inputs.checkpoint,
+        model.dtype,
+        f"{sum(p.numel() for p in model.parameters()):,}",
+        cfg.output.type,
+    )
     return model, tokenizer, {}
 
 
-def _write_output(cfg: StepConfig, model: Any, tokenizer: Any, counters: dict[str, int], run_dir: Path,
-                  job: dict[str, Any], versions: dict[str, str]) -> None:
+def _write_output(
+    cfg: StepConfig,
+    model: Any,
+    tokenizer: Any,
+    counters: dict[str, int],
+    run_dir: Path,
+    job: dict[str, Any],
+    versions: dict[str, str],
+) -> None:
     from rlsteps.engine.policy.model import save_policy
 
     form = cfg.output.type
     metadata = {
         "type": form,
-        "producer": {"step": job.get("job", {}).get("step"), "job": job.get("job", {}).get("name"), "algorithm": cfg.algorithm},
+        "producer": {
+            "step": job.get("job", {}).get("step"),
+            "job": job.get("job", {}).get("name"),
+            "algorithm": cfg.algorithm,
+        },
         "config_hash": config_hash(cfg.model_dump(mode="json")),
         "inputs": {name: ref for name, ref in cfg.inputs.model_dump().items() if ref},
         "input_versions": versions,  # what a pipeline compares to skip a stage
         "counters": counters,
     }
     iteration = counters.get("optimizer_steps", 0)
-    target = write_artifact(run_dir / OUTPUT_NAME, lambda d: save_policy(model, tokenizer, d, form, iteration), metadata)
+    target = write_artifact(
+        run_dir / OUTPUT_NAME, lambda d: save_policy(model, tokenizer, d, form, iteration), metadata
+    )
     log.info("output artifact (%s): %s", form, target)
 
 
@@ -156,8 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The worker's arguments; `rlsteps run STEP ... -- ARGS` passes ARGS here (checked before any job starts)."""
     parser = argparse.ArgumentParser(prog="python -m rlsteps.engine.worker", description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path, help="the compiled config.yaml in the job directory")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                        help="how much the worker logs (default info)")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="how much the worker logs (default info)",
+    )
     return parser
 
 
@@ -178,7 +201,11 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         log.error("interrupted: the last checkpoint is intact; rerun the same command to resume")
         sys.exit(130)
-    except (ValueError, FileNotFoundError, ImportError) as error:  # bad data, paths or a missing extra: say what, no traceback
+    except (
+        ValueError,
+        FileNotFoundError,
+        ImportError,
+    ) as error:  # bad data, paths or a missing extra: say what, no traceback
         log.error("%s", error)
         sys.exit(1)
 

@@ -1,1 +1,2 @@
-"""Launchers: one module per backend (local, slurm, lepton) behind one interface (base), the frozen Job they run (job), and squashed containers (containers)."""
+"""Launchers: one module per backend (local, slurm, lepton) behind one interface (base), the frozen Job they
+run (job), and squashed containers (containers)."""

@@ -11,10 +11,11 @@ import pkgutil
 import re
 import shlex
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 from rlsteps.errors import UsageError
 from rlsteps.launch.job import Job
@@ -49,7 +50,7 @@ class Submission:
 RECORD_FILE = "submission.json"
 
 
-class JobState(str, Enum):
+class JobState(str, Enum):  # noqa: UP042 - StrEnum would change how a state prints
     PENDING = "pending"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -108,8 +109,9 @@ class Launcher(Protocol):
     def cancel(self, record: JobRecord) -> None: ...
 
 
-def read_log(path: Path, follow: bool = False, finished: Callable[[], bool] = lambda: True,
-             poll_s: float = 0.5) -> Iterator[str]:
+def read_log(
+    path: Path, follow: bool = False, finished: Callable[[], bool] = lambda: True, poll_s: float = 0.5
+) -> Iterator[str]:
     """The lines of a log file; with follow, new lines as they are written, until finished() and all is read."""
     while follow and not path.exists() and not finished():
         time.sleep(poll_s)

@@ -38,8 +38,10 @@ def tag_warning(image: str) -> str | None:
     tag = last.partition(":")[2] or None
     if tag not in (None, "latest"):
         return None
-    return (f"image {image} has {'no tag' if tag is None else 'the tag :latest'}: the squashed file is keyed by the "
-            "reference, so a newer image under it is not picked up; pin a tag or digest, or pass --force-squash")
+    return (
+        f"image {image} has {'no tag' if tag is None else 'the tag :latest'}: the squashed file is keyed by the "
+        "reference, so a newer image under it is not picked up; pin a tag or digest, or pass --force-squash"
+    )
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,11 @@ class ContainerPlan:
     warning: str | None = None
 
     def describe(self) -> str:
-        return {"given": f"container {self.sqsh}",
-                "reuse": f"container {self.image}, reusing {self.sqsh}",
-                "import": f"container {self.image}, squashed first into {self.sqsh}"}[self.action]
+        return {
+            "given": f"container {self.sqsh}",
+            "reuse": f"container {self.image}, reusing {self.sqsh}",
+            "import": f"container {self.image}, squashed first into {self.sqsh}",
+        }[self.action]
 
 
 def plan_container(image: str, cache_dir: Path, force: bool) -> ContainerPlan:
@@ -66,18 +70,30 @@ def plan_container(image: str, cache_dir: Path, force: bool) -> ContainerPlan:
 def squash_script(plan: ContainerPlan, srun_options: list[str], job_name: str) -> str:
     """One srun on a compute node imports the image into a partial file, renamed into place when complete."""
     partial = plan.sqsh.with_name(f"{plan.sqsh.name}.{job_name}.partial")
-    srun = ["srun", "--nodes=1", "--ntasks=1", f"--job-name=squash-{job_name}", *srun_options,
-            "enroot", "import", "--output", str(partial), enroot_uri(plan.image)]
-    return "\n".join([
-        "#!/bin/bash",
-        f"# Squash {comment_safe(plan.image)} once; jobs reuse {comment_safe(str(plan.sqsh))} while it exists.",
-        "set -euo pipefail",
-        shlex.join(["mkdir", "-p", str(plan.sqsh.parent)]),
-        shlex.join(["rm", "-f", str(partial)]),
-        shlex.join(srun),
-        shlex.join(["mv", "-f", str(partial), str(plan.sqsh)]),
-        "",
-    ])
+    srun = [
+        "srun",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--job-name=squash-{job_name}",
+        *srun_options,
+        "enroot",
+        "import",
+        "--output",
+        str(partial),
+        enroot_uri(plan.image),
+    ]
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"# Squash {comment_safe(plan.image)} once; jobs reuse {comment_safe(str(plan.sqsh))} while it exists.",
+            "set -euo pipefail",
+            shlex.join(["mkdir", "-p", str(plan.sqsh.parent)]),
+            shlex.join(["rm", "-f", str(partial)]),
+            shlex.join(srun),
+            shlex.join(["mv", "-f", str(partial), str(plan.sqsh)]),
+            "",
+        ]
+    )
 
 
 def pyxis_options(plan: ContainerPlan, mounts: list[str], workdir: Path) -> list[str]:

@@ -33,8 +33,8 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlsteps.errors import RunFailed, UsageError
-from rlsteps.launch.job import Job
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission, worker_command
+from rlsteps.launch.job import Job
 
 SPEC_FILE = "lepton_job.json"
 INSTALL_HINT = "pip install 'rlsteps[lepton]'"
@@ -48,7 +48,9 @@ POLL_SECONDS = 10.0  # attached runs poll the job's state this often
 # Lepton's job states -> ours. Archived (finished and moved out of the live list) is decided by its counters.
 STATES = {
     **dict.fromkeys(["Queueing", "Awaiting", "Starting", "PendingRetry", "Restarting"], JobState.PENDING),
-    "Running": JobState.RUNNING, "Completed": JobState.SUCCEEDED, "Failed": JobState.FAILED,
+    "Running": JobState.RUNNING,
+    "Completed": JobState.SUCCEEDED,
+    "Failed": JobState.FAILED,
     **dict.fromkeys(["Stopping", "Stopped", "Terminating", "Deleting", "Deleted"], JobState.CANCELLED),
 }
 
@@ -93,9 +95,13 @@ class LeptonProfile(BaseModel):
         try:
             profile = cls.model_validate(job.launcher_settings)
         except ValidationError as err:
-            raise UsageError(f"{where}: {_describe(err)}", fix=f"the Lepton keys are: {', '.join(cls.model_fields)}") from None
+            raise UsageError(
+                f"{where}: {_describe(err)}", fix=f"the Lepton keys are: {', '.join(cls.model_fields)}"
+            ) from None
         if profile.workspace and ":" in profile.workspace:
-            raise UsageError(f"{where}: `workspace` holds a credential (ID:TOKEN)", fix=f"keep only the id; {LOGIN_HINT}")
+            raise UsageError(
+                f"{where}: `workspace` holds a credential (ID:TOKEN)", fix=f"keep only the id; {LOGIN_HINT}"
+            )
         return profile
 
     @property
@@ -110,8 +116,11 @@ class LeptonProfile(BaseModel):
         return {k: v.secret for k, v in self.env_vars.items() if isinstance(v, SecretRef)}
 
     def plain_env(self, held: dict[str, str]) -> dict[str, str]:
-        plain = {k: str(v).lower() if isinstance(v, bool) else str(v)
-                 for k, v in self.env_vars.items() if not isinstance(v, SecretRef) and k not in held}
+        plain = {
+            k: str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in self.env_vars.items()
+            if not isinstance(v, SecretRef) and k not in held
+        }
         return {"PYTHONUNBUFFERED": "1", **plain}
 
 
@@ -136,24 +145,44 @@ def lepton_job_name(job_dir_name: str) -> str:
 def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile) -> str:
     """The container's bash script: write the config, run the profile's setup, start the worker."""
     config_dir = f"{CONTAINER_JOBS_DIR}/{job_dir_name}"
-    record = {"job": {"name": job_dir_name, "step": job.step_id, "config": job.config_name, "mode": job.mode,
-                      "created": job.created, "launcher": "lepton"}}
-    lines = ["set -euo pipefail", f"mkdir -p {shlex.quote(config_dir)}",
-             _decode_into(f"{config_dir}/config.yaml", job.worker_config()),
-             _decode_into(f"{config_dir}/job.yaml", record),
-             *profile.pre_launch_commands]
+    record = {
+        "job": {
+            "name": job_dir_name,
+            "step": job.step_id,
+            "config": job.config_name,
+            "mode": job.mode,
+            "created": job.created,
+            "launcher": "lepton",
+        }
+    }
+    lines = [
+        "set -euo pipefail",
+        f"mkdir -p {shlex.quote(config_dir)}",
+        _decode_into(f"{config_dir}/config.yaml", job.worker_config()),
+        _decode_into(f"{config_dir}/job.yaml", record),
+        *profile.pre_launch_commands,
+    ]
     if profile.run_dir:
         lines.append(f"mkdir -p {shlex.quote(profile.run_dir)} && cd {shlex.quote(profile.run_dir)}")
     worker = worker_command("python", Path(config_dir), job.passthrough)  # python -m rlsteps.engine.worker CONFIG ...
     if profile.nodes == 1 and profile.nprocs == 1:
         lines.append(f"exec {shlex.join(worker)}")
     elif profile.nodes == 1:
-        lines.append(f"exec {shlex.join(['torchrun', '--standalone', f'--nproc-per-node={profile.nprocs}', *worker[1:]])}")
+        lines.append(
+            f"exec {shlex.join(['torchrun', '--standalone', f'--nproc-per-node={profile.nprocs}', *worker[1:]])}"
+        )
     else:
         lines.append(RENDEZVOUS.rstrip())
-        torchrun = ["torchrun", f"--nnodes={profile.nodes}", f"--nproc-per-node={profile.nprocs}", f"--master-port={MASTER_PORT}"]
-        lines.append(f'exec {shlex.join(torchrun)} --node-rank="$LEPTON_JOB_WORKER_INDEX" --master-addr="$MASTER_ADDR" '
-                     f"{shlex.join(worker[1:])}")
+        torchrun = [
+            "torchrun",
+            f"--nnodes={profile.nodes}",
+            f"--nproc-per-node={profile.nprocs}",
+            f"--master-port={MASTER_PORT}",
+        ]
+        lines.append(
+            f'exec {shlex.join(torchrun)} --node-rank="$LEPTON_JOB_WORKER_INDEX" --master-addr="$MASTER_ADDR" '
+            f"{shlex.join(worker[1:])}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -174,8 +203,9 @@ def build_spec(job: Job, job_dir_name: str, profile: LeptonProfile) -> Any:
         spec = LeptonJobUserSpec(
             resource_shape=profile.resource_shape,
             affinity=LeptonResourceAffinity(allowed_dedicated_node_groups=[profile.node_group]),
-            container=LeptonContainer(image=profile.container_image,
-                                      command=["/bin/bash", "-c", entry_script(job, job_dir_name, profile)]),
+            container=LeptonContainer(
+                image=profile.container_image, command=["/bin/bash", "-c", entry_script(job, job_dir_name, profile)]
+            ),
             completions=profile.nodes,
             parallelism=profile.nodes,
             intra_job_communication=True if profile.nodes > 1 else None,
@@ -183,13 +213,24 @@ def build_spec(job: Job, job_dir_name: str, profile: LeptonProfile) -> Any:
             envs=envs,
             mounts=[Mount.model_validate(m) for m in profile.mounts],
             image_pull_secrets=profile.image_pull_secrets,
-            reservation_config=ReservationConfig(reservation_id=profile.node_reservation) if profile.node_reservation else None,
+            reservation_config=ReservationConfig(reservation_id=profile.node_reservation)
+            if profile.node_reservation
+            else None,
         )
-        lepton_job = LeptonJob(metadata=Metadata(id=name, name=name, visibility=LeptonVisibility.PRIVATE,
-                                                 labels={"rlsteps-step": lepton_job_name(job.step_id)}), spec=spec)
+        lepton_job = LeptonJob(
+            metadata=Metadata(
+                id=name,
+                name=name,
+                visibility=LeptonVisibility.PRIVATE,
+                labels={"rlsteps-step": lepton_job_name(job.step_id)},
+            ),
+            spec=spec,
+        )
         validate_job_create(lepton_job)
     except ValidationError as err:
-        raise UsageError(f"profile {job.profile_name}: {_describe(err)}", fix="each mount needs path, mount_path and from") from None
+        raise UsageError(
+            f"profile {job.profile_name}: {_describe(err)}", fix="each mount needs path, mount_path and from"
+        ) from None
     except ValueError as err:
         raise UsageError(f"profile {job.profile_name}: {err}") from None
     return lepton_job
@@ -204,9 +245,13 @@ class LeptonLauncher:
         profile = LeptonProfile.of(job)
         lepton_job = build_spec(job, job_dir.name, profile)
         body = lepton_job.model_dump(by_alias=True, exclude_none=True, mode="json")  # as the SDK's job API sends it
-        return LaunchPlan(launcher=self.name, summary=_summary(job, profile, lepton_job.metadata.id_),
-                          command=list(lepton_job.spec.container.command), env=profile.plain_env(held_secrets(job, profile)),
-                          files={SPEC_FILE: json.dumps(body, indent=2)})
+        return LaunchPlan(
+            launcher=self.name,
+            summary=_summary(job, profile, lepton_job.metadata.id_),
+            command=list(lepton_job.spec.container.command),
+            env=profile.plain_env(held_secrets(job, profile)),
+            files={SPEC_FILE: json.dumps(body, indent=2)},
+        )
 
     def submit(self, job: Job, plan: LaunchPlan, job_dir: Path) -> Submission:
         _require_sdk()
@@ -228,10 +273,17 @@ class LeptonLauncher:
         _require_sdk()
         profile = LeptonProfile.of(job)
         return JobRecord(
-            launcher=self.name, job_id=submission.job_id, job_dir=str(submission.job_dir), step=job.step_id,
+            launcher=self.name,
+            job_id=submission.job_id,
+            job_dir=str(submission.job_dir),
+            step=job.step_id,
             submitted=datetime.now(UTC).isoformat(timespec="seconds"),
-            extra={"workspace": _client(profile.workspace).workspace_id, "node_group": profile.node_group,
-                   "nodes": profile.nodes, "secrets": sorted(secret_name(k) for k in held_secrets(job, profile))},
+            extra={
+                "workspace": _client(profile.workspace).workspace_id,
+                "node_group": profile.node_group,
+                "nodes": profile.nodes,
+                "secrets": sorted(secret_name(k) for k in held_secrets(job, profile)),
+            },
         )
 
     def status(self, record: JobRecord) -> JobStatus:
@@ -271,7 +323,10 @@ class LeptonLauncher:
                         print(f"{err}; waiting for the job to end", file=sys.stderr)
                 time.sleep(self.poll_seconds)
         except KeyboardInterrupt:
-            print(f"detached from Lepton job {job_id}: it keeps running (stop it with `rlsteps jobs cancel`)", file=sys.stderr)
+            print(
+                f"detached from Lepton job {job_id}: it keeps running (stop it with `rlsteps jobs cancel`)",
+                file=sys.stderr,
+            )
             return 130
         print(f"Lepton job {job_id}: {state.detail}", file=sys.stderr)
         return 0 if state.state is JobState.SUCCEEDED else 1
@@ -284,7 +339,9 @@ def _require_sdk() -> None:
     try:
         import leptonai.api.v2.types.job  # noqa: F401  (the v2 job types came with leptonai 0.47)
     except ImportError as err:
-        raise UsageError(f"the Lepton launcher needs the leptonai SDK, 0.47 or later ({err})", fix=INSTALL_HINT) from None
+        raise UsageError(
+            f"the Lepton launcher needs the leptonai SDK, 0.47 or later ({err})", fix=INSTALL_HINT
+        ) from None
 
 
 def _client(workspace: str | None) -> Any:
@@ -310,7 +367,9 @@ def _api(what: str, call: Callable[[], T]) -> T:
         raise RunFailed(f"cannot reach the Lepton API to {what}: {type(err).__name__}", fix=LOGIN_HINT) from None
     except RuntimeError as err:  # the SDK's ClientError / ServerError
         refused = getattr(getattr(err, "response", None), "status_code", None) in (401, 403)
-        raise RunFailed(f"Lepton API: could not {what}: {str(err).splitlines()[0]}", fix=LOGIN_HINT if refused else None) from None
+        raise RunFailed(
+            f"Lepton API: could not {what}: {str(err).splitlines()[0]}", fix=LOGIN_HINT if refused else None
+        ) from None
 
 
 def _node_group_id(client: Any, name: str) -> str:
@@ -319,7 +378,9 @@ def _node_group_id(client: Any, name: str) -> str:
         if name in (group.metadata.name, group.metadata.id_):
             return group.metadata.id_
     known = ", ".join(g.metadata.name or g.metadata.id_ for g in groups) or "none"
-    raise UsageError(f"node group '{name}' is not in workspace {client.workspace_id}", fix=f"set node_group to one of: {known}")
+    raise UsageError(
+        f"node group '{name}' is not in workspace {client.workspace_id}", fix=f"set node_group to one of: {known}"
+    )
 
 
 def _store_secrets(client: Any, secrets: dict[str, str]) -> None:
@@ -355,7 +416,11 @@ def _status(client: Any, job_id: str) -> JobStatus:
     state = STATES.get(phase, JobState.UNKNOWN)
     if phase == "Archived":
         state = JobState.FAILED if status.failed else JobState.SUCCEEDED if status.succeeded else JobState.UNKNOWN
-    counts = f" ({status.ready or 0} ready, {status.succeeded or 0} succeeded, {status.failed or 0} failed)" if status else ""
+    counts = (
+        f" ({status.ready or 0} ready, {status.succeeded or 0} succeeded, {status.failed or 0} failed)"
+        if status
+        else ""
+    )
     return JobStatus(state, f"Lepton {phase}{counts}")
 
 
@@ -369,9 +434,20 @@ def _first_replica(client: Any, job_id: str) -> str | None:
 def _recent_lines(client: Any, job_id: str, replica: str | None, since: float) -> Iterator[str]:
     """The last LOG_LINES lines of the job's stored log, oldest first."""
     now_ns, since_ns = time.time_ns(), int(since * 1e9)
-    answer = _api(f"read the log of {job_id}", lambda: client.log.get_log(
-        name_or_job=job_id, replica=replica, start=str(since_ns), end=str(now_ns), limit=LOG_LINES, direction="backward"))
-    entries = sorted((int(ts), text) for stream in answer.get("data", {}).get("result", []) for ts, text, *_ in stream["values"])
+    answer = _api(
+        f"read the log of {job_id}",
+        lambda: client.log.get_log(
+            name_or_job=job_id,
+            replica=replica,
+            start=str(since_ns),
+            end=str(now_ns),
+            limit=LOG_LINES,
+            direction="backward",
+        ),
+    )
+    entries = sorted(
+        (int(ts), text) for stream in answer.get("data", {}).get("result", []) for ts, text, *_ in stream["values"]
+    )
     if len(entries) >= LOG_LINES:
         yield f"[only the last {LOG_LINES} lines; follow the log to see it live]"
     for _, text in entries:
@@ -400,10 +476,21 @@ def _stream(client: Any, job_id: str, replica: str) -> Iterator[str]:
 
 def _summary(job: Job, profile: LeptonProfile, job_id: str) -> str:
     where = f"workspace {profile.workspace}" if profile.workspace else "the logged-in workspace"
-    outputs = f"relative outputs under {profile.run_dir}" if profile.run_dir else "no mount: outputs are lost when the job ends"
-    how = "attached: streams the log until it ends" if job.mode == "attached" else "detached: follow it with `rlsteps jobs logs -f`"
-    return (f"submit {job.step_id} to DGX Cloud Lepton ({where}) as job {job_id}: {profile.nodes} x {profile.resource_shape} in "
-            f"node group {profile.node_group} (id looked up at submission), {profile.container_image}; {outputs}; {how}")
+    outputs = (
+        f"relative outputs under {profile.run_dir}"
+        if profile.run_dir
+        else "no mount: outputs are lost when the job ends"
+    )
+    how = (
+        "attached: streams the log until it ends"
+        if job.mode == "attached"
+        else "detached: follow it with `rlsteps jobs logs -f`"
+    )
+    return (
+        f"submit {job.step_id} to DGX Cloud Lepton ({where}) as job {job_id}: "
+        f"{profile.nodes} x {profile.resource_shape} in "
+        f"node group {profile.node_group} (id looked up at submission), {profile.container_image}; {outputs}; {how}"
+    )
 
 
 def _decode_into(path: str, data: dict[str, Any]) -> str:

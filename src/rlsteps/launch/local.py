@@ -12,12 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from rlsteps.errors import UsageError
-from rlsteps.launch.job import Job
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission, read_log, worker_command
+from rlsteps.launch.job import Job
 
 LOG_FILE = "worker.log"
 PID_FILE = "worker.pid"
@@ -26,7 +26,10 @@ CANCELLED_FILE = "cancelled"
 CANCEL_GRACE_S = 10.0  # SIGTERM, then this long before SIGKILL
 KILL_WAIT_S = 5.0
 # $1 is the exit-code file, the rest is the worker's command; the file is renamed into place, never half written.
-EXIT_CODE_WRAPPER = 'exit_file=$1; shift; "$@"; code=$?; echo "$code" > "$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"; exit "$code"'
+EXIT_CODE_WRAPPER = (
+    'exit_file=$1; shift; "$@"; code=$?; '
+    'echo "$code" > "$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"; exit "$code"'
+)
 
 
 class LocalLauncher:
@@ -35,8 +38,11 @@ class LocalLauncher:
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
         worker = worker_command(sys.executable, job_dir, job.passthrough)
         if job.mode != "batch":
-            return LaunchPlan(launcher=self.name, summary=f"run {job.step_id} on this machine, attached to this terminal",
-                              command=worker)
+            return LaunchPlan(
+                launcher=self.name,
+                summary=f"run {job.step_id} on this machine, attached to this terminal",
+                command=worker,
+            )
         return LaunchPlan(
             launcher=self.name,
             summary=f"run {job.step_id} on this machine, detached, logs to {job_dir / LOG_FILE}",
@@ -50,7 +56,12 @@ class LocalLauncher:
             return Submission(job_id=job.name, job_dir=job_dir, exit_code=_run_attached(plan.command, env))
         with open(job_dir / LOG_FILE, "ab") as log:
             process = subprocess.Popen(
-                plan.command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                plan.command,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         (job_dir / PID_FILE).write_text(f"{process.pid}\n")
         return Submission(job_id=str(process.pid), job_dir=job_dir)
@@ -62,8 +73,14 @@ class LocalLauncher:
             extra |= {"pid": pid, "pid_started": _process_start(pid), "log": str(submission.job_dir / LOG_FILE)}
         else:
             extra["exit_code"] = submission.exit_code
-        return JobRecord(launcher=self.name, job_id=submission.job_id, job_dir=str(submission.job_dir), step=job.step_id,
-                         submitted=job.created, extra=extra)
+        return JobRecord(
+            launcher=self.name,
+            job_id=submission.job_id,
+            job_dir=str(submission.job_dir),
+            step=job.step_id,
+            submitted=job.created,
+            extra=extra,
+        )
 
     def status(self, record: JobRecord) -> JobStatus:
         job_dir = Path(record.job_dir)
@@ -75,17 +92,23 @@ class LocalLauncher:
             return _from_exit_code(int((job_dir / EXIT_FILE).read_text().strip()), f"pid {record.job_id}")
         if _alive(record):
             return JobStatus(JobState.RUNNING, f"pid {record.job_id}")
-        return JobStatus(JobState.FAILED, f"pid {record.job_id} ended without writing {EXIT_FILE} (killed by a signal?)")
+        return JobStatus(
+            JobState.FAILED, f"pid {record.job_id} ended without writing {EXIT_FILE} (killed by a signal?)"
+        )
 
     def logs(self, record: JobRecord, follow: bool = False) -> Iterator[str]:
         if "log" not in record.extra:
-            raise UsageError(f"job {Path(record.job_dir).name} ran attached: its output went to the terminal",
-                             fix="see train.log in the run's output directory")
+            raise UsageError(
+                f"job {Path(record.job_dir).name} ran attached: its output went to the terminal",
+                fix="see train.log in the run's output directory",
+            )
         return read_log(Path(record.extra["log"]), follow, finished=lambda: self.status(record).state.ended)
 
     def cancel(self, record: JobRecord) -> None:
         if "pid" not in record.extra:
-            raise UsageError(f"job {Path(record.job_dir).name} ran attached and is not running", fix="nothing to cancel")
+            raise UsageError(
+                f"job {Path(record.job_dir).name} ran attached and is not running", fix="nothing to cancel"
+            )
         (Path(record.job_dir) / CANCELLED_FILE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
         if not _alive(record):
             return

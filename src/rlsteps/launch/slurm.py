@@ -16,17 +16,26 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rlsteps.errors import RunFailed, UsageError
-from rlsteps.launch.job import Job
 from rlsteps.launch import containers
-from rlsteps.launch.base import (JobRecord, JobState, JobStatus, LaunchPlan, Submission, comment_safe, read_log,
-                                 worker_command)
+from rlsteps.launch.base import (
+    JobRecord,
+    JobState,
+    JobStatus,
+    LaunchPlan,
+    Submission,
+    comment_safe,
+    read_log,
+    worker_command,
+)
+from rlsteps.launch.job import Job
 from rlsteps.secrets import is_secret_key
 
 SCRIPT_FILE = "sbatch.sh"
@@ -36,12 +45,28 @@ POLL_S = 1.0
 CANCEL_WAIT_S = 20.0
 
 STATES = {
-    JobState.PENDING: {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SUSPENDED"},
+    JobState.PENDING: {
+        "PENDING",
+        "CONFIGURING",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESV_DEL_HOLD",
+        "SUSPENDED",
+    },
     JobState.RUNNING: {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING", "STOPPED"},
     JobState.SUCCEEDED: {"COMPLETED"},
     JobState.CANCELLED: {"CANCELLED", "REVOKED"},
-    JobState.FAILED: {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED",
-                      "SPECIAL_EXIT"},
+    JobState.FAILED: {
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+        "SPECIAL_EXIT",
+    },
 }
 
 
@@ -97,10 +122,14 @@ def load_profile(job: Job) -> SlurmProfile:
     try:
         return SlurmProfile.model_validate(job.launcher_settings)
     except ValidationError as err:
-        causes = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'profile'}: {e['msg'].removeprefix('Value error, ')}"
-                           for e in err.errors())
+        causes = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'profile'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors()
+        )
         known = ", ".join(k for k in SlurmProfile.model_fields if k != "executor")
-        raise UsageError(f"Slurm profile '{job.profile_name}' is invalid: {causes}", fix=f"the known keys are {known}") from None
+        raise UsageError(
+            f"Slurm profile '{job.profile_name}' is invalid: {causes}", fix=f"the known keys are {known}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -117,7 +146,9 @@ def place(job: Job, profile: SlurmProfile, job_dir: Path) -> Placement:
     jobs_root = Path(profile.job_dir).expanduser().absolute() if profile.job_dir else job_dir.parent
     container = None
     if profile.container_image:
-        cache = Path(profile.squash_dir).expanduser().absolute() if profile.squash_dir else jobs_root.parent / "containers"
+        cache = (
+            Path(profile.squash_dir).expanduser().absolute() if profile.squash_dir else jobs_root.parent / "containers"
+        )
         container = containers.plan_container(profile.container_image, cache, job.force_squash)
     python = profile.python or ("python" if container else sys.executable)
     return Placement(run_dir=jobs_root / job_dir.name, workdir=Path.cwd(), python=python, container=container)
@@ -136,43 +167,67 @@ def task_command(job: Job, profile: SlurmProfile, where: Placement) -> list[str]
     worker = worker_command(where.python, where.run_dir, job.passthrough)
     if profile.world_size == 1:
         return worker
-    return [where.python, "-m", "torch.distributed.run", Expansion('--nnodes="$SLURM_NNODES"'),
-            f"--nproc-per-node={max(profile.gpus_per_node, 1)}", "--rdzv-backend=c10d",
-            Expansion('--rdzv-id="$SLURM_JOB_ID"'), Expansion(f'--rdzv-endpoint="$head_node:{RDZV_PORT}"'),
-            *worker[1:]]  # torchrun's -m runs the worker module in each process
+    return [
+        where.python,
+        "-m",
+        "torch.distributed.run",
+        Expansion('--nnodes="$SLURM_NNODES"'),
+        f"--nproc-per-node={max(profile.gpus_per_node, 1)}",
+        "--rdzv-backend=c10d",
+        Expansion('--rdzv-id="$SLURM_JOB_ID"'),
+        Expansion(f'--rdzv-endpoint="$head_node:{RDZV_PORT}"'),
+        *worker[1:],
+    ]  # torchrun's -m runs the worker module in each process
 
 
 def srun_words(job: Job, profile: SlurmProfile, where: Placement) -> list[str]:
-    container = containers.pyxis_options(where.container, profile.container_mounts, where.workdir) if where.container else []
-    return ["srun", f"--nodes={profile.nodes}", "--ntasks-per-node=1", *container,
-            *task_command(job, profile, where)]
+    container = (
+        containers.pyxis_options(where.container, profile.container_mounts, where.workdir) if where.container else []
+    )
+    return ["srun", f"--nodes={profile.nodes}", "--ntasks-per-node=1", *container, *task_command(job, profile, where)]
 
 
 def directives(job: Job, profile: SlurmProfile, where: Placement) -> list[tuple[str, Any]]:
     wanted = [
-        ("job-name", job.name), ("account", profile.account), ("partition", profile.partition_for(job.mode)),
-        ("nodes", profile.nodes), ("ntasks-per-node", 1), ("gpus-per-node", profile.gpus_per_node or None),
-        ("cpus-per-task", profile.cpus_per_task), ("mem", profile.mem), ("time", profile.time),
-        ("exclusive", profile.exclusive or None), ("output", where.run_dir / LOG_NAME.format(job_id="%j")),
-        ("open-mode", "append"), ("chdir", where.workdir), ("export", "ALL"),
+        ("job-name", job.name),
+        ("account", profile.account),
+        ("partition", profile.partition_for(job.mode)),
+        ("nodes", profile.nodes),
+        ("ntasks-per-node", 1),
+        ("gpus-per-node", profile.gpus_per_node or None),
+        ("cpus-per-task", profile.cpus_per_task),
+        ("mem", profile.mem),
+        ("time", profile.time),
+        ("exclusive", profile.exclusive or None),
+        ("output", where.run_dir / LOG_NAME.format(job_id="%j")),
+        ("open-mode", "append"),
+        ("chdir", where.workdir),
+        ("export", "ALL"),
         ("dependency", "afterok:" + ":".join(job.depends_on) if job.depends_on else None),
     ]
     return [(flag, value) for flag, value in wanted if value is not None]
 
 
 def sbatch_script(job: Job, profile: SlurmProfile, where: Placement) -> str:
-    lines = ["#!/bin/bash", f"# rlsteps {comment_safe(job.step_id)} (config {comment_safe(job.config_name)}), "
-             f"{job.mode} on profile {comment_safe(job.profile_name or '')}, job {job.name}"]
+    lines = [
+        "#!/bin/bash",
+        f"# rlsteps {comment_safe(job.step_id)} (config {comment_safe(job.config_name)}), "
+        f"{job.mode} on profile {comment_safe(job.profile_name or '')}, job {job.name}",
+    ]
     for flag, value in directives(job, profile, where):
         text = str(value)
         if re.search(r"[\x00-\x1f\x7f]", text):
-            raise UsageError(f"Slurm option --{flag} has a control character in {text!r}", fix="remove it from the profile")
+            raise UsageError(
+                f"Slurm option --{flag} has a control character in {text!r}", fix="remove it from the profile"
+            )
         lines.append(f"#SBATCH --{flag}" if value is True else f"#SBATCH --{flag}={shlex.quote(text)}")
     secrets = sorted(job.secret_env())
     lines += ["", "set -eo pipefail"]
     if secrets:
-        lines.append("# Secrets are not in this file: they come from the submitting environment (--export=ALL): "
-                     + " ".join(secrets))
+        lines.append(
+            "# Secrets are not in this file: they come from the submitting environment (--export=ALL): "
+            + " ".join(secrets)
+        )
     lines += [f"export {name}={shlex.quote(str(value))}" for name, value in _public_env(profile).items()]
     if profile.setup_lines:
         lines += ["", "# setup_lines from the profile", *profile.setup_lines]
@@ -191,29 +246,48 @@ class SlurmLauncher:
         profile = load_profile(job)
         where = place(job, profile, job_dir)
         files = {SCRIPT_FILE: sbatch_script(job, profile, where)}
-        notes = [f"{'attached (logs streamed here)' if job.mode == 'attached' else 'detached'}",
-                 f"partition {profile.partition_for(job.mode) or '(cluster default)'}",
-                 f"{profile.nodes} node(s) x {profile.gpus_per_node} GPU(s)", f"job dir {where.run_dir}"]
+        notes = [
+            f"{'attached (logs streamed here)' if job.mode == 'attached' else 'detached'}",
+            f"partition {profile.partition_for(job.mode) or '(cluster default)'}",
+            f"{profile.nodes} node(s) x {profile.gpus_per_node} GPU(s)",
+            f"job dir {where.run_dir}",
+        ]
         if where.container:
             notes.append(where.container.describe())
             if where.container.action == "import":
-                options = [f"--{f}={v}" for f, v in (("partition", profile.partition_for(job.mode)), ("account", profile.account)) if v]
+                options = [
+                    f"--{f}={v}"
+                    for f, v in (("partition", profile.partition_for(job.mode)), ("account", profile.account))
+                    if v
+                ]
                 files[containers.SQUASH_SCRIPT] = containers.squash_script(where.container, options, job.name)
             if where.container.warning:
                 notes.append(f"warning: {where.container.warning}")
             missing = containers.unmounted([where.run_dir, where.workdir], profile.container_mounts)
             if missing:
-                notes.append(f"warning: not mounted in the container: {', '.join(map(str, missing))}; add them to container_mounts")
+                notes.append(
+                    f"warning: not mounted in the container: {', '.join(map(str, missing))}; "
+                    "add them to container_mounts"
+                )
         if profile.world_size > 1:
-            notes.append("note: the embedded engine is single-process for now, so submitting refuses a world size above 1")
-        return LaunchPlan(launcher=self.name, summary=f"submit {job.step_id} to Slurm with sbatch: " + "; ".join(notes),
-                          command=["sbatch", "--parsable", str(where.run_dir / SCRIPT_FILE)], files=files)
+            notes.append(
+                "note: the embedded engine is single-process for now, so submitting refuses a world size above 1"
+            )
+        return LaunchPlan(
+            launcher=self.name,
+            summary=f"submit {job.step_id} to Slurm with sbatch: " + "; ".join(notes),
+            command=["sbatch", "--parsable", str(where.run_dir / SCRIPT_FILE)],
+            files=files,
+        )
 
     def submit(self, job: Job, plan: LaunchPlan, job_dir: Path) -> Submission:
         profile = load_profile(job)
         if profile.world_size > 1:
-            raise UsageError(f"the profile asks for {profile.nodes} node(s) x {profile.gpus_per_node} GPU(s), but the embedded "
-                             "engine runs a single process", fix="set nodes: 1 and gpus_per_node: 1 (or 0 for CPU)")
+            raise UsageError(
+                f"the profile asks for {profile.nodes} node(s) x {profile.gpus_per_node} GPU(s), but the embedded "
+                "engine runs a single process",
+                fix="set nodes: 1 and gpus_per_node: 1 (or 0 for CPU)",
+            )
         where = place(job, profile, job_dir)
         if where.run_dir != job_dir:
             if where.run_dir.exists():
@@ -221,8 +295,11 @@ class SlurmLauncher:
             shutil.copytree(job_dir, where.run_dir)
         if (where.run_dir / containers.SQUASH_SCRIPT).exists():
             _require("srun")
-            _run_checked(["bash", str(where.run_dir / containers.SQUASH_SCRIPT)], "squashing the container image failed",
-                         fix=f"see the enroot output above; the script is {where.run_dir / containers.SQUASH_SCRIPT}")
+            _run_checked(
+                ["bash", str(where.run_dir / containers.SQUASH_SCRIPT)],
+                "squashing the container image failed",
+                fix=f"see the enroot output above; the script is {where.run_dir / containers.SQUASH_SCRIPT}",
+            )
         job_id = _sbatch(plan.command, job)
         submission = Submission(job_id=job_id, job_dir=where.run_dir)
         if job.mode != "attached":
@@ -233,21 +310,37 @@ class SlurmLauncher:
 
     def record(self, job: Job, submission: Submission) -> JobRecord:
         profile = load_profile(job)
-        extra = {"log": str(submission.job_dir / LOG_NAME.format(job_id=submission.job_id)), "job_name": job.name,
-                 "mode": job.mode,
-                 "profile": job.profile_name, "partition": profile.partition_for(job.mode),
-                 "script": str(submission.job_dir / SCRIPT_FILE)}
-        return JobRecord(launcher=self.name, job_id=submission.job_id, job_dir=str(submission.job_dir), step=job.step_id,
-                         submitted=job.created, extra=extra)
+        extra = {
+            "log": str(submission.job_dir / LOG_NAME.format(job_id=submission.job_id)),
+            "job_name": job.name,
+            "mode": job.mode,
+            "profile": job.profile_name,
+            "partition": profile.partition_for(job.mode),
+            "script": str(submission.job_dir / SCRIPT_FILE),
+        }
+        return JobRecord(
+            launcher=self.name,
+            job_id=submission.job_id,
+            job_dir=str(submission.job_dir),
+            step=job.step_id,
+            submitted=job.created,
+            extra=extra,
+        )
 
     def status(self, record: JobRecord) -> JobStatus:
         info = query(record.job_id)
         if info is None:
-            return JobStatus(JobState.UNKNOWN, f"Slurm no longer knows job {record.job_id} and sacct has no record of it; "
-                                               "enable accounting (slurmdbd) or raise MinJobAge to keep final states")
+            return JobStatus(
+                JobState.UNKNOWN,
+                f"Slurm no longer knows job {record.job_id} and sacct has no record of it; "
+                "enable accounting (slurmdbd) or raise MinJobAge to keep final states",
+            )
         if not _is_ours(info, record):
-            return JobStatus(JobState.UNKNOWN, f"Slurm job {record.job_id} is now another job ({info.name}): "
-                                               "the cluster's job ids were reset since it was submitted")
+            return JobStatus(
+                JobState.UNKNOWN,
+                f"Slurm job {record.job_id} is now another job ({info.name}): "
+                "the cluster's job ids were reset since it was submitted",
+            )
         return JobStatus(info.state, info.describe())
 
     def logs(self, record: JobRecord, follow: bool = False) -> Iterator[str]:
@@ -256,7 +349,9 @@ class SlurmLauncher:
     def cancel(self, record: JobRecord) -> None:
         info = query(record.job_id)
         if info is None or not _is_ours(info, record):
-            raise UsageError(f"Slurm job {record.job_id} is not the job recorded in {record.job_dir}", fix="nothing to cancel")
+            raise UsageError(
+                f"Slurm job {record.job_id} is not the job recorded in {record.job_dir}", fix="nothing to cancel"
+            )
         _require("scancel")
         _run_checked(["scancel", record.job_id], f"scancel could not cancel Slurm job {record.job_id}")
         deadline = time.monotonic() + CANCEL_WAIT_S
@@ -312,13 +407,22 @@ def query(job_id: str) -> SlurmJobInfo | None:
         exit_code = re.search(r"\bExitCode=(\d+):(\d+)", shown.stdout)
         reason = re.search(r"\bReason=(\S+)", shown.stdout)
         name = re.search(r"\bJobName=(\S+)", shown.stdout)
-        return SlurmJobInfo(job_id, name.group(1) if name else None, state.group(1), *_ints(exit_code),
-                            reason.group(1) if reason else None, "scontrol")
+        return SlurmJobInfo(
+            job_id,
+            name.group(1) if name else None,
+            state.group(1),
+            *_ints(exit_code),
+            reason.group(1) if reason else None,
+            "scontrol",
+        )
     if shutil.which("sacct") is None:
         return None
-    accounted = _slurm_command(["sacct", "--jobs", job_id, "--allocations", "--noheader", "--parsable2",
-                                "--format=JobName,State,ExitCode"])
-    rows = [line.split("|") for line in accounted.stdout.splitlines() if "|" in line] if accounted.returncode == 0 else []
+    accounted = _slurm_command(
+        ["sacct", "--jobs", job_id, "--allocations", "--noheader", "--parsable2", "--format=JobName,State,ExitCode"]
+    )
+    rows = (
+        [line.split("|") for line in accounted.stdout.splitlines() if "|" in line] if accounted.returncode == 0 else []
+    )
     if not rows:
         return None
     name, state_text, exit_text = rows[0][:3]
@@ -337,8 +441,10 @@ def _ints(match: re.Match | None) -> tuple[int | None, int | None]:
 
 def _require(tool: str) -> None:
     if shutil.which(tool) is None:
-        raise UsageError(f"{tool} not found: this machine has no Slurm client",
-                         fix="run rlsteps on a Slurm login node, or install the Slurm client (Debian: slurm-client)")
+        raise UsageError(
+            f"{tool} not found: this machine has no Slurm client",
+            fix="run rlsteps on a Slurm login node, or install the Slurm client (Debian: slurm-client)",
+        )
 
 
 def _slurm_command(argv: list[str]) -> subprocess.CompletedProcess:
@@ -352,8 +458,10 @@ def _sbatch(command: list[str], job: Job) -> str:
     done = subprocess.run(command, env={**os.environ, **job.secret_env()}, capture_output=True, text=True, timeout=300)
     job_id = done.stdout.strip().split(";")[0]
     if done.returncode != 0 or not job_id.isdigit():
-        raise RunFailed(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}",
-                        fix=f"check the profile's partition, account and resources; the script is {command[-1]}")
+        raise RunFailed(
+            f"sbatch refused the job: {(done.stderr or done.stdout).strip()}",
+            fix=f"check the profile's partition, account and resources; the script is {command[-1]}",
+        )
     return job_id
 
 

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from rlsteps.catalog import Step
 from rlsteps.errors import UsageError
 from rlsteps.launch.job import Job, Mode, sanitise_name
-from rlsteps.plan.profiles import Profile
 from rlsteps.plan import resolvers
+from rlsteps.plan.profiles import Profile
 
 resolvers.register()
 
@@ -200,4 +200,6 @@ def _closest_key_hint(cfg: DictConfig, key: str) -> str:
     if not close:  # a right leaf under a wrong section: match on the last part
         leaf = key.rsplit(".", 1)[-1]
         close = [k for k in keys if k.rsplit(".", 1)[-1] == leaf][:1]
-    return f"did you mean '{close[0]}'? (use +{key}=... to add a new key)" if close else f"use +{key}=... to add a new key"
+    return (
+        f"did you mean '{close[0]}'? (use +{key}=... to add a new key)" if close else f"use +{key}=... to add a new key"
+    )

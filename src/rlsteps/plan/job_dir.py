@@ -13,13 +13,26 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from rlsteps.artifacts.inputs import ResolvedInput
-from rlsteps.launch.job import Job
 from rlsteps.launch.base import LaunchPlan
+from rlsteps.launch.job import Job
 from rlsteps.secrets import mask_argv
 
 JOBS_DIR = Path(".rlsteps") / "jobs"
-TRACKED_PACKAGES = ("rlsteps", "torch", "transformers", "tokenizers", "safetensors", "omegaconf", "pydantic",
-                    "typer", "fsspec", "megatron-core", "vllm", "submitit", "leptonai")
+TRACKED_PACKAGES = (
+    "rlsteps",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "omegaconf",
+    "pydantic",
+    "typer",
+    "fsspec",
+    "megatron-core",
+    "vllm",
+    "submitit",
+    "leptonai",
+)
 
 
 def planned_job_dir(job: Job, base: Path | None = None) -> Path:
@@ -49,8 +62,15 @@ def write_job_files(job_dir: Path, job: Job, plan: LaunchPlan, inputs: list[Reso
 
 def provenance(job: Job, plan: LaunchPlan, inputs: list[ResolvedInput], job_dir: Path) -> dict[str, Any]:
     return {
-        "job": {"name": job.name, "dir": str(job_dir), "created": job.created, "step": job.step_id,
-                "config": job.config_name, "config_source": job.config_source, "mode": job.mode},
+        "job": {
+            "name": job.name,
+            "dir": str(job_dir),
+            "created": job.created,
+            "step": job.step_id,
+            "config": job.config_name,
+            "config_source": job.config_source,
+            "mode": job.mode,
+        },
         "argv": job.public_argv(),
         "overrides": mask_argv(job.overrides),
         "passthrough": mask_argv(job.passthrough),
@@ -76,11 +96,17 @@ def package_versions() -> dict[str, str]:
 
 def git_state(directory: Path) -> dict[str, Any] | None:
     try:
-        sha = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        sha = subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
         if sha.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(directory), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "-C", str(directory), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         return {"sha": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -20,19 +20,20 @@ and resumes the failed stage from its last checkpoint.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rlsteps.artifacts.inputs import Conversion, lookup, output_ref, produced_type, raise_for, required_here
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
-from rlsteps.plan.compile import overrides_for, worker_config_hash
 from rlsteps.engine.artifact import input_versions, read_artifact_metadata
 from rlsteps.errors import RunFailed, UsageError
 from rlsteps.launch.base import get_launcher
+from rlsteps.plan.compile import overrides_for, worker_config_hash
 from rlsteps.plan.runner import Compiled, RunRequest, compile_request, execute
 from rlsteps.secrets import mask_argv
 
@@ -103,8 +104,12 @@ def load_pipeline(path: Path) -> PipelineSpec:
     if not names or len(set(names)) != len(names):
         raise UsageError(f"{path}: stage names must be present and unique (got {', '.join(names) or 'none'})")
     # a stage's config may be a YAML file next to the pipeline file
-    stages = [s.model_copy(update={"config": str(path.parent / s.config)}) if s.config.endswith((".yaml", ".yml"))
-              and not Path(s.config).is_absolute() else s for s in spec.stages]
+    stages = [
+        s.model_copy(update={"config": str(path.parent / s.config)})
+        if s.config.endswith((".yaml", ".yml")) and not Path(s.config).is_absolute()
+        else s
+        for s in spec.stages
+    ]
     return spec.model_copy(update={"stages": stages})
 
 
@@ -122,52 +127,75 @@ def plan_pipeline(catalog: Catalog, spec: PipelineSpec, request: PipelineRequest
         defaults = [f"{o.key}={RUNS_DIR / spec.name / stage.name}" for o in step.produces]
         bindings, promised, upstream = _bind_inputs(step, stage, plans)
         overrides = [*defaults, *wide[stage.name], *stage.overrides, *per_stage.get(stage.name, []), *bindings]
-        run_request = RunRequest(step=step.id, config=stage.config, run_profile=request.run_profile,
-                                 batch_profile=request.batch_profile, overrides=tuple(overrides),
-                                 argv=request.argv, promised=tuple(promised.items()))
+        run_request = RunRequest(
+            step=step.id,
+            config=stage.config,
+            run_profile=request.run_profile,
+            batch_profile=request.batch_profile,
+            overrides=tuple(overrides),
+            argv=request.argv,
+            promised=tuple(promised.items()),
+        )
         compiled = compile_request(catalog, run_request)
         allow = spec.convert if stage.convert is None else stage.convert
         for input_spec, item in zip(step.consumes, compiled.inputs):
             conversion = raise_for(catalog, required_here(input_spec, compiled.job.config), item, allow_convert=allow)
             if conversion is not None:  # plan again with the convert stage in place
-                return plan_pipeline(catalog, _with_conversion(catalog, spec, stage, input_spec, conversion, item.ref), request)
-        outputs = {o.name: (produced_type(o, compiled.job.config), output_ref(compiled.job.config, o)) for o in step.produces}
+                return plan_pipeline(
+                    catalog, _with_conversion(catalog, spec, stage, input_spec, conversion, item.ref), request
+                )
+        outputs = {
+            o.name: (produced_type(o, compiled.job.config), output_ref(compiled.job.config, o)) for o in step.produces
+        }
         plans[stage.name] = StagePlan(stage.name, step, run_request, compiled, outputs, upstream, stage.publish)
     return list(plans.values())
 
 
-def _with_conversion(catalog: Catalog, spec: PipelineSpec, stage: StageSpec, input_spec: ArtifactSpec,
-                     conversion: Conversion, ref: str) -> PipelineSpec:
+def _with_conversion(
+    catalog: Catalog, spec: PipelineSpec, stage: StageSpec, input_spec: ArtifactSpec, conversion: Conversion, ref: str
+) -> PipelineSpec:
     """The pipeline with a convert stage inserted before STAGE, and STAGE's input bound to the converter's output."""
     converter = catalog.steps[conversion.step_id]
     source = next((c for c in converter.consumes if catalog.is_a(conversion.source, c.type)), None)
     if source is None or len(converter.produces) != 1:
-        raise UsageError(f"{converter.id} must consume a {conversion.source} and produce one artifact",
-                         fix=f"fix {converter.manifest_path}")
+        raise UsageError(
+            f"{converter.id} must consume a {conversion.source} and produce one artifact",
+            fix=f"fix {converter.manifest_path}",
+        )
     name = f"{stage.name}-convert-{input_spec.name}"
     convert = StageSpec(name=name, step=converter.id, inputs={source.name: stage.inputs.get(input_spec.name, ref)})
     rebound = stage.model_copy(update={"inputs": {**stage.inputs, input_spec.name: STAGE_PREFIX + name}})
     at = spec.stages.index(stage)
-    return spec.model_copy(update={"stages": [*spec.stages[:at], convert, rebound, *spec.stages[at + 1:]]})
+    return spec.model_copy(update={"stages": [*spec.stages[:at], convert, rebound, *spec.stages[at + 1 :]]})
 
 
-def _bind_inputs(step: Step, stage: StageSpec, plans: dict[str, StagePlan]) -> tuple[list[str], dict[str, str], tuple[str, ...]]:
-    """Overrides that point each bound input at its reference, the types promised by upstream stages, and those stages."""
+def _bind_inputs(
+    step: Step, stage: StageSpec, plans: dict[str, StagePlan]
+) -> tuple[list[str], dict[str, str], tuple[str, ...]]:
+    """Overrides that point each bound input at its reference, the types promised by upstream stages, and those
+    stages."""
     by_name = {c.name: c for c in step.consumes}
     overrides, promised, upstream = [], {}, []
     for input_name, value in stage.inputs.items():
         if input_name not in by_name:
-            raise UsageError(f"stage '{stage.name}': {step.id} has no input '{input_name}'",
-                             fix=f"its inputs are {', '.join(by_name)}")
+            raise UsageError(
+                f"stage '{stage.name}': {step.id} has no input '{input_name}'",
+                fix=f"its inputs are {', '.join(by_name)}",
+            )
         ref = value
         if value.startswith(STAGE_PREFIX):
             source, _, output = value.removeprefix(STAGE_PREFIX).partition(".")
             if source not in plans:
-                raise UsageError(f"stage '{stage.name}': input '{input_name}' reads stage '{source}', which does not run before it",
-                                 fix=f"bind it to one of the earlier stages: {', '.join(plans) or 'none'}")
+                raise UsageError(
+                    f"stage '{stage.name}': input '{input_name}' reads stage '{source}', which does not run before it",
+                    fix=f"bind it to one of the earlier stages: {', '.join(plans) or 'none'}",
+                )
             outputs = plans[source].outputs
             if not output and len(outputs) != 1:
-                raise UsageError(f"stage '{source}' has several outputs", fix=f"write stage:{source}.OUTPUT with OUTPUT in {', '.join(outputs)}")
+                raise UsageError(
+                    f"stage '{source}' has several outputs",
+                    fix=f"write stage:{source}.OUTPUT with OUTPUT in {', '.join(outputs)}",
+                )
             promised_type, ref = outputs[output] if output in outputs else next(iter(outputs.values()))
             promised[input_name] = promised_type
             upstream.append(source)
@@ -192,7 +220,9 @@ def _split_overrides(overrides: tuple[str, ...], stages: set[str]) -> tuple[list
         head, sep, rest = item.partition(":")
         if sep and "=" not in head:
             if head not in stages:
-                raise UsageError(f"override '{item}' names no stage '{head}'", fix=f"the stages are {', '.join(sorted(stages))}")
+                raise UsageError(
+                    f"override '{item}' names no stage '{head}'", fix=f"the stages are {', '.join(sorted(stages))}"
+                )
             per_stage.setdefault(head, []).append(rest)
         else:
             shared.append(item)
@@ -202,7 +232,7 @@ def _split_overrides(overrides: tuple[str, ...], stages: set[str]) -> tuple[list
 def freshness(plan: StagePlan) -> tuple[bool, str]:
     """(up to date, why): the output exists and was written from this config and these input versions."""
     job = plan.compiled.job
-    for name, (_, ref) in plan.outputs.items():
+    for _, ref in plan.outputs.values():
         meta = read_artifact_metadata(Path(ref))
         if meta is None:
             return False, f"no output at {ref}"
@@ -213,8 +243,11 @@ def freshness(plan: StagePlan) -> tuple[bool, str]:
         except FileNotFoundError:
             return False, "an input is not written yet"
         if meta.get("input_versions") != current:
-            changed = sorted(k for k in {*current, *(meta.get("input_versions") or {})}
-                             if current.get(k) != (meta.get("input_versions") or {}).get(k))
+            changed = sorted(
+                k
+                for k in {*current, *(meta.get("input_versions") or {})}
+                if current.get(k) != (meta.get("input_versions") or {}).get(k)
+            )
             return False, f"input changed: {', '.join(changed)}"
     return True, "output exists, same config and inputs"
 
@@ -224,8 +257,10 @@ def run_pipeline(catalog: Catalog, request: PipelineRequest, say: Callable[[str]
     plans = plan_pipeline(catalog, spec, request)
     batch = request.batch_profile is not None
     if batch and not getattr(get_launcher(plans[0].compiled.job.executor), "supports_dependencies", False):
-        raise UsageError(f"a batch pipeline needs a launcher that chains jobs (slurm); '{plans[0].compiled.job.executor}' cannot",
-                         fix="run the pipeline attached (-r PROFILE) or here (no -r/-b), or use a Slurm profile")
+        raise UsageError(
+            f"a batch pipeline needs a launcher that chains jobs (slurm); '{plans[0].compiled.job.executor}' cannot",
+            fix="run the pipeline attached (-r PROFILE) or here (no -r/-b), or use a Slurm profile",
+        )
     submitted: dict[str, str] = {}  # stage -> batch job id
     outcomes = []
     for plan in plans:
@@ -243,15 +278,21 @@ def run_pipeline(catalog: Catalog, request: PipelineRequest, say: Callable[[str]
             promised = plan.request.promised if batch else ()
             submission = execute(catalog, replace(plan.request, after=after, promised=promised), say=say)
         except RunFailed as failed:
-            raise RunFailed(f"pipeline {spec.name} stopped at stage '{plan.name}': {failed.message}",
-                            fix="fix the cause and rerun the same command: finished stages are skipped and this one "
-                                "resumes from its last checkpoint") from failed
+            raise RunFailed(
+                f"pipeline {spec.name} stopped at stage '{plan.name}': {failed.message}",
+                fix="fix the cause and rerun the same command: finished stages are skipped and this one "
+                "resumes from its last checkpoint",
+            ) from failed
         if submission.exit_code is None:
             submitted[plan.name] = submission.job_id
-            outcomes.append(StageOutcome(plan.name, "submitted", f"after {', '.join(after)}" if after else "", submission.job_id))
+            outcomes.append(
+                StageOutcome(plan.name, "submitted", f"after {', '.join(after)}" if after else "", submission.job_id)
+            )
             if plan.publish:
-                say(f"stage {plan.name}: when job {submission.job_id} ends, publish with "
-                    f"`rlsteps artifacts publish {next(iter(plan.outputs.values()))[1]} {plan.publish}`")
+                say(
+                    f"stage {plan.name}: when job {submission.job_id} ends, publish with "
+                    f"`rlsteps artifacts publish {next(iter(plan.outputs.values()))[1]} {plan.publish}`"
+                )
             continue
         outcomes.append(StageOutcome(plan.name, "ran", _publish(catalog, plan, say)))
     return outcomes
@@ -290,11 +331,19 @@ def describe(plans: list[StagePlan]) -> list[dict[str, Any]]:
             fresh, why = False, "an upstream stage runs first"
         if not fresh:
             running.add(p.name)
-        rows.append({
-            "stage": p.name, "action": "skip" if fresh else "run", "why": why, "step": p.step.id,
-            "config": p.compiled.job.config_name, "after": list(p.upstream),
-            "inputs": {i.name: f"{i.ref} ({i.status})" for i in p.compiled.inputs if i.ref},
-            "outputs": {name: f"{ref} ({kind})" for name, (kind, ref) in p.outputs.items()},
-            "publish": p.publish, "launch": p.compiled.plan.summary, "overrides": mask_argv(list(p.request.overrides)),
-        })
+        rows.append(
+            {
+                "stage": p.name,
+                "action": "skip" if fresh else "run",
+                "why": why,
+                "step": p.step.id,
+                "config": p.compiled.job.config_name,
+                "after": list(p.upstream),
+                "inputs": {i.name: f"{i.ref} ({i.status})" for i in p.compiled.inputs if i.ref},
+                "outputs": {name: f"{ref} ({kind})" for name, (kind, ref) in p.outputs.items()},
+                "publish": p.publish,
+                "launch": p.compiled.plan.summary,
+                "overrides": mask_argv(list(p.request.overrides)),
+            }
+        )
     return rows

@@ -81,7 +81,11 @@ def _extends_chain(name: str, known: dict[str, tuple[dict[str, Any], str]]) -> l
         if current not in known:
             where = ", ".join(str(p) for p in profile_files()) or "no profile file found"
             close = difflib.get_close_matches(current, list(known), n=3)
-            hint = f"did you mean {', '.join(close)}?" if close else f"define it under `profiles:` in ./rlsteps.yaml ({where})"
+            hint = (
+                f"did you mean {', '.join(close)}?"
+                if close
+                else f"define it under `profiles:` in ./rlsteps.yaml ({where})"
+            )
             raise UsageError(f"unknown profile '{current}'", fix=hint)
         if current in chain:
             raise UsageError(f"profile '{name}' extends itself: {' -> '.join(chain + [current])}")

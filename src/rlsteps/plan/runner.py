@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from rlsteps.artifacts.inputs import ResolvedInput, check_inputs, lookup, resolve_inputs, with_value
-from rlsteps.catalog import Catalog, Step
-from rlsteps.plan.compile import compile_job
-from rlsteps.errors import RunFailed, UsageError
-from rlsteps.launch.job import Job, Mode
-from rlsteps.plan.job_dir import create_job_dir, planned_job_dir, write_job_files
-from rlsteps.launch.base import LaunchPlan, Submission, get_launcher
-from rlsteps.plan.profiles import resolve_profile
 from rlsteps.artifacts.store import SCHEME, resolve_reference
-
+from rlsteps.catalog import Catalog, Step
+from rlsteps.errors import RunFailed, UsageError
+from rlsteps.launch.base import LaunchPlan, Submission, get_launcher
+from rlsteps.launch.job import Job, Mode
+from rlsteps.plan.compile import compile_job
+from rlsteps.plan.job_dir import create_job_dir, planned_job_dir, write_job_files
+from rlsteps.plan.profiles import resolve_profile
 
 TINY_WORLD_EXECUTORS = ("local", "slurm")  # launchers that share this machine's filesystem: the world is built here
 
@@ -46,15 +45,23 @@ class Compiled:
 def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
     """Everything a dry run shows; touches nothing (no job dir, no network, no world build)."""
     if request.run_profile and request.batch_profile:
-        raise UsageError("-r and -b are exclusive", fix="use -r PROFILE to run attached or -b PROFILE to submit a batch job")
+        raise UsageError(
+            "-r and -b are exclusive", fix="use -r PROFILE to run attached or -b PROFILE to submit a batch job"
+        )
     step = catalog.find(request.step)
     _check_worker_arguments(list(request.passthrough))
     profile_name = request.run_profile or request.batch_profile
     profile = resolve_profile(profile_name) if profile_name else None
     mode: Mode = "batch" if request.batch_profile else "attached" if request.run_profile else "local"
     job = compile_job(
-        step, request.config, mode=mode, profile=profile, overrides=list(request.overrides),
-        passthrough=list(request.passthrough), force_squash=request.force_squash, argv=list(request.argv),
+        step,
+        request.config,
+        mode=mode,
+        profile=profile,
+        overrides=list(request.overrides),
+        passthrough=list(request.passthrough),
+        force_squash=request.force_squash,
+        argv=list(request.argv),
         depends_on=list(request.after),
     )
     job = _with_store_references(step, job)
@@ -102,7 +109,9 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     for directory in dict.fromkeys([job_dir, submission.job_dir]):  # the launcher may run it from a shared job dir
         record.save(directory)
     if submission.exit_code not in (None, 0):
-        raise RunFailed(f"{job.step_id} failed with exit code {submission.exit_code}", fix=f"see the log above and {job_dir}")
+        raise RunFailed(
+            f"{job.step_id} failed with exit code {submission.exit_code}", fix=f"see the log above and {job_dir}"
+        )
     return submission
 
 
@@ -110,8 +119,10 @@ def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:
     try:
         from rlsteps.tiny.build import ensure_tiny_world  # imports torch (and megatron-core): only for real runs
     except ImportError as missing:
-        raise RunFailed(f"the tiny world cannot be built: {missing}",
-                        fix="pip install torch==2.13.0 first, then pip install -e '.[engine,megatron]'") from None
+        raise RunFailed(
+            f"the tiny world cannot be built: {missing}",
+            fix="pip install torch==2.13.0 first, then pip install -e '.[engine,megatron]'",
+        ) from None
     ensure_tiny_world(seed=seed, log=say)
 
 
@@ -122,4 +133,6 @@ def _check_worker_arguments(passthrough: list[str]) -> None:
     if unknown:
         parser = build_parser()
         options = " ".join(parser.format_usage().removeprefix(f"usage: {parser.prog}").replace(" config", "").split())
-        raise UsageError(f"the worker does not accept {' '.join(unknown)!r}", fix=f"after -- the worker takes: {options}")
+        raise UsageError(
+            f"the worker does not accept {' '.join(unknown)!r}", fix=f"after -- the worker takes: {options}"
+        )

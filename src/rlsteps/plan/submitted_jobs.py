@@ -8,13 +8,14 @@ is found from the directory it was submitted from and from anywhere that knows i
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rlsteps.errors import RlstepsError, UsageError
-from rlsteps.plan.job_dir import JOBS_DIR
 from rlsteps.launch.base import RECORD_FILE, JobRecord, JobState, JobStatus, get_launcher
+from rlsteps.plan.job_dir import JOBS_DIR
 from rlsteps.plan.profiles import load_profiles, resolve_profile
 
 
@@ -28,7 +29,12 @@ class JobView:
         return Path(self.record.job_dir).name
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self.record), "name": self.name, "state": self.status.state.value, "detail": self.status.detail}
+        return {
+            **asdict(self.record),
+            "name": self.name,
+            "state": self.status.state.value,
+            "detail": self.status.detail,
+        }
 
 
 def job_roots() -> list[Path]:
@@ -67,7 +73,9 @@ def find_job(ref: str, records: list[JobRecord] | None = None) -> JobRecord:
         return matches[0]
     names = [Path(r.job_dir).name for r in matches]
     if matches:
-        raise UsageError(f"'{ref}' matches {len(matches)} jobs: {', '.join(names)}", fix="name one by its job directory")
+        raise UsageError(
+            f"'{ref}' matches {len(matches)} jobs: {', '.join(names)}", fix="name one by its job directory"
+        )
     close = difflib.get_close_matches(ref, [Path(r.job_dir).name for r in records] + [r.job_id for r in records], n=3)
     hint = f"did you mean {', '.join(close)}?" if close else "`rlsteps jobs list` shows the jobs found"
     raise UsageError(f"no job '{ref}' under {', '.join(str(r) for r in job_roots())}", fix=hint)

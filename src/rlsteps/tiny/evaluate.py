@@ -20,8 +20,14 @@ def sample_responses(
     """(decoded response, ended with EOS) for each rendered prompt, sampled at temperature 1."""
     encoded = tokenizer(prompts, padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt")
     output = policy.generate(
-        **encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        **encoded,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     results = []
     for row in output[:, encoded["input_ids"].shape[1] :].tolist():

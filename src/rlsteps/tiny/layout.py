@@ -1,6 +1,7 @@
 """Where the offline tiny world lives on disk. Torch-free, so configs can name its paths cheaply.
 
-$RLSTEPS_HOME (default ~/.cache/rlsteps) / tiny / <version>-seed<seed> / {policy, policy_megatron, reward_model, train.jsonl, val.jsonl}
+$RLSTEPS_HOME (default ~/.cache/rlsteps) / tiny / <version>-seed<seed> /
+    {policy, policy_megatron, reward_model, train.jsonl, val.jsonl}
 """
 
 from __future__ import annotations

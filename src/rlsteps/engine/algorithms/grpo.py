@@ -137,8 +137,14 @@ class GRPO(Recipe):
         g = self.cfg.grpo
         valid = scores.valid & batch.is_end if g.overlong_filtering else scores.valid.clone()  # [B] rows that count
         group, _ = batch.group_index()
-        advantages = group_advantages(scores.rewards, group, valid, leave_one_out=g.leave_one_out,
-                                      normalize_std=g.normalize_std, std_floor=g.std_floor)  # [B]
+        advantages = group_advantages(
+            scores.rewards,
+            group,
+            valid,
+            leave_one_out=g.leave_one_out,
+            normalize_std=g.normalize_std,
+            std_floor=g.std_floor,
+        )  # [B]
         stats = rollout_stats(batch, scores)
         if g.dynamic_sampling:
             flat = zero_variance_groups(scores.rewards, group, valid)
@@ -150,16 +156,25 @@ class GRPO(Recipe):
         batch.extras["old_logprobs"] = policy_logprobs(batch)  # [B, T-1]: the ratio's denominator
         if self.needs_reference:
             batch.extras["ref_logprobs"] = reference_logprobs(batch)
-        stats.update({
-            "train/fraction_masked": 1.0 - valid.float().mean().item() if len(valid) else 1.0,
-            "train/advantage_mean": advantages.mean().item() if len(advantages) else 0.0,
-            "train/advantage_abs_mean": advantages.abs().mean().item() if len(advantages) else 0.0,
-        })
+        stats.update(
+            {
+                "train/fraction_masked": 1.0 - valid.float().mean().item() if len(valid) else 1.0,
+                "train/advantage_mean": advantages.mean().item() if len(advantages) else 0.0,
+                "train/advantage_abs_mean": advantages.abs().mean().item() if len(advantages) else 0.0,
+            }
+        )
         return batch, stats
 
     def loss(self, logprobs, batch, normaliser):
         g = self.cfg.grpo
         return clipped_policy_loss(
-            logprobs, batch.extras["old_logprobs"], batch.extras["advantages"], loss_mask(batch), normaliser,
-            eps_low=g.eps_low, eps_high=g.eps_high, ref_logprobs=batch.extras.get("ref_logprobs"), kl_beta=g.kl_beta,
+            logprobs,
+            batch.extras["old_logprobs"],
+            batch.extras["advantages"],
+            loss_mask(batch),
+            normaliser,
+            eps_low=g.eps_low,
+            eps_high=g.eps_high,
+            ref_logprobs=batch.extras.get("ref_logprobs"),
+            kl_beta=g.kl_beta,
         )

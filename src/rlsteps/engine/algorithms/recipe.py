@@ -7,7 +7,7 @@ global batch's count of loss tokens).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -46,14 +46,16 @@ class Recipe:
     def train_rows_per_step(self) -> int:
         return self.cfg.rollout.prompts_per_step * self.cfg.rollout.num_rollouts_per_prompt
 
-    def prepare(self, batch: RolloutBatch, scores: Scores, policy_logprobs: LogprobFn,
-                reference_logprobs: LogprobFn | None) -> tuple[RolloutBatch, dict[str, float]]:
+    def prepare(
+        self, batch: RolloutBatch, scores: Scores, policy_logprobs: LogprobFn, reference_logprobs: LogprobFn | None
+    ) -> tuple[RolloutBatch, dict[str, float]]:
         raise NotImplementedError
 
     def loss_normaliser(self, global_batch: RolloutBatch) -> float:
         """The loss tokens of one global batch (all its micro-batches): every micro-batch's loss divides by it."""
         return loss_mask(global_batch).sum().item()
 
-    def loss(self, logprobs: torch.Tensor, batch: RolloutBatch,
-             normaliser: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(
+        self, logprobs: torch.Tensor, batch: RolloutBatch, normaliser: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError

@@ -31,8 +31,15 @@ class BuiltinBackend:
         self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seed: int
     ) -> Generation:
         generator = torch.Generator(device=self.device).manual_seed(seed)
-        return generate(model, prompt_token_ids, params, eos_token_id=self._eos_ids(model),
-                        pad_token_id=self.tokenizer.pad_token_id, generator=generator, batch_size=self.batch_size)
+        return generate(
+            model,
+            prompt_token_ids,
+            params,
+            eos_token_id=self._eos_ids(model),
+            pad_token_id=self.tokenizer.pad_token_id,
+            generator=generator,
+            batch_size=self.batch_size,
+        )
 
     def _eos_ids(self, model: nn.Module) -> int | list[int]:
         configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

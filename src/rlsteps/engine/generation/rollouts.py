@@ -25,22 +25,31 @@ def step_seed(seed: int, step: int) -> int:
 class Sampler:
     """Rollout batches for the loop; a GenerationBackend samples the responses."""
 
-    def __init__(self, tokenizer, rollout: RolloutConfig, device: torch.device,
-                 backend: GenerationBackend | None = None) -> None:
+    def __init__(
+        self, tokenizer, rollout: RolloutConfig, device: torch.device, backend: GenerationBackend | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.rollout = rollout
         self.backend = backend or BuiltinBackend(tokenizer, rollout.generation_batch_size, device)
 
     def rollouts(self, model, prompts: list[Prompt], n: int, seed: tuple[int, int]) -> RolloutBatch:
         s = self.rollout.sampling
-        params = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+        params = SamplingParams(
+            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
+        )
         return self._sample(model, prompts, n, params, step_seed(*seed))
 
-    def validation_rollouts(self, model, prompts: list[Prompt], n: int, max_new_tokens: int | None, seed: int) -> RolloutBatch:
+    def validation_rollouts(
+        self, model, prompts: list[Prompt], n: int, max_new_tokens: int | None, seed: int
+    ) -> RolloutBatch:
         """One greedy response per prompt, or n sampled ones where the scorer compares responses."""
         s = self.rollout.sampling
-        params = SamplingParams(max_new_tokens=max_new_tokens or s.max_new_tokens,
-                                temperature=0.0 if n == 1 else s.temperature, top_p=s.top_p, top_k=s.top_k)
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens or s.max_new_tokens,
+            temperature=0.0 if n == 1 else s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+        )
         return self._sample(model, prompts, n, params, step_seed(seed, -1))
 
     def _sample(self, model, prompts: list[Prompt], n: int, params: SamplingParams, seed: int) -> RolloutBatch:

@@ -32,7 +32,10 @@ def find_checkpoint_dir(fs, path: str) -> tuple[str | None, str]:
         candidate = f"{path}/{'release' if text == 'release' else iteration_folder(int(text))}"
         if _is_torch_dist(fs, candidate):
             return candidate, ""
-        return None, f"{tracker} points at {candidate}, which is not a Megatron distributed checkpoint (no {DIST_METADATA})"
+        return (
+            None,
+            f"{tracker} points at {candidate}, which is not a Megatron distributed checkpoint (no {DIST_METADATA})",
+        )
     iterations = sorted(p for p in fs.glob(f"{path}/iter_*") if _is_torch_dist(fs, p))
     if iterations:
         return iterations[-1], ""

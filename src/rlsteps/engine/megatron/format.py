@@ -98,7 +98,8 @@ def _sharded_model(shape: GPTShape, tensors: dict[str, torch.Tensor]) -> dict[st
             continue
         for i in range(n):
             sharded[f"{key}#{i}"] = mapping.ShardedTensor.from_rank_offsets(
-                key, tensor[i], (0, i, n), replica_id=0, prepend_axis_num=1)
+                key, tensor[i], (0, i, n), replica_id=0, prepend_axis_num=1
+            )
     for key in EXTRA_STATE_KEYS:
         for i in range(n):
             sharded[f"{key}#{i}"] = mapping.ShardedObject(key, None, (n,), (i,), replica_id=0)
@@ -150,7 +151,8 @@ def megatron_model_config(shape: GPTShape, hf_config: dict[str, Any], dtype: tor
 
 
 def vocab_divisor(vocab_size: int) -> int:
-    """Megatron-Bridge's make_vocab_size_divisible_by: the largest power of two up to 128 dividing the vocab (no padding)."""
+    """Megatron-Bridge's make_vocab_size_divisible_by: the largest power of two up to 128 that divides the vocab,
+    so no padding is needed."""
     base = 128
     while vocab_size % base:
         base //= 2
@@ -169,8 +171,10 @@ def read_hf_config(checkpoint_dir: Path) -> dict[str, Any]:
         return json.loads(config_file.read_text())
     run_config = checkpoint_dir / RUN_CONFIG_FILE
     if not run_config.is_file():
-        raise ValueError(f"{checkpoint_dir} has neither {HF_CONFIG_DIR}/config.json nor {RUN_CONFIG_FILE}: "
-                         "nothing says which model the weights belong to")
+        raise ValueError(
+            f"{checkpoint_dir} has neither {HF_CONFIG_DIR}/config.json nor {RUN_CONFIG_FILE}: "
+            "nothing says which model the weights belong to"
+        )
     from omegaconf import OmegaConf
 
     model = OmegaConf.to_container(OmegaConf.load(run_config)).get("model") or {}
@@ -222,8 +226,12 @@ def load_megatron_tensors(checkpoint_dir: Path, shape: GPTShape) -> dict[str, to
     with megatron_runtime():
         available = dist_checkpointing.load_tensors_metadata(str(checkpoint_dir))
         wanted = _checked_shapes(checkpoint_dir, shape, available)
-        request = {key: mapping.ShardedTensor.from_rank_offsets(key, torch.empty(size, dtype=available[key].dtype), replica_id=0)
-                   for key, size in wanted.items()}
+        request = {
+            key: mapping.ShardedTensor.from_rank_offsets(
+                key, torch.empty(size, dtype=available[key].dtype), replica_id=0
+            )
+            for key, size in wanted.items()
+        }
         loaded = dist_checkpointing.load(request, str(checkpoint_dir), validate_access_integrity=False)
     return {key: tensor[: shape.vocab_size] if key in PADDED_VOCAB_KEYS else tensor for key, tensor in loaded.items()}
 
@@ -241,8 +249,10 @@ def _checked_shapes(checkpoint_dir: Path, shape: GPTShape, available: dict[str, 
             raise LayoutError(f"{where}: tensor {key} has shape {stored}, the config expects {expected}")
     unknown = sorted(k for k in available if k not in wanted and _is_model_tensor(k))
     if unknown:
-        raise LayoutError(f"{where}: tensor {unknown[0]} has no place in the supported GPT layout "
-                          f"({len(unknown)} such tensor{'s' if len(unknown) > 1 else ''}: {', '.join(unknown[:4])})")
+        raise LayoutError(
+            f"{where}: tensor {unknown[0]} has no place in the supported GPT layout "
+            f"({len(unknown)} such tensor{'s' if len(unknown) > 1 else ''}: {', '.join(unknown[:4])})"
+        )
     return {key: tuple(available[key].global_shape) for key in wanted}
 
 
@@ -251,7 +261,9 @@ def _is_model_tensor(key: str) -> bool:
     return key.startswith(("embedding.", "decoder.", "output_layer."))
 
 
-def load_megatron_checkpoint(ref: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32):
+def load_megatron_checkpoint(
+    ref: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32
+):
     """(model, tokenizer folder): the HF causal LM a checkpoint_megatron holds, on `device` in `dtype`
     ("auto": the dtype the checkpoint stores)."""
     from transformers import AutoModelForCausalLM
@@ -259,8 +271,10 @@ def load_megatron_checkpoint(ref: str | Path, device: str | torch.device = "cpu"
     checkpoint_dir = resolve_checkpoint_dir(ref)
     tokenizer_dir = checkpoint_dir / TOKENIZER_DIR
     if not tokenizer_dir.is_dir():
-        raise ValueError(f"{checkpoint_dir} has no {TOKENIZER_DIR}/ folder (Megatron-LM does not write one): copy the "
-                         f"model's Hugging Face tokenizer files (tokenizer.json, tokenizer_config.json) into {tokenizer_dir}")
+        raise ValueError(
+            f"{checkpoint_dir} has no {TOKENIZER_DIR}/ folder (Megatron-LM does not write one): copy the "
+            f"model's Hugging Face tokenizer files (tokenizer.json, tokenizer_config.json) into {tokenizer_dir}"
+        )
     hf_config = read_hf_config(checkpoint_dir)
     shape = gpt_shape(hf_config)
     hf_state = to_hf(shape, load_megatron_tensors(checkpoint_dir, shape))
@@ -273,8 +287,10 @@ def load_megatron_checkpoint(ref: str | Path, device: str | torch.device = "cpu"
     missing, unexpected = model.load_state_dict(hf_state, strict=False, assign=True)  # take the tensors, no second copy
     missing = [m for m in missing if not (shape.tied_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
-        raise LayoutError(f"{checkpoint_dir}: the {shape.architecture} model and the checkpoint disagree: "
-                          f"missing {missing or 'none'}, unexpected {unexpected or 'none'}")
+        raise LayoutError(
+            f"{checkpoint_dir}: the {shape.architecture} model and the checkpoint disagree: "
+            f"missing {missing or 'none'}, unexpected {unexpected or 'none'}"
+        )
     if shape.tied_embeddings:
         model.tie_weights()
     _load_generation_config(model, checkpoint_dir / HF_CONFIG_DIR)

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from rlsteps.engine.megatron.format import RUN_CONFIG_FILE, resolve_checkpoint_dir
 from rlsteps.engine.megatron.compat import gpt_model_runtime, import_megatron
+from rlsteps.engine.megatron.format import RUN_CONFIG_FILE, resolve_checkpoint_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 Logits = Callable[[torch.Tensor], torch.Tensor]  # tokens [B, T] -> logits [B, T, V] (fp32, on the CPU)
@@ -34,8 +34,9 @@ def transformer_config(model: dict[str, Any], dtype: torch.dtype) -> Any:
     return config_module.TransformerConfig(
         num_layers=model["num_layers"], hidden_size=model["hidden_size"], ffn_hidden_size=model["ffn_hidden_size"],
         num_attention_heads=model["num_attention_heads"], num_query_groups=model["num_query_groups"],
-        kv_channels=model["kv_channels"], normalization=model["normalization"], layernorm_epsilon=model["layernorm_epsilon"],
-        gated_linear_unit=model["gated_linear_unit"], activation_func=getattr(torch.nn.functional, model["activation_func"]),
+        kv_channels=model["kv_channels"], normalization=model["normalization"],
+        layernorm_epsilon=model["layernorm_epsilon"], gated_linear_unit=model["gated_linear_unit"],
+        activation_func=getattr(torch.nn.functional, model["activation_func"]),
         add_bias_linear=model["add_bias_linear"], add_qkv_bias=model["add_qkv_bias"],
         params_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=True,
         hidden_dropout=0.0, attention_dropout=0.0, bias_dropout_fusion=False, apply_rope_fusion=False,
@@ -51,7 +52,9 @@ def _layer_spec(spec: str, model: dict[str, Any]) -> Any:
 
 
 @contextlib.contextmanager
-def megatron_gpt(ref: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, spec: str = "local") -> Iterator[Logits]:
+def megatron_gpt(
+    ref: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, spec: str = "local"
+) -> Iterator[Logits]:
     """Yields logits(tokens) of a GPTModel that loaded the checkpoint through its own sharded_state_dict."""
     from omegaconf import OmegaConf
 
@@ -81,8 +84,13 @@ def _logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
     return model(tokens, positions, attention_mask=causal).float().cpu()
 
 
-def compare_with_engine(ref: str | Path, device: str = "cpu", dtype: str = "float32", spec: str = "local",
-                        tokens: torch.Tensor | None = None) -> dict[str, Any]:
+def compare_with_engine(
+    ref: str | Path,
+    device: str = "cpu",
+    dtype: str = "float32",
+    spec: str = "local",
+    tokens: torch.Tensor | None = None,
+) -> dict[str, Any]:
     """Max and mean |logit difference| between GPTModel and the engine's HF model, on the same tokens."""
     from rlsteps.engine.policy.model import load_policy
 
@@ -96,18 +104,28 @@ def compare_with_engine(ref: str | Path, device: str = "cpu", dtype: str = "floa
     with megatron_gpt(ref, device, torch_dtype, spec) as gpt_logits:
         got = gpt_logits(tokens)
     diff = (got - expected).abs()
-    return {"device": device, "dtype": dtype, "spec": spec, "tokens": list(tokens.shape),
-            "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
-            "logit_scale": float(expected.abs().max()),
-            "same_argmax": float((got.argmax(-1) == expected.argmax(-1)).float().mean())}
+    return {
+        "device": device,
+        "dtype": dtype,
+        "spec": spec,
+        "tokens": list(tokens.shape),
+        "max_abs_diff": float(diff.max()),
+        "mean_abs_diff": float(diff.mean()),
+        "logit_scale": float(expected.abs().max()),
+        "same_argmax": float((got.argmax(-1) == expected.argmax(-1)).float().mean()),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rlsteps.engine.megatron.gpt_model", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rlsteps.engine.megatron.gpt_model", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("checkpoint", help="a checkpoint_megatron folder")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    parser.add_argument("--spec", default="local", choices=["local", "te"], help="layer spec (te needs transformer-engine)")
+    parser.add_argument(
+        "--spec", default="local", choices=["local", "te"], help="layer spec (te needs transformer-engine)"
+    )
     args = parser.parse_args(argv)
     print(json.dumps(compare_with_engine(args.checkpoint, args.device, args.dtype, args.spec), indent=2))
 

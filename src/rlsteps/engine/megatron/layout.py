@@ -107,19 +107,29 @@ LLAMA3_ROPE_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_
 def _refuse_unsupported_options(arch: str, hf_config: dict[str, Any]) -> None:
     """Options a Megatron GPTModel would run differently: refused, so no checkpoint claims a model it is not."""
     if hf_config.get("attention_bias") or hf_config.get("mlp_bias"):
-        raise LayoutError(f"{arch} with attention_bias or mlp_bias has bias tensors the Megatron GPT layout has no place for")
+        raise LayoutError(
+            f"{arch} with attention_bias or mlp_bias has bias tensors the Megatron GPT layout has no place for"
+        )
     if hf_config.get("hidden_act", "silu") != "silu":
-        raise LayoutError(f"{arch} with hidden_act={hf_config['hidden_act']!r}: only the SwiGLU (silu) MLP is supported")
+        raise LayoutError(
+            f"{arch} with hidden_act={hf_config['hidden_act']!r}: only the SwiGLU (silu) MLP is supported"
+        )
     window = hf_config.get("sliding_window")
     uses_window = hf_config.get("use_sliding_window", True) and window is not None
     if uses_window and window < hf_config.get("max_position_embeddings", 0):
-        raise LayoutError(f"{arch} with sliding_window={window}: sliding-window attention is not carried into the "
-                          "Megatron GPT config (set sliding_window to null if the model does not need it)")
+        raise LayoutError(
+            f"{arch} with sliding_window={window}: sliding-window attention is not carried into the "
+            "Megatron GPT config (set sliding_window to null if the model does not need it)"
+        )
     rope = rope_scaling(hf_config)
     if rope["rope_type"] not in ("default", "llama3"):
-        raise LayoutError(f"{arch} with rope_type={rope['rope_type']!r}: only default RoPE and Llama 3.1 scaling are supported")
+        raise LayoutError(
+            f"{arch} with rope_type={rope['rope_type']!r}: only default RoPE and Llama 3.1 scaling are supported"
+        )
     if rope["rope_type"] == "llama3" and any(float(rope.get(k, v)) != v for k, v in LLAMA3_ROPE_FIXED.items()):
-        raise LayoutError(f"{arch} with Llama 3.1 RoPE scaling other than {LLAMA3_ROPE_FIXED}: megatron-core fixes those values")
+        raise LayoutError(
+            f"{arch} with Llama 3.1 RoPE scaling other than {LLAMA3_ROPE_FIXED}: megatron-core fixes those values"
+        )
 
 
 def rope_scaling(hf_config: dict[str, Any]) -> dict[str, Any]:
@@ -160,8 +170,10 @@ def to_megatron(shape: GPTShape, hf_state: dict[str, torch.Tensor]) -> dict[str,
             per_layer.setdefault(key, []).append(tensor)
     out.update({key: torch.stack(tensors) for key, tensors in per_layer.items()})
     if unused:
-        raise LayoutError(f"the {shape.architecture} model has tensors the Megatron GPT layout has no place for: "
-                          f"{', '.join(sorted(unused))}")
+        raise LayoutError(
+            f"the {shape.architecture} model has tensors the Megatron GPT layout has no place for: "
+            f"{', '.join(sorted(unused))}"
+        )
     return out
 
 
@@ -170,7 +182,8 @@ def _layer_to_megatron(shape: GPTShape, take) -> dict[str, torch.Tensor]:
     layer = {
         f"{LAYER_PREFIX}{attn}linear_qkv.layer_norm_weight": take("input_layernorm.weight"),
         f"{LAYER_PREFIX}{attn}linear_qkv.weight": fuse_qkv(
-            shape, take("self_attn.q_proj.weight"), take("self_attn.k_proj.weight"), take("self_attn.v_proj.weight")),
+            shape, take("self_attn.q_proj.weight"), take("self_attn.k_proj.weight"), take("self_attn.v_proj.weight")
+        ),
         f"{LAYER_PREFIX}{attn}linear_proj.weight": take("self_attn.o_proj.weight"),
         f"{LAYER_PREFIX}mlp.linear_fc1.layer_norm_weight": take("post_attention_layernorm.weight"),
         f"{LAYER_PREFIX}mlp.linear_fc1.weight": torch.cat([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")]),
@@ -178,7 +191,8 @@ def _layer_to_megatron(shape: GPTShape, take) -> dict[str, torch.Tensor]:
     }
     if shape.qkv_bias:
         layer[f"{LAYER_PREFIX}{attn}linear_qkv.bias"] = fuse_qkv(
-            shape, take("self_attn.q_proj.bias"), take("self_attn.k_proj.bias"), take("self_attn.v_proj.bias"))
+            shape, take("self_attn.q_proj.bias"), take("self_attn.k_proj.bias"), take("self_attn.v_proj.bias")
+        )
     return layer
 
 
@@ -186,7 +200,9 @@ def fuse_qkv(shape: GPTShape, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
     """[q; k; v] in Megatron's per-group order: weights [(H + 2G) * d, hidden], biases [(H + 2G) * d]."""
     g, d = shape.num_query_groups, shape.kv_channels
     rest = q.shape[1:]
-    grouped = torch.cat([q.reshape(g, shape.heads_per_group * d, *rest), k.reshape(g, d, *rest), v.reshape(g, d, *rest)], dim=1)
+    grouped = torch.cat(
+        [q.reshape(g, shape.heads_per_group * d, *rest), k.reshape(g, d, *rest), v.reshape(g, d, *rest)], dim=1
+    )
     return grouped.reshape(shape.qkv_rows, *rest)
 
 
@@ -250,5 +266,7 @@ def to_hf(shape: GPTShape, megatron: dict[str, torch.Tensor]) -> dict[str, torch
         })  # fmt: skip
         if shape.qkv_bias:
             qb, kb, vb = split_qkv(shape, megatron[f"{attn}linear_qkv.bias"][i])
-            out.update({f"{hf}self_attn.q_proj.bias": qb, f"{hf}self_attn.k_proj.bias": kb, f"{hf}self_attn.v_proj.bias": vb})
+            out.update(
+                {f"{hf}self_attn.q_proj.bias": qb, f"{hf}self_attn.k_proj.bias": kb, f"{hf}self_attn.v_proj.bias": vb}
+            )
     return {name: t.contiguous() for name, t in out.items()}

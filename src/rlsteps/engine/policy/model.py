@@ -51,7 +51,9 @@ def is_megatron_checkpoint(path: Path) -> bool:
 
     from rlsteps.engine.megatron import TRACKER_FILE, find_checkpoint_dir
 
-    return (path / TRACKER_FILE).is_file() or find_checkpoint_dir(LocalFileSystem(), str(path.absolute()))[0] is not None
+    return (path / TRACKER_FILE).is_file() or find_checkpoint_dir(LocalFileSystem(), str(path.absolute()))[
+        0
+    ] is not None
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
@@ -71,8 +73,11 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
 
 
 def save_policy(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path,
-    form: str = "checkpoint_hf", iteration: int = 0,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | Path,
+    form: str = "checkpoint_hf",
+    iteration: int = 0,
 ) -> None:
     """The policy as checkpoint_hf (safetensors, config, tokenizer: what load_policy and HF read) or as
     checkpoint_megatron (a Megatron-Core distributed checkpoint at `iteration`)."""

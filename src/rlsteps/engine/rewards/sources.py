@@ -8,9 +8,10 @@ loopback for the run's lifetime (the tiny configs do this).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import torch
 
@@ -68,8 +69,10 @@ class JudgeSource:
         if failed and self.on_failure == "stop":
             from rlsteps.engine.rewards.judge.client import JudgeUnavailable
 
-            raise JudgeUnavailable(f"{failed} judge request(s) failed and judge.on_failure=stop "
-                                   "(set judge.on_failure=mask to train on the rest)")
+            raise JudgeUnavailable(
+                f"{failed} judge request(s) failed and judge.on_failure=stop "
+                "(set judge.on_failure=mask to train on the rest)"
+            )
         rewards, valid = torch.zeros(len(batch)), torch.zeros(len(batch), dtype=torch.bool)
         for g, members in enumerate(rows):
             group_rewards = result.rewards[g]
@@ -97,10 +100,23 @@ def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
     from rlsteps.engine.rewards.rm.client import RewardClient
 
     rm = cfg.rm
-    with _served("rlsteps.engine.rewards.rm", rm.url, cfg.inputs.model_extra.get("reward_model"), run_dir / "rm_server.log",
-                 ["--max-batch", str(rm.server.max_batch), "--max-wait-ms", str(rm.server.max_wait_ms)], rm.token) as url:
-        client = RewardClient(url, token=rm.token, timeout_s=rm.timeout_s, max_retries=rm.max_retries,
-                              backoff_s=rm.backoff_s, batch_size=rm.batch_size, concurrency=rm.concurrency)
+    with _served(
+        "rlsteps.engine.rewards.rm",
+        rm.url,
+        cfg.inputs.model_extra.get("reward_model"),
+        run_dir / "rm_server.log",
+        ["--max-batch", str(rm.server.max_batch), "--max-wait-ms", str(rm.server.max_wait_ms)],
+        rm.token,
+    ) as url:
+        client = RewardClient(
+            url,
+            token=rm.token,
+            timeout_s=rm.timeout_s,
+            max_retries=rm.max_retries,
+            backoff_s=rm.backoff_s,
+            batch_size=rm.batch_size,
+            concurrency=rm.concurrency,
+        )
         try:
             yield RewardModelSource(client)
         finally:
@@ -113,12 +129,28 @@ def _judge_source(cfg: GRPOConfig, run_dir: Path) -> Iterator[JudgeSource]:
 
     j = cfg.judge
     model_name = j.model or "judge"
-    with _served("rlsteps.engine.rewards.judge", j.url, cfg.inputs.model_extra.get("judge_model"),
-                 run_dir / "judge_server.log", ["--model-name", model_name], j.api_key) as url:
+    with _served(
+        "rlsteps.engine.rewards.judge",
+        j.url,
+        cfg.inputs.model_extra.get("judge_model"),
+        run_dir / "judge_server.log",
+        ["--model-name", model_name],
+        j.api_key,
+    ) as url:
         base_url = url if j.url else f"{url}/v1"
-        client = JudgeClient(base_url, model_name, api_key=j.api_key, concurrency=j.concurrency, timeout_s=j.timeout_s,
-                             max_retries=j.max_retries, temperature=j.temperature, top_p=j.top_p,
-                             max_tokens=j.max_tokens, pairing=j.pairing, principle=j.principle)
+        client = JudgeClient(
+            base_url,
+            model_name,
+            api_key=j.api_key,
+            concurrency=j.concurrency,
+            timeout_s=j.timeout_s,
+            max_retries=j.max_retries,
+            temperature=j.temperature,
+            top_p=j.top_p,
+            max_tokens=j.max_tokens,
+            pairing=j.pairing,
+            principle=j.principle,
+        )
         try:
             yield JudgeSource(client, length_penalty=j.length_penalty, on_failure=j.on_failure)
         finally:
@@ -126,7 +158,9 @@ def _judge_source(cfg: GRPOConfig, run_dir: Path) -> Iterator[JudgeSource]:
 
 
 @contextlib.contextmanager
-def _served(module: str, url: str | None, model: str | None, log_path: Path, args: list[str], token: str | None) -> Iterator[str]:
+def _served(
+    module: str, url: str | None, model: str | None, log_path: Path, args: list[str], token: str | None
+) -> Iterator[str]:
     """The given URL, or a server started on loopback for the model (stopped when the block ends)."""
     if url:
         yield url.rstrip("/")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from rlsteps.engine.rewards.serve_command import (
@@ -19,9 +17,11 @@ def serve_judge(
     model: str = typer.Option(..., "--model", help="A scalar reward model directory to judge with."),
     host: str = typer.Option("127.0.0.1", "--host", help=HOST_HELP),
     port: int = typer.Option(8000, "--port"),
-    model_name: str = typer.Option("tiny-judge", "--model-name", help="The model name clients send and /v1/models lists."),
+    model_name: str = typer.Option(
+        "tiny-judge", "--model-name", help="The model name clients send and /v1/models lists."
+    ),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
-    token_env: Optional[str] = typer.Option(None, "--token-env", metavar="VAR", help=TOKEN_ENV_HELP),
+    token_env: str | None = typer.Option(None, "--token-env", metavar="VAR", help=TOKEN_ENV_HELP),
 ) -> None:
     """Serve an OpenAI-compatible judge: POST /v1/chat/completions answering the judge's JSON protocol."""
     token = server_setup(token_env)

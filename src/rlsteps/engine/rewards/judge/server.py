@@ -9,7 +9,8 @@ rises as the policy improves; the ranking says which of the two is better:
     p       = sigmoid((reward_1 - reward_2) / scale)         how likely response 1 is the better one
     ranking = 1 + 5 (1 - p)                                  1 = response 1 much better ... 6 = response 2
 
-    rlsteps serve judge --model PATH [--port 8000] [--token-env JUDGE_TOKEN]  (or python -m rlsteps.engine.rewards.judge)
+    rlsteps serve judge --model PATH [--port 8000] [--token-env JUDGE_TOKEN]
+    python -m rlsteps.engine.rewards.judge ...      (the same command)
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def _sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-max(min(x, 50.0), -50.0)))
 
 
-def judgement_from_rewards(reward_1: float, reward_2: float, center: float = 0.0, scale: float = 2.0) -> dict[str, float]:
+def judgement_from_rewards(
+    reward_1: float, reward_2: float, center: float = 0.0, scale: float = 2.0
+) -> dict[str, float]:
     """The judge's JSON fields for two scalar rewards (see the module docstring)."""
     p = _sigmoid((reward_1 - reward_2) / scale)
     return {
@@ -100,8 +103,11 @@ def create_app(scorer: Scorer, model_name: str = "tiny-judge", token: str | None
     @app.post("/v1/chat/completions")
     async def completions(request: Request) -> JSONResponse:
         if not authorised(request):
-            return _error(401, "missing or wrong bearer token: send the header 'Authorization: Bearer <token>'",
-                          "authentication_error")
+            return _error(
+                401,
+                "missing or wrong bearer token: send the header 'Authorization: Bearer <token>'",
+                "authentication_error",
+            )
         try:
             prompt, response_1, response_2 = _read_request(await request.body())
         except ValueError as err:

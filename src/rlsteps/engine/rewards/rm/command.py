@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from rlsteps.engine.rewards.serve_command import (
@@ -23,16 +21,28 @@ def serve_reward_model(
     max_length: int = typer.Option(512, "--max-length", help="Tokens per input; longer inputs keep their end."),
     batch_size: int = typer.Option(32, "--batch-size", help="Rows per forward pass."),
     max_batch: int = typer.Option(64, "--max-batch", help="Most inputs scored together."),
-    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", help="How long a batch waits to fill after its first input."),
+    max_wait_ms: float = typer.Option(
+        5.0, "--max-wait-ms", help="How long a batch waits to fill after its first input."
+    ),
     max_queue: int = typer.Option(1024, "--max-queue", help="Inputs queued before answering 503."),
-    token_env: Optional[str] = typer.Option(None, "--token-env", metavar="VAR", help=TOKEN_ENV_HELP),
+    token_env: str | None = typer.Option(None, "--token-env", metavar="VAR", help=TOKEN_ENV_HELP),
 ) -> None:
     """Serve a scalar reward model: POST /v1/rewards, GET /health."""
     token = server_setup(token_env)
     from rlsteps.engine.rewards.rm.server import serve
 
-    serve(model, host, port, device=device, max_length=max_length, batch_size=batch_size, max_batch=max_batch,
-          max_wait_ms=max_wait_ms, max_queue=max_queue, token=token)
+    serve(
+        model,
+        host,
+        port,
+        device=device,
+        max_length=max_length,
+        batch_size=batch_size,
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
+        max_queue=max_queue,
+        token=token,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -40,8 +40,7 @@ class RewardScorer:
         self.model = AutoModelForSequenceClassification.from_pretrained(model_path)
         if self.model.config.num_labels != 1:
             raise ValueError(
-                f"{model_path} has num_labels={self.model.config.num_labels}; "
-                "a scalar reward model needs num_labels=1"
+                f"{model_path} has num_labels={self.model.config.num_labels}; a scalar reward model needs num_labels=1"
             )
         self.pad_id = self._pad_id_shared_with_model()
         self.vocab_size = self.model.get_input_embeddings().num_embeddings

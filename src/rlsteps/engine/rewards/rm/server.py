@@ -4,7 +4,8 @@ Requests are queued; one worker takes the first, keeps collecting until `max_bat
 `max_wait_ms` after the first, scores them together in a thread (the event loop stays free to
 accept more) and answers each request with its slice. A request is never split across batches.
 
-    rlsteps serve rm --model PATH [--port 5555] [--token-env RM_TOKEN]     (or python -m rlsteps.engine.rewards.rm)
+    rlsteps serve rm --model PATH [--port 5555] [--token-env RM_TOKEN]
+    python -m rlsteps.engine.rewards.rm ...         (the same command)
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ def create_app(
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
         except Exception as error:  # noqa: BLE001 - the scorer failed; the log has the traceback
-            raise HTTPException(status_code=500, detail=f"scoring failed: {type(error).__name__}: {error}")
+            raise HTTPException(status_code=500, detail=f"scoring failed: {type(error).__name__}: {error}") from error
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
