@@ -62,3 +62,10 @@ def test_the_arrows_have_no_cycle():
         return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})) for nxt in ALLOWED[start])
 
     assert [room for room in ALLOWED if reaches(room, room)] == []
+
+
+def test_readme_and_ci_run_the_same_test_command():
+    readme = (SRC.parents[1] / "README.md").read_text()
+    ci = (SRC.parents[1] / ".ci" / "run").read_text()
+    commands = [line for line in readme.splitlines() if line.startswith("python3 -m venv") and "pytest" in line]
+    assert len(commands) == 1 and commands[0] in ci.splitlines()
