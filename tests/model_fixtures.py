@@ -32,6 +32,14 @@ def build_tokenizer(lines: list[str] = LINES, with_pad: bool = True, vocab_size:
     return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="</s>", pad_token="<pad>" if with_pad else None)
 
 
+def decoder_shape(hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2, positions: int = 64) -> dict:
+    """The size fields of a small Llama-family config (Llama, Qwen2, Mistral): an MLP twice as wide."""
+    return {
+        "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "max_position_embeddings": positions,
+    }  # fmt: skip
+
+
 def save_reward_model(path: Path, lines: list[str] = LINES, with_pad: bool = True, layers: int = 2) -> Path:
     """A random one-label Llama reward model and its tokenizer, saved in Hugging Face form."""
     tokenizer = build_tokenizer(lines, with_pad)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from cli_helpers import REPO, invoke, run_cli
+from cli_helpers import REPO, Result, invoke, run_cli
 
 STEPS = ["rl/rs", "rl/reinforce", "rl/rlhf", "convert/hf_to_megatron", "convert/megatron_to_hf"]
 
@@ -95,37 +95,24 @@ def test_subprocess_errors_print_cause_and_fix_on_one_line_each(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_missing_input_artifact_exits_3_before_any_job_dir(tmp_path):
+def run_default_rs(tmp_path, policy) -> Result:
+    """`rlsteps run rs -c default` with a one-line prompt file and the given policy reference."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hi"}\n')
-    result = run_cli(
-        "run",
-        "rs",
-        "-c",
-        "default",
-        f"inputs.prompts={prompts}",
-        f"inputs.policy={tmp_path / 'none'}",
-        "rm.url=http://127.0.0.1:9",
-        cwd=tmp_path,
-    )
+    policy = prompts if policy == "the prompts" else policy
+    args = ("-c", "default", f"inputs.prompts={prompts}", f"inputs.policy={policy}", "rm.url=http://127.0.0.1:9")
+    return run_cli("run", "rs", *args, cwd=tmp_path)
+
+
+def test_missing_input_artifact_exits_3_before_any_job_dir(tmp_path):
+    result = run_default_rs(tmp_path, tmp_path / "none")
     assert result.exit_code == 3, result.output
     assert "does not exist" in result.stderr and "inputs.policy" in result.stderr
     assert not (tmp_path / ".rlsteps").exists()
 
 
 def test_mistyped_input_artifact_exits_3_and_names_both_types(tmp_path):
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "hi"}\n')
-    result = run_cli(
-        "run",
-        "rs",
-        "-c",
-        "default",
-        f"inputs.prompts={prompts}",
-        f"inputs.policy={prompts}",
-        "rm.url=http://127.0.0.1:9",
-        cwd=tmp_path,
-    )
+    result = run_default_rs(tmp_path, "the prompts")
     assert result.exit_code == 3
     assert "is prompt_jsonl, but a checkpoint (checkpoint_hf or checkpoint_megatron) is required" in result.stderr
 

@@ -16,6 +16,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from model_fixtures import decoder_shape
 from rlsteps.engine.config import RolloutConfig, SamplingConfig
 from rlsteps.engine.data import Prompt
 from rlsteps.engine.generation.backend import Generation, SamplingParams
@@ -57,14 +58,7 @@ def tokenizer() -> PreTrainedTokenizerFast:
 def tiny_model(family: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> torch.nn.Module:
     eos = tokenizer.eos_token_id
     ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=eos, eos_token_id=eos)
-    shape = dict(
-        hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
+    shape = decoder_shape(hidden=48, positions=128)
     configs = {
         "llama": lambda: LlamaForCausalLM(LlamaConfig(**ids, **shape)),
         "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**ids, **shape)),

@@ -36,7 +36,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from model_fixtures import build_tokenizer
+from model_fixtures import build_tokenizer, decoder_shape
 from rlsteps.engine.artifact import METADATA_FILE, read_artifact_metadata
 from rlsteps.engine.megatron.compat import gpt_model_runtime
 from rlsteps.engine.megatron.format import (
@@ -84,11 +84,8 @@ def tiny_model(kind: str, tokenizer, seed: int = 0, dtype: torch.dtype = torch.f
                **overrides) -> torch.nn.Module:  # fmt: skip
     """A random 2-layer GQA model (4 heads, 2 KV heads) built in `dtype` as from_pretrained builds it (RoPE
     frequencies stay fp32, where model.to(bf16) would round them), with `architectures` set as it sets it."""
-    fields = {
-        "vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
-        "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
-    }  # fmt: skip
+    fields = {"vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,
+              "pad_token_id": tokenizer.pad_token_id, **decoder_shape()}  # fmt: skip
     if kind == "qwen2":
         fields["tie_word_embeddings"] = False
         config = Qwen2Config(architectures=["Qwen2ForCausalLM"], **{**fields, **overrides})
@@ -492,8 +489,7 @@ def test_a_checkpoint_without_any_model_config_is_refused(saved, tmp_path):
 
 
 def test_a_model_built_from_its_config_saves_and_loads(tokenizer, tmp_path, tokens):
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    config = LlamaConfig(vocab_size=len(tokenizer), **decoder_shape())
     model = randomized(LlamaForCausalLM(config), seed=3)
     save_policy(model, tokenizer, tmp_path / "ckpt", form="checkpoint_megatron")
     assert torch.equal(hf_logits(load_policy(tmp_path / "ckpt")[0], tokens), hf_logits(model, tokens))
@@ -547,16 +543,7 @@ def test_rope_variants_megatron_would_run_differently_are_refused(tokenizer, tmp
 def test_a_sliding_window_shorter_than_the_context_is_refused(tokenizer, tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        sliding_window=8,
-    )
+    config = MistralConfig(vocab_size=len(tokenizer), sliding_window=8, **decoder_shape())
     with pytest.raises(LayoutError, match="sliding_window=8"):
         save_megatron_checkpoint(MistralForCausalLM(config), tokenizer, tmp_path / "ckpt")
 

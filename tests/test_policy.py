@@ -5,6 +5,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from model_fixtures import decoder_shape
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.policy.logprobs import batched_token_logprobs, token_logprobs
 from rlsteps.engine.policy.model import frozen_copy, load_policy, save_policy
@@ -15,18 +16,7 @@ VOCAB = 40
 
 def llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=1,
-    )
+    config = LlamaConfig(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=1, **decoder_shape())
     return LlamaForCausalLM(config)
 
 

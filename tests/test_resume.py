@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from model_fixtures import decoder_shape
 from rlsteps.engine.resume import CheckpointError, CheckpointManager, capture_rng_state, restore_rng_state
 
 # ---------------------------------------------------------------------------- a tiny offline world
@@ -28,15 +29,7 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 def tiny_model(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
+    config = LlamaConfig(vocab_size=32, **decoder_shape(hidden=16, layers=1, heads=2, positions=32))
     return LlamaForCausalLM(config)
 
 

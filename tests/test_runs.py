@@ -10,6 +10,9 @@ from run_helpers import FAST, artifact_metadata, kill_group, rlsteps, run_dir, s
 
 pytestmark = pytest.mark.slow
 
+# six steps, a checkpoint after each: a run stopped mid-way has checkpoints to resume from
+STOPPABLE = ["train.max_steps=6", "checkpoint.interval=1", "validation.interval=0"]
+
 
 def _assert_stopped_cleanly(process, log_path, run):
     """Exit 1 with a one-line cause, no traceback, every checkpoint complete, and no output artifact."""
@@ -82,15 +85,7 @@ def test_rerun_resumes_and_a_sigkilled_run_ends_with_the_same_weights(tiny_world
 def test_reward_server_down_mid_run_stops_after_a_checkpoint_and_the_rerun_resumes(tiny_world, tmp_path):
     from rlsteps.engine.rewards.process import LocalServer
 
-    args = [
-        "train.max_steps=6",
-        "checkpoint.interval=1",
-        "validation.interval=0",
-        "rm.max_retries=1",
-        "rm.backoff_s=0.1",
-        "rm.timeout_s=5",
-        *FAST,
-    ]
+    args = [*STOPPABLE, "rm.max_retries=1", "rm.backoff_s=0.1", "rm.timeout_s=5", *FAST]
     with LocalServer(
         "rlsteps.engine.rewards.rm", ["--model", str(tiny_world.reward_model)], log_path=tmp_path / "rm.log"
     ) as server:
@@ -185,15 +180,7 @@ def test_a_policy_without_a_megatron_layout_fails_before_training_when_megatron_
 def test_judge_down_mid_run_stops_cleanly_with_checkpoints_intact(tiny_world, tmp_path):
     from rlsteps.engine.rewards.process import LocalServer
 
-    args = [
-        "train.max_steps=6",
-        "checkpoint.interval=1",
-        "validation.interval=0",
-        "judge.on_failure=stop",
-        "judge.max_retries=1",
-        "judge.timeout_s=5",
-        *FAST,
-    ]
+    args = [*STOPPABLE, "judge.on_failure=stop", "judge.max_retries=1", "judge.timeout_s=5", *FAST]
     with LocalServer(
         "rlsteps.engine.rewards.judge", ["--model", str(tiny_world.reward_model)], log_path=tmp_path / "judge.log"
     ) as server:

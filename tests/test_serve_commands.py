@@ -55,3 +55,13 @@ def test_an_unset_token_variable_is_a_usage_error_in_both(name, monkeypatch):
     for code, text in ((from_rlsteps.exit_code, from_rlsteps.output), (from_module.returncode, from_module.stderr)):
         assert code == 2
         assert "RLSTEPS_TEST_UNSET_TOKEN" in text and "Traceback" not in text
+
+
+def test_the_server_commands_import_no_server_and_no_torch():
+    """`rlsteps --help` registers both commands: they must load their servers only when they run."""
+    code = (
+        "import sys; import rlsteps.engine.rewards.rm.command, rlsteps.engine.rewards.judge.command; "
+        "print(sorted(m for m in ('torch', 'transformers', 'fastapi', 'uvicorn') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"

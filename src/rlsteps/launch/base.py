@@ -90,6 +90,13 @@ class JobRecord:
     def load(cls, job_dir: Path) -> JobRecord:
         return cls(**json.loads((job_dir / RECORD_FILE).read_text()))
 
+    @classmethod
+    def of(
+        cls, launcher: str, job: Job, submission: Submission, extra: dict[str, Any], submitted: str = ""
+    ) -> JobRecord:
+        """The record of a submission; `submitted` defaults to when the job was compiled."""
+        return cls(launcher, submission.job_id, str(submission.job_dir), job.step_id, submitted or job.created, extra)
+
 
 class Launcher(Protocol):
     """One backend. plan() is pure (--dry-run prints it); submit() carries it out."""

@@ -272,19 +272,13 @@ class LeptonLauncher:
     def record(self, job: Job, submission: Submission) -> JobRecord:
         _require_sdk()
         profile = LeptonProfile.of(job)
-        return JobRecord(
-            launcher=self.name,
-            job_id=submission.job_id,
-            job_dir=str(submission.job_dir),
-            step=job.step_id,
-            submitted=datetime.now(UTC).isoformat(timespec="seconds"),
-            extra={
-                "workspace": _client(profile.workspace).workspace_id,
-                "node_group": profile.node_group,
-                "nodes": profile.nodes,
-                "secrets": sorted(secret_name(k) for k in held_secrets(job, profile)),
-            },
-        )
+        extra = {
+            "workspace": _client(profile.workspace).workspace_id,
+            "node_group": profile.node_group,
+            "nodes": profile.nodes,
+            "secrets": sorted(secret_name(k) for k in held_secrets(job, profile)),
+        }
+        return JobRecord.of(self.name, job, submission, extra, datetime.now(UTC).isoformat(timespec="seconds"))
 
     def status(self, record: JobRecord) -> JobStatus:
         _require_sdk()

@@ -73,14 +73,7 @@ class LocalLauncher:
             extra |= {"pid": pid, "pid_started": _process_start(pid), "log": str(submission.job_dir / LOG_FILE)}
         else:
             extra["exit_code"] = submission.exit_code
-        return JobRecord(
-            launcher=self.name,
-            job_id=submission.job_id,
-            job_dir=str(submission.job_dir),
-            step=job.step_id,
-            submitted=job.created,
-            extra=extra,
-        )
+        return JobRecord.of(self.name, job, submission, extra)
 
     def status(self, record: JobRecord) -> JobStatus:
         job_dir = Path(record.job_dir)

@@ -318,14 +318,7 @@ class SlurmLauncher:
             "partition": profile.partition_for(job.mode),
             "script": str(submission.job_dir / SCRIPT_FILE),
         }
-        return JobRecord(
-            launcher=self.name,
-            job_id=submission.job_id,
-            job_dir=str(submission.job_dir),
-            step=job.step_id,
-            submitted=job.created,
-            extra=extra,
-        )
+        return JobRecord.of(self.name, job, submission, extra)
 
     def status(self, record: JobRecord) -> JobStatus:
         info = query(record.job_id)

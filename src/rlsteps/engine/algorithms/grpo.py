@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rlsteps.engine.algorithms.groups import group_count, group_totals
+from rlsteps.engine.algorithms.groups import group_mean, group_totals, leave_one_out_mean, number_of_groups
 from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
 from rlsteps.engine.config import GRPOConfig
 
@@ -35,13 +35,9 @@ def group_advantages(
     r = rewards.float()
     v = valid.float()  # [B]
     count = group_totals(v, group_index)  # [B] valid rows in the row's group
-    total = group_totals(r * v, group_index)
-    mean = total / count.clamp(min=1.0)
-    if leave_one_out:
-        baseline = (total - r * v) / (count - v).clamp(min=1.0)
-    else:
-        baseline = mean
-    baseline = torch.where(count <= 1, r, baseline)
+    mean = group_mean(r, group_index, valid)  # [B]
+    # b: the group mean or the mean of the others; in a group with at most one valid row, b_i = r_i
+    baseline = leave_one_out_mean(r, group_index, valid) if leave_one_out else torch.where(count <= 1, r, mean)
     advantages = r - baseline
     if normalize_std:
         squares = group_totals((r - mean) ** 2 * v, group_index)
@@ -52,7 +48,7 @@ def group_advantages(
 
 def zero_variance_groups(rewards: torch.Tensor, group_index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """[B] bool: the row's group has no two different valid rewards (dynamic sampling drops these)."""
-    num_groups = group_count(group_index)
+    num_groups = number_of_groups(group_index)
     r, g = rewards.float()[valid], group_index[valid]
     highest = torch.full((num_groups,), -torch.inf, device=r.device).scatter_reduce(0, g, r, "amax")
     lowest = torch.full((num_groups,), torch.inf, device=r.device).scatter_reduce(0, g, r, "amin")

@@ -8,12 +8,15 @@ global batch's count of loss tokens).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import RecipeConfig
-from rlsteps.engine.rewards.sources import Scores
+
+if TYPE_CHECKING:  # for annotations only: the math needs no reward client
+    from rlsteps.engine.rewards.sources import Scores
 
 LogprobFn = Callable[[RolloutBatch], torch.Tensor]  # batch -> [B, T-1] fp32, no grad
 ROW_MASK = "row_mask"  # extras key: [B] float, 0 = the row stays out of the loss

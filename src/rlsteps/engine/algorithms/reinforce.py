@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from rlsteps.engine.algorithms.groups import group_totals
+from rlsteps.engine.algorithms.groups import leave_one_out_mean
 from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
 from rlsteps.engine.config import ReinforceConfig
 
@@ -40,15 +40,10 @@ def kl_penalised_rewards(rewards: torch.Tensor, seq_kl: torch.Tensor, beta: floa
 def rloo_baseline(rewards: torch.Tensor, group_index: torch.Tensor, is_end: torch.Tensor) -> torch.Tensor:
     """Leave-one-out baseline over each group's ended samples: [B].
 
-    A group with at most one ended sample gets b_i = R_i on all its rows (zero advantage).
+    A sample that did not end gets the mean of its group's ended samples; a group with at most one
+    ended sample gets b_i = R_i on all its rows (zero advantage).
     """
-    rewards = rewards.float()
-    ended = is_end.float()  # [B]
-    ended_in_group = group_totals(ended, group_index)  # [B]
-    others_sum = group_totals(rewards * ended, group_index) - rewards * ended  # an ended row leaves itself out
-    others_count = ended_in_group - ended
-    baseline = others_sum / others_count.clamp(min=1.0)
-    return torch.where(ended_in_group <= 1, rewards, baseline)
+    return leave_one_out_mean(rewards.float(), group_index, counted=is_end)
 
 
 def reinforce_loss(
