@@ -9,15 +9,20 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
 from rlsteps.engine.rewards.auth import token_from_env
 
-HOST_HELP = "Address to bind; loopback by default."
-DEVICE_HELP = "auto | cpu | cuda | cuda:N (auto: the GPU when there is one)."
-TOKEN_ENV_HELP = "Environment variable holding the bearer token clients must send (never the token itself)."
+# The options both servers take, declared once (each command gives its own default port).
+Host = Annotated[str, typer.Option("--host", help="Address to bind; loopback by default.")]
+Port = Annotated[int, typer.Option("--port", help="Port to listen on.")]
+Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one).")]
+TokenEnv = Annotated[
+    str | None,
+    typer.Option("--token-env", metavar="VAR", help="Environment variable holding the bearer token (never the token)."),
+]
 
 
 def server_setup(token_env: str | None) -> str | None:

@@ -20,6 +20,12 @@ from rlsteps.engine.config import GRPOConfig, RecipeConfig
 from rlsteps.engine.rewards.process import LocalServer
 
 TOKEN_ENV = "RLSTEPS_LOCAL_SERVER_TOKEN"
+RM_SERVER, JUDGE_SERVER = "rlsteps.engine.rewards.rm", "rlsteps.engine.rewards.judge"  # what `python -m` starts
+# config keys passed to the clients as they are (the sections name them as the clients do)
+RM_CLIENT_OPTIONS = {"token", "timeout_s", "max_retries", "backoff_s", "batch_size", "concurrency"}
+JUDGE_CLIENT_OPTIONS = {
+    "api_key", "concurrency", "timeout_s", "max_retries", "temperature", "top_p", "max_tokens", "pairing", "principle",
+}  # fmt: skip
 
 
 @dataclass
@@ -99,62 +105,25 @@ def open_reward_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[RewardSourc
 def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
     from rlsteps.engine.rewards.rm.client import RewardClient
 
-    rm = cfg.rm
-    with _served(
-        "rlsteps.engine.rewards.rm",
-        rm.url,
-        cfg.inputs.model_extra.get("reward_model"),
-        run_dir / "rm_server.log",
-        ["--max-batch", str(rm.server.max_batch), "--max-wait-ms", str(rm.server.max_wait_ms)],
-        rm.token,
-    ) as url:
-        client = RewardClient(
-            url,
-            token=rm.token,
-            timeout_s=rm.timeout_s,
-            max_retries=rm.max_retries,
-            backoff_s=rm.backoff_s,
-            batch_size=rm.batch_size,
-            concurrency=rm.concurrency,
-        )
-        try:
+    rm, model = cfg.rm, cfg.inputs.model_extra.get("reward_model")
+    batching = ["--max-batch", str(rm.server.max_batch), "--max-wait-ms", str(rm.server.max_wait_ms)]
+    with _served(RM_SERVER, rm.url, model, run_dir / "rm_server.log", batching, rm.token) as url:
+        client = RewardClient(url, **rm.model_dump(include=RM_CLIENT_OPTIONS))
+        with contextlib.closing(client):
             yield RewardModelSource(client)
-        finally:
-            client.close()
 
 
 @contextlib.contextmanager
 def _judge_source(cfg: GRPOConfig, run_dir: Path) -> Iterator[JudgeSource]:
     from rlsteps.engine.rewards.judge.client import JudgeClient
 
-    j = cfg.judge
+    j, model = cfg.judge, cfg.inputs.model_extra.get("judge_model")
     model_name = j.model or "judge"
-    with _served(
-        "rlsteps.engine.rewards.judge",
-        j.url,
-        cfg.inputs.model_extra.get("judge_model"),
-        run_dir / "judge_server.log",
-        ["--model-name", model_name],
-        j.api_key,
-    ) as url:
-        base_url = url if j.url else f"{url}/v1"
-        client = JudgeClient(
-            base_url,
-            model_name,
-            api_key=j.api_key,
-            concurrency=j.concurrency,
-            timeout_s=j.timeout_s,
-            max_retries=j.max_retries,
-            temperature=j.temperature,
-            top_p=j.top_p,
-            max_tokens=j.max_tokens,
-            pairing=j.pairing,
-            principle=j.principle,
-        )
-        try:
+    naming = ["--model-name", model_name]
+    with _served(JUDGE_SERVER, j.url, model, run_dir / "judge_server.log", naming, j.api_key) as url:
+        client = JudgeClient(url if j.url else f"{url}/v1", model_name, **j.model_dump(include=JUDGE_CLIENT_OPTIONS))
+        with contextlib.closing(client):
             yield JudgeSource(client, length_penalty=j.length_penalty, on_failure=j.on_failure)
-        finally:
-            client.close()
 
 
 @contextlib.contextmanager

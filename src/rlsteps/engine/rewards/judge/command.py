@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-from rlsteps.engine.rewards.serve_command import (
-    DEVICE_HELP,
-    HOST_HELP,
-    TOKEN_ENV_HELP,
-    run_as_program,
-    server_setup,
-)
+from rlsteps.engine.rewards.serve_command import Device, Host, Port, TokenEnv, run_as_program, server_setup
+
+Model = Annotated[str, typer.Option("--model", help="A scalar reward model directory to judge with.")]
+ModelName = Annotated[str, typer.Option("--model-name", help="The model name clients send and /v1/models lists.")]
 
 
 def serve_judge(
-    model: str = typer.Option(..., "--model", help="A scalar reward model directory to judge with."),
-    host: str = typer.Option("127.0.0.1", "--host", help=HOST_HELP),
-    port: int = typer.Option(8000, "--port"),
-    model_name: str = typer.Option(
-        "tiny-judge", "--model-name", help="The model name clients send and /v1/models lists."
-    ),
-    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
-    token_env: str | None = typer.Option(None, "--token-env", metavar="VAR", help=TOKEN_ENV_HELP),
+    model: Model,
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    model_name: ModelName = "tiny-judge",
+    device: Device = "auto",
+    token_env: TokenEnv = None,
 ) -> None:
     """Serve an OpenAI-compatible judge: POST /v1/chat/completions answering the judge's JSON protocol."""
     token = server_setup(token_env)
