@@ -36,7 +36,29 @@ def test_leave_one_out_baseline():
 def test_group_of_two():
     root2 = math.sqrt(2)
     _close(_advantages([1.0, 3.0], leave_one_out=False, normalize_std=True), [-1 / root2, 1 / root2])
-    _close(_advantages([1.0, 3.0], leave_one_out=True, normalize_std=True), [-root2, root2])
+    # leave-one-out: each row's set is the other row alone, which has no spread: no division
+    _close(_advantages([1.0, 3.0], leave_one_out=True, normalize_std=True), [-2.0, 2.0])
+
+
+def test_leave_one_out_divides_by_the_std_of_the_same_leave_one_out_set():
+    # row 0: others [2, 3, 6], mean 11/3, unbiased var ((5/3)^2 + (2/3)^2 + (7/3)^2) / 2 = 13/3
+    # row 1: others [1, 3, 6], mean 10/3, var ((7/3)^2 + (1/3)^2 + (8/3)^2) / 2 = 19/3
+    # row 2: others [1, 2, 6], mean 3, var (4 + 1 + 9) / 2 = 7;  row 3: others [1, 2, 3], mean 2, var 1
+    expected = [(1 - 11 / 3) / math.sqrt(13 / 3), (2 - 10 / 3) / math.sqrt(19 / 3), 0.0, (6 - 2) / 1.0]
+    _close(_advantages([1.0, 2.0, 3.0, 6.0], leave_one_out=True, normalize_std=True), expected, abs=1e-5)
+    # a large common offset changes nothing: the sums are taken around the group mean
+    _close(
+        _advantages([1e4 + 1, 1e4 + 2, 1e4 + 3, 1e4 + 6], leave_one_out=True, normalize_std=True), expected, abs=1e-3
+    )
+
+
+def test_leave_one_out_std_leaves_out_invalid_rows():
+    # valid rows 1, 5, 3 (row 3 invalid): row 0's set is [5, 3] (mean 4, std sqrt(2)); row 1's [1, 3] (2, sqrt(2));
+    # row 2's [1, 5] (3, sqrt(8))
+    advantages = _advantages(
+        [1.0, 5.0, 3.0, 100.0], valid=[True, True, True, False], leave_one_out=True, normalize_std=True
+    )
+    _close(advantages, [-3 / math.sqrt(2), 3 / math.sqrt(2), 0.0, 0.0], abs=1e-6)
 
 
 def test_zero_variance_group_gets_zero_advantage():

@@ -1,6 +1,7 @@
 """GRPO: group-relative advantages, the clipped ratio objective and the k3 KL penalty (NeMo-RL semantics).
 
-    A_i   = (r_i - b_i) / std_g      b = group mean or leave-one-out mean; / std only when std > floor
+    A_i   = (r_i - b_i) / std_i      b = group mean or leave-one-out mean; std over the same set
+                                     (the group, or the others), and / std only when std > floor
     ratio = exp(logp - logp_old)
     L_t   = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)) + beta * k3_t
     loss  = sum_t L_t * mask_t / normaliser    (token mean over the whole global batch)
@@ -13,7 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from rlsteps.engine.algorithms.groups import group_mean, group_totals, leave_one_out_mean, number_of_groups
+from rlsteps.engine.algorithms.groups import (
+    group_mean,
+    group_std,
+    group_totals,
+    leave_one_out_mean,
+    leave_one_out_std,
+    number_of_groups,
+)
 from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
 from rlsteps.engine.config import GRPOConfig
 
@@ -39,9 +47,8 @@ def group_advantages(
     # b: the group mean or the mean of the others; in a group with at most one valid row, b_i = r_i
     baseline = leave_one_out_mean(r, group_index, valid) if leave_one_out else torch.where(count <= 1, r, mean)
     advantages = r - baseline
-    if normalize_std:
-        squares = group_totals((r - mean) ** 2 * v, group_index)
-        std = (squares / (count - 1).clamp(min=1.0)).sqrt()  # unbiased, over the valid rows
+    if normalize_std:  # the std of the same set as the baseline: the group's valid rows, or the others of them
+        std = (leave_one_out_std if leave_one_out else group_std)(r, group_index, valid)
         advantages = torch.where(std > std_floor, advantages / std.clamp(min=std_floor), advantages)
     return torch.where(valid, advantages, torch.zeros_like(advantages))
 
