@@ -95,7 +95,14 @@ class JobRecord:
         cls, launcher: str, job: Job, submission: Submission, extra: dict[str, Any], submitted: str = ""
     ) -> JobRecord:
         """The record of a submission; `submitted` defaults to when the job was compiled."""
-        return cls(launcher, submission.job_id, str(submission.job_dir), job.step_id, submitted or job.created, extra)
+        return cls(
+            launcher=launcher,
+            job_id=submission.job_id,
+            job_dir=str(submission.job_dir),
+            step=job.step_id,
+            submitted=submitted or job.created,
+            extra=extra,
+        )
 
 
 class Launcher(Protocol):

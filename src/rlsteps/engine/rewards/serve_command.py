@@ -30,7 +30,7 @@ def server_setup(token_env: str | None) -> str | None:
     try:
         token = token_from_env(token_env)
     except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--token-env") from None
+        raise typer.BadParameter(str(err)) from None  # the message names --token-env and the variable
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     return token
 
