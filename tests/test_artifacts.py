@@ -3,7 +3,7 @@ import json
 import pytest
 
 from rlsteps.artifacts.detect import detect_types
-from rlsteps.artifacts.inputs import check_input, resolve_inputs
+from rlsteps.artifacts.inputs import check_input, raise_for, resolve_inputs
 from rlsteps.catalog import load_catalog
 from rlsteps.errors import ArtifactError
 
@@ -59,9 +59,11 @@ def test_a_model_dir_without_weights_is_not_a_checkpoint(catalog, tmp_path):
 
 
 def test_subtypes_satisfy_their_parents(catalog, tmp_path):
+    lm = _hf_dir(tmp_path / "lm", "LlamaForCausalLM")
+    assert check_input(catalog, "m", "k", str(lm), "checkpoint").status == "ok"
     rm = _hf_dir(tmp_path / "rm", "LlamaForSequenceClassification", num_labels=1)
-    assert check_input(catalog, "m", "k", str(rm), "checkpoint_hf").status == "ok"
     assert check_input(catalog, "m", "k", str(rm), "judge_model_hf").status == "ok"
+    assert check_input(catalog, "m", "k", str(rm), "checkpoint_hf").status == "wrong_type"  # never a policy
 
 
 def test_fsspec_urls_are_resolved(catalog, tmp_path):
@@ -84,3 +86,15 @@ def test_resolve_inputs_raises_exit_3_with_the_fix(catalog, tmp_path):
         err.value.exit_code == 3
         and err.value.fix == "pass inputs.policy=PATH to a checkpoint (checkpoint_hf or checkpoint_megatron)"
     )
+
+
+def test_a_reward_model_is_refused_as_a_policy_without_advice_to_convert_it(catalog, tmp_path):
+    rm = _hf_dir(tmp_path / "rm", "LlamaForSequenceClassification", num_labels=1)
+    item = check_input(catalog, "policy", "inputs.policy", str(rm), "checkpoint")
+    assert item.status == "wrong_type" and item.detected == ["reward_model_hf", "judge_model_hf"]
+    with pytest.raises(ArtifactError) as refused:
+        raise_for(catalog, True, item, allow_convert=True)
+    assert "is reward_model_hf or judge_model_hf, but a checkpoint (checkpoint_hf or checkpoint_megatron)" in str(
+        refused.value
+    )
+    assert "convert" not in str(refused.value) and "convert" not in (refused.value.fix or "")

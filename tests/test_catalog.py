@@ -22,8 +22,8 @@ def test_every_manifest_loads_with_known_types_unique_ids_and_existing_configs(c
 
 
 def test_type_graph_follows_is_a_transitively(catalog):
-    assert catalog.is_a("reward_model_hf", "checkpoint_hf")
-    assert catalog.is_a("reward_model_hf", "checkpoint")
+    assert not catalog.is_a("reward_model_hf", "checkpoint_hf")  # a reward model is never a policy
+    assert not catalog.is_a("reward_model_hf", "checkpoint")
     assert catalog.is_a("checkpoint_megatron", "checkpoint")
     assert not catalog.is_a("checkpoint_hf", "reward_model_hf")
     assert catalog.subtypes("checkpoint")[0] == "checkpoint"

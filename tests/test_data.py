@@ -59,9 +59,12 @@ def test_loads_prompts_messages_ids_and_skips_blank_lines(tmp_path):
     prompts = load_prompts(path, word_tokenizer())
     assert prompts == [
         Prompt(id="prompts:1", text="a b"),
-        Prompt(id="7", text="[user] hello\n[assistant] "),
+        Prompt(id="7", text="[user] hello\n[assistant] ", messages=(("user", "hello"),)),
         Prompt(id="mine", text="c"),
     ]
+    # what a judge reads: the line's own messages, or its raw text as one user message; never the rendering
+    assert prompts[1].conversation == [{"role": "user", "content": "hello"}]
+    assert prompts[0].conversation == [{"role": "user", "content": "a b"}]
 
 
 def test_reads_fsspec_urls():

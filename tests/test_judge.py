@@ -14,7 +14,14 @@ import pytest
 
 from rlsteps.engine.rewards.judge.client import JudgeClient, JudgeUnavailable
 from rlsteps.engine.rewards.judge.parsing import JudgeParseError, parse_judgement
-from rlsteps.engine.rewards.judge.protocol import Judgement, comparison_pairs, judge_messages, parse_judge_request
+from rlsteps.engine.rewards.judge.protocol import (
+    RESPONSE_FORMATS,
+    Judgement,
+    JudgeRequest,
+    comparison_pairs,
+    judge_messages,
+    parse_judge_request,
+)
 from rlsteps.engine.rewards.judge.scoring import DEFAULT_SCORE, group_rewards, length_penalty, pair_scores
 from rlsteps.engine.rewards.process import free_port
 
@@ -32,18 +39,54 @@ def test_comparison_pairs():
         comparison_pairs(3, "ring")
 
 
+def user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
 def test_judge_request_round_trip_keeps_the_texts_exactly():
-    prompt, first, second = "<|user|>\nWhat is 2+2?\n<|assistant|>\n", "  4\n\n", "[RESPONSE 1]\nfive {}"
-    messages = judge_messages(prompt, first, second, principle="prefer correct answers")
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+2?\n"},
+        {"role": "assistant", "content": "Four."},
+        {"role": "user", "content": "And 2+3?"},
+    ]
+    first, second = "  4\n\n", "[RESPONSE 1]\nfive {}"
+    messages = judge_messages(conversation, first, second, principle="prefer correct answers")
     assert [m["role"] for m in messages] == ["system", "user"]
     assert "prefer correct answers" in messages[0]["content"]
-    assert '"score_1"' in messages[0]["content"] and "```json" in messages[0]["content"]
-    assert parse_judge_request(messages) == (prompt, first, second)
-    assert "principle" not in judge_messages("p", "a", "b", None)[0]["content"]
+    assert '"score_1"' in messages[0]["content"] and "JSON object" in messages[0]["content"]
+    assert parse_judge_request(messages) == JudgeRequest(conversation, first, second)
+    assert "principle" not in judge_messages(user("p"), "a", "b", None)[0]["content"]
+
+
+def test_the_judge_sees_the_conversation_not_a_chat_template():
+    """The hand-written request: role-tagged sections of the prompt's own messages, no template markup."""
+    conversation = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Describe the cat."}]
+    messages = judge_messages(conversation, "The cat is kind.", "It is dull.", None)
+    assert messages[1]["content"] == (
+        "[CONVERSATION]\n[SYSTEM]\nBe kind.\n[/SYSTEM]\n[USER]\nDescribe the cat.\n[/USER]\n[/CONVERSATION]\n\n"
+        "[RESPONSE 1]\nThe cat is kind.\n[/RESPONSE 1]\n\n[RESPONSE 2]\nIt is dull.\n[/RESPONSE 2]"
+    )
+    with pytest.raises(ValueError, match="role"):
+        judge_messages([{"role": "tool", "content": "x"}], "a", "b", None)
+
+
+def test_the_structured_output_schema_admits_exactly_the_judgement_fields():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = RESPONSE_FORMATS["json_schema"]["json_schema"]["schema"]
+    jsonschema.validate({"score_1": 5, "score_2": 1, "ranking": 6}, schema)
+    for wrong in (
+        {"score_1": 6, "score_2": 1, "ranking": 1},
+        {"score_1": 5, "score_2": 1},
+        {"score_1": 5, "score_2": 1, "ranking": 2, "why": "x"},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, schema)
+    assert RESPONSE_FORMATS["json_object"] == {"type": "json_object"} and RESPONSE_FORMATS["none"] is None
 
 
 def test_judge_request_that_was_not_built_by_judge_messages_is_rejected():
-    with pytest.raises(ValueError, match=r"\[PROMPT\]"):
+    with pytest.raises(ValueError, match=r"\[CONVERSATION\]"):
         parse_judge_request([{"role": "user", "content": "Which is better, A or B?"}])
     with pytest.raises(ValueError, match="no user message"):
         parse_judge_request([{"role": "system", "content": "hi"}])
@@ -161,7 +204,8 @@ class StandIn:
         self.lock = threading.Lock()
 
     def answer(self, body: dict) -> tuple[int, str]:
-        _, first, second = parse_judge_request(body["messages"])
+        request = parse_judge_request(body["messages"])
+        first, second = request.response_1, request.response_2
         with self.lock:
             self.attempts[first + "|" + second] += 1
             attempt = self.attempts[first + "|" + second]
@@ -210,7 +254,7 @@ def make_client(url: str, **kwargs) -> JudgeClient:
 
 def test_client_retries_garbage_and_scores_groups():
     stand_in = StandIn()
-    groups = [("Q1", ["great", "fine", "poor"]), ("Q2", ["fine", "meh"]), ("Q3", ["great"])]
+    groups = [(user("Q1"), ["great", "fine", "poor"]), (user("Q2"), ["fine", "meh"]), (user("Q3"), ["great"])]
     with stand_in_server(stand_in) as url, make_client(url, concurrency=4, temperature=0.3) as client:
         result = client.judge(groups)
     # Q1 circular: (great, fine) 5/3, (fine, poor) 3/1, (poor, great) 1/5
@@ -224,23 +268,49 @@ def test_client_retries_garbage_and_scores_groups():
     body = stand_in.bodies[0]
     assert body["model"] == "judge-model" and body["temperature"] == 0.3
     assert body["top_p"] == 0.95 and body["max_tokens"] == 256
+    assert body["response_format"] == RESPONSE_FORMATS["json_schema"]  # structured output unless switched off
     assert stand_in.headers[0]["Authorization"] == "Bearer sk-test"
+    assert [(a.group, a.pair, a.failure) for a in result.answers] == [
+        (0, (0, 1), None), (0, (1, 2), None), (0, (2, 0), None), (1, (0, 1), None),
+    ]  # fmt: skip
+    assert result.answers[0].content == "Thinking done.\n" + fenced(5, 3, 1)
+
+
+def test_structured_output_can_be_switched_and_extra_body_passes_through():
+    stand_in = StandIn()
+    extra = {"guided_decoding_backend": "xgrammar", "chat_template_kwargs": {"thinking": False}, "top_p": 0.5}
+    with stand_in_server(stand_in) as url:
+        with make_client(url, structured_output="none", extra_body=extra) as client:
+            client.judge([(user("Q"), ["great", "poor"])])
+        with make_client(url, structured_output="json_object") as client:
+            client.judge([(user("Q"), ["great", "poor"])])
+    plain, json_object = stand_in.bodies[0], stand_in.bodies[-1]
+    assert "response_format" not in plain
+    assert plain["guided_decoding_backend"] == "xgrammar" and plain["chat_template_kwargs"] == {"thinking": False}
+    assert plain["top_p"] == 0.5  # extra_body is merged last: it overrides
+    assert json_object["response_format"] == {"type": "json_object"}
+    with pytest.raises(ValueError, match="json_schema, json_object, none"):
+        make_client(url, structured_output="grammar")
 
 
 def test_client_masks_responses_whose_comparisons_never_parse():
     stand_in = StandIn()
     with stand_in_server(stand_in) as url, make_client(url, max_retries=2) as client:
-        result = client.judge([("Q", ["great", "babble"]), ("R", ["great", "poor"])])
+        result = client.judge([(user("Q"), ["great", "babble"]), (user("R"), ["great", "poor"])])
     assert result.rewards == [[DEFAULT_SCORE, DEFAULT_SCORE], [5.0, 1.0]]
     assert result.valid == [[False, False], [True, True]]
     assert result.stats["parse_failures"] == 1
     assert stand_in.attempts["great|babble"] == 3  # the first try and two retries
+    babble = result.answers[0]
+    assert babble.failure == "parse" and babble.content == "Both responses are wonderful {not json"
+    assert "no JSON object" in babble.error and result.parse_failure_rate == 0.5
+    assert babble.as_record()["outcome"] == "parse"
 
 
 def test_client_retries_server_errors():
     stand_in = StandIn()
     with stand_in_server(stand_in) as url, make_client(url) as client:
-        result = client.judge([("Q", ["flaky", "poor"])])
+        result = client.judge([(user("Q"), ["flaky", "poor"])])
     # HTTP 500 on the first try, the answer on the second
     assert stand_in.attempts["flaky|poor"] == 2
     assert result.rewards == [[4.0, 1.0]] and result.valid == [[True, True]]
@@ -251,7 +321,7 @@ def test_judge_down_raises_unavailable_quickly():
     url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     start = time.monotonic()
     with make_client(url, max_retries=1) as client, pytest.raises(JudgeUnavailable) as info:
-        client.judge([("Q", ["a", "b", "c"])])
+        client.judge([(user("Q"), ["a", "b", "c"])])
     assert time.monotonic() - start < 5
     message = str(info.value)
     assert url in message and "3 comparisons" in message and "2 attempts" in message
@@ -265,5 +335,5 @@ def test_unknown_pairing_fails_at_construction():
 
 def test_no_comparisons_at_all_is_not_an_outage():
     with make_client("http://127.0.0.1:9/v1") as client:
-        result = client.judge([("Q", ["only"])])
+        result = client.judge([(user("Q"), ["only"])])
     assert result.rewards == [[DEFAULT_SCORE]] and result.valid == [[False]]

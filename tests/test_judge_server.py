@@ -16,6 +16,7 @@ from rlsteps.engine.rewards.judge.server import create_app, judgement_from_rewar
 from rlsteps.engine.rewards.rm.scorer import RewardScorer
 
 PROMPT = "Q: name an animal. A:"
+CONVERSATION = [{"role": "user", "content": PROMPT}]  # the scorer's tokenizer has no chat template: read as PROMPT
 CANDIDATES = [" cat", " the dog ran", " 1 2 3", " a cat sat on the mat.", " why?", " dog dog dog"]
 
 
@@ -42,7 +43,7 @@ def test_the_better_scored_response_wins_through_the_client(scorer: RewardScorer
     low, mid, high = (CANDIDATES[i] for i in (ranked[0], ranked[len(ranked) // 2], ranked[-1]))
     assert direct[ranked[-1]] - direct[ranked[0]] > 0.1, "the random reward model separates nothing"
     with serving(create_app(scorer, "tiny-judge"), path="/v1") as url, JudgeClient(url, "tiny-judge") as client:
-        result = client.judge([(PROMPT, [mid, low, high]), (PROMPT, [low, high])])
+        result = client.judge([(CONVERSATION, [mid, low, high]), (CONVERSATION, [low, high])])
     assert result.valid == [[True, True, True], [True, True]]
     assert result.stats["parse_failures"] == 0 and result.stats["retries"] == 0
     rewards_mid, rewards_low, rewards_high = result.rewards[0]
@@ -58,7 +59,7 @@ def test_openai_endpoints_and_the_answer_format(scorer: RewardScorer):
         assert httpx.get(url.removesuffix("/v1") + "/health").json()["status"] == "ok"
         assert httpx.get(f"{url}/models").json()["data"][0]["id"] == "tiny-judge"
         answer = httpx.post(f"{url}/chat/completions", json={
-            "model": "tiny-judge", "messages": judge_messages(PROMPT, CANDIDATES[0], CANDIDATES[1], None),
+            "model": "tiny-judge", "messages": judge_messages(CONVERSATION, CANDIDATES[0], CANDIDATES[1], None),
         }).json()  # fmt: skip
     assert answer["object"] == "chat.completion" and answer["model"] == "tiny-judge"
     content = answer["choices"][0]["message"]["content"]
@@ -82,12 +83,12 @@ def test_unreadable_requests_get_400_with_the_reason(scorer: RewardScorer):
 
 
 def test_token_is_required_when_set(scorer: RewardScorer):
-    body = {"model": "tiny-judge", "messages": judge_messages(PROMPT, " cat", " dog", None)}
+    body = {"model": "tiny-judge", "messages": judge_messages(CONVERSATION, " cat", " dog", None)}
     with serving(create_app(scorer, token="s3cret"), path="/v1") as url:
         refused = httpx.post(f"{url}/chat/completions", json=body)
         wrong = httpx.post(f"{url}/chat/completions", json=body, headers={"Authorization": "Bearer nope"})
         with JudgeClient(url, "tiny-judge", api_key="s3cret") as client:
-            result = client.judge([(PROMPT, [" cat", " dog"])])
+            result = client.judge([(CONVERSATION, [" cat", " dog"])])
     assert refused.status_code == 401 and wrong.status_code == 401
     assert result.valid == [[True, True]]
 

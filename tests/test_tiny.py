@@ -207,9 +207,33 @@ def test_true_reward_needs_a_task_noun_in_the_prompt():
 def test_every_prompt_names_one_noun_and_preference_pairs_are_ordered():
     for prompt in tiny_task.all_prompts():
         assert sum(w in tiny_task.NOUNS for w in tiny_task.words(prompt)) == 1
-    for prompt, chosen, rejected in tiny_task.preference_pairs(random.Random(0), 200):
+    degenerate = 0
+    for prompt, chosen, rejected in tiny_task.preference_pairs(random.Random(0), 400):
         assert true_reward(prompt, chosen) > true_reward(prompt, rejected)
-        assert RESPONSE_FORMAT.match(chosen) and RESPONSE_FORMAT.match(rejected)
+        well_formed = bool(RESPONSE_FORMAT.match(chosen)) + bool(RESPONSE_FORMAT.match(rejected))
+        degenerate += well_formed < 2
+    assert 20 < degenerate < 100  # about one pair in four is a hard negative; some of those are well formed
+
+
+def test_hard_negatives_are_what_a_reward_hacker_writes():
+    """Each kind by hand: a repeated liked word, the noun left out, another noun, each under a good answer."""
+    rng = random.Random(5)
+    seen = set()
+    for _ in range(200):
+        prompt, good, bad = tiny_task.hard_negative(rng)
+        noun = tiny_task.prompt_noun(prompt)
+        assert RESPONSE_FORMAT.match(good) and good.startswith(f"The {noun} ")
+        words = tiny_task.words(bad)
+        if len(words) >= 2 and len(set(words) - {noun, "the", "is", "looks", "seems"}) == 1:
+            seen.add("repeated")
+        elif noun not in words and not any(w in tiny_task.NOUNS for w in words):
+            seen.add("no noun")
+        elif noun not in words:
+            seen.add("wrong noun")
+    assert seen == {"repeated", "no noun", "wrong noun"}
+    # the gaming answers of a reward model without hard negatives, under the hidden preference
+    assert true_reward("Describe the cat.", " ".join(["lovely"] * 12)) == 0.5
+    assert true_reward("Describe the cat.", "The cat is kind, lovely, bright and gentle.") == 3.0
 
 
 def test_task_text_is_a_pure_function_of_the_seed():

@@ -24,6 +24,7 @@ class RolloutBatch:
     response_texts: list[str]  # [B] decoded response, special tokens skipped
     pad_id: int
     gen_logprobs: torch.Tensor | None = None  # [B, T-1] fp32 sampler log-probs on response positions
+    conversations: list[list[dict[str, str]]] | None = None  # [B] the prompt as chat messages, no template markup
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row tensors added by the loop
 
     def __len__(self) -> int:
@@ -50,6 +51,12 @@ class RolloutBatch:
         index = [first_seen.setdefault(pid, len(first_seen)) for pid in self.prompt_ids]
         return torch.tensor(index, dtype=torch.long), len(first_seen)
 
+    def conversation(self, row: int) -> list[dict[str, str]]:
+        """Row `row`'s prompt as chat messages; a batch built from raw text holds it as one user message."""
+        if self.conversations is not None:
+            return self.conversations[row]
+        return [{"role": "user", "content": self.prompt_texts[row]}]
+
     def select(self, rows: torch.Tensor | list[int]) -> RolloutBatch:
         """A new batch of the given rows, trimmed to its longest sequence."""
         rows = torch.as_tensor(rows, dtype=torch.long)
@@ -65,6 +72,7 @@ class RolloutBatch:
             response_texts=[self.response_texts[i] for i in pick],
             pad_id=self.pad_id,
             gen_logprobs=None if self.gen_logprobs is None else self.gen_logprobs[rows, : width - 1],
+            conversations=None if self.conversations is None else [self.conversations[i] for i in pick],
             extras={k: _select_rows(v, rows, width) for k, v in self.extras.items()},
         )
 
@@ -81,6 +89,7 @@ class RolloutBatch:
             response_texts=self.response_texts,
             pad_id=self.pad_id,
             gen_logprobs=move(self.gen_logprobs),
+            conversations=self.conversations,
             extras={k: v.to(device) for k, v in self.extras.items()},
         )
 

@@ -6,7 +6,7 @@ reads its config back through them. Torch-free on purpose: `rlsteps run --dry-ru
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
@@ -63,7 +63,7 @@ class RolloutConfig(Section):
 
 class TrainConfig(Section):
     max_steps: PositiveInt = 100
-    max_epochs: PositiveInt = 1
+    max_epochs: PositiveInt | None = None  # None: as many as train.max_steps needs
     global_batch_size: PositiveInt = 64
     micro_batch_size: PositiveInt = 1
     lr: PositiveFloat = 1e-6
@@ -73,6 +73,7 @@ class TrainConfig(Section):
     warmup_steps: NonNegativeInt = 10
     min_lr_ratio: Probability = 0.1
     max_grad_norm: PositiveFloat = 1.0
+    max_steps_without_update: NonNegativeInt = 3  # RL steps in a row with no update that stop the run; 0 = never
 
     @model_validator(mode="after")
     def _micro_divides_global(self) -> TrainConfig:
@@ -88,6 +89,9 @@ class ValidationConfig(Section):
     interval: NonNegativeInt = 10
     num_prompts: PositiveInt = 64
     max_new_tokens: PositiveInt | None = None
+    # extra rewards logged as val/<name>: "module:function" of (prompt conversation, response text) -> float
+    reward_functions: dict[str, str] = {}
+    show_samples: NonNegativeInt = 2  # validation samples printed to the terminal
 
 
 class CheckpointConfig(Section):
@@ -108,6 +112,7 @@ class OutputConfig(Section):
 class LoggingConfig(Section):
     tensorboard: bool = False
     wandb_project: str | None = None
+    samples_per_step: NonNegativeInt = 4  # rollouts per step written to samples.jsonl (judge answers too); 0 = none
 
 
 class TinyWorldConfig(Section):
@@ -192,6 +197,11 @@ class JudgeConfig(Section):
     max_tokens: PositiveInt = 256
     length_penalty: NonNegativeFloat = 0.0
     on_failure: Literal["mask", "stop"] = "mask"
+    # the request's response_format: json_schema (guided decoding to the judgement's schema; vLLM, NIM, SGLang),
+    # json_object, or none for servers without structured output
+    structured_output: Literal["json_schema", "json_object", "none"] = "json_schema"
+    extra_body: dict[str, Any] = {}  # merged into every request body (server-specific options)
+    max_parse_failure_rate: Probability = 0.5  # a step whose share of unparsable answers is higher stops the run
 
 
 class GRPOConfig(RecipeConfig):

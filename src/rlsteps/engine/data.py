@@ -20,10 +20,22 @@ import torch
 CHAT_ROLES = ("system", "user", "assistant")
 
 
+Message = tuple[str, str]  # (role, content)
+
+
 @dataclass(frozen=True)
 class Prompt:
     id: str  # the group key of its rollouts
     text: str  # the rendered prompt string fed to the policy
+    messages: tuple[Message, ...] = ()  # the line's own chat messages; () for a raw "prompt" line
+
+    @property
+    def conversation(self) -> list[dict[str, str]]:
+        """The conversation as chat messages, free of any template markup: the line's own messages, or its raw
+        text as one user message. A judge reads this, never the policy's rendering."""
+        if not self.messages:
+            return [{"role": "user", "content": self.text}]
+        return [{"role": role, "content": content} for role, content in self.messages]
 
 
 class PromptFileError(ValueError):
@@ -68,15 +80,18 @@ def _parse_line(line: str, default_id: str, tokenizer: Any) -> Prompt:
     if has_prompt == has_messages:
         which = "both" if has_prompt else "neither"
         raise ValueError(f'a line needs exactly one of "prompt" or "messages", this one has {which}')
+    messages: tuple[Message, ...] = ()
     if has_prompt:
         text = record["prompt"]
         if not isinstance(text, str):
             raise ValueError(f'"prompt" must be a string, got {type(text).__name__}')
     else:
-        text = _render_chat(_check_messages(record["messages"]), tokenizer)
+        checked = _check_messages(record["messages"])
+        text = _render_chat(checked, tokenizer)
+        messages = tuple((m["role"], m["content"]) for m in checked)
     if not text:
         raise ValueError("the prompt is empty")
-    return Prompt(id=_parse_id(record.get("id"), default_id), text=text)
+    return Prompt(id=_parse_id(record.get("id"), default_id), text=text, messages=messages)
 
 
 def _parse_id(value: Any, default_id: str) -> str:

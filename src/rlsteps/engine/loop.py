@@ -31,9 +31,12 @@ from rlsteps.engine.resume import (
     capture_rng_state,
     restore_rng_state,
 )
-from rlsteps.engine.rewards.sources import RewardSource
+from rlsteps.engine.rewards.functions import RewardFunction, load_reward_functions
+from rlsteps.engine.rewards.sources import RewardSource, Scores
+from rlsteps.engine.samples import SampleLog, sample_records, show_samples
 
 log = logging.getLogger(__name__)
+step_log = logging.getLogger("rlsteps.steps")  # one line per step, for train.log (the worker keeps it off the terminal)
 
 
 class RunStopped(RuntimeError):
@@ -72,9 +75,8 @@ def train(
     reference = frozen_copy(model) if recipe.needs_reference else None  # always the initial policy
     prompts = load_prompts(cfg.inputs.prompts, tokenizer, cfg.data.max_prompt_tokens)
     val_prompts = _validation_prompts(cfg, tokenizer)
-    total_steps = min(
-        cfg.train.max_steps, cfg.train.max_epochs * steps_per_epoch(len(prompts), cfg.rollout.prompts_per_step)
-    )
+    reward_functions = load_reward_functions(cfg.validation.reward_functions)
+    total_steps = planned_steps(cfg, len(prompts), say)
 
     checkpoints = CheckpointManager(
         run_dir / "checkpoints",
@@ -108,9 +110,12 @@ def train(
         Sampler(tokenizer, cfg.rollout, device),
         counters,
         device,
+        say=say,
+        reward_functions=reward_functions,
     )
     with (
         _metrics_writer(cfg, run_dir) as metrics,
+        SampleLog(run_dir / "samples.jsonl") as run.samples,
         TrainingProgress(total=total_steps, initial=counters.step) as progress,
     ):
         if counters.step == 0 and val_prompts:
@@ -121,11 +126,40 @@ def train(
                 step_metrics.update(run.validate(val_prompts))
             metrics.log(counters.step, step_metrics)
             progress.update(counters.step, step_metrics)
+            step_log.info("step %d/%d %s", counters.step, total_steps, _step_line(step_metrics))
+            run.stop_if_not_learning(step_metrics)
             if counters.step == total_steps or (
                 cfg.checkpoint.interval and counters.step % cfg.checkpoint.interval == 0
             ):
                 run.save(step_metrics)
     return RunResult(counters=counters, model=run.model, tokenizer=tokenizer)
+
+
+def planned_steps(cfg: RecipeConfig, num_prompts: int, say: Callable[[str], None]) -> int:
+    """RL steps this run makes: train.max_steps, unless train.max_epochs (when set) ends the data first; said at
+    the start either way, so a cut is never silent."""
+    per_epoch = steps_per_epoch(num_prompts, cfg.rollout.prompts_per_step)
+    t = cfg.train
+    epochs = math.ceil(t.max_steps / per_epoch)
+    if t.max_epochs is None or t.max_epochs >= epochs:
+        say(
+            f"{t.max_steps} steps (train.max_steps) over {num_prompts} prompts at {cfg.rollout.prompts_per_step} "
+            f"per step: {epochs} epoch(s) of {per_epoch} steps"
+        )
+        return t.max_steps
+    total = t.max_epochs * per_epoch
+    log.warning(
+        "running %d steps, not train.max_steps=%d: train.max_epochs=%d over %d prompts at %d per step gives %d "
+        "steps per epoch; set train.max_epochs=%d (or null) to run them all",
+        total, t.max_steps, t.max_epochs, num_prompts, cfg.rollout.prompts_per_step, per_epoch, epochs,
+    )  # fmt: skip
+    return total
+
+
+def _step_line(metrics: dict[str, float]) -> str:
+    keys = ("train/reward", "train/loss", "train/grad_norm", "train/optimizer_steps", "timers/step")
+    shown = [f"{k.split('/')[1]}={metrics[k]:.4g}" for k in keys if isinstance(metrics.get(k), int | float)]
+    return " ".join(shown + [f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("val/")])
 
 
 def _optimizer_and_schedule(cfg: RecipeConfig, recipe: Recipe, model: torch.nn.Module, total_steps: int):
@@ -170,8 +204,13 @@ class _Run:
     sampler: Sampler
     counters: Counters
     device: torch.device
+    say: Callable[[str], None] = print
+    reward_functions: dict[str, RewardFunction] = field(default_factory=dict)
+    samples: SampleLog | None = None
     timers: Timers = field(default_factory=Timers)
-    skipped_updates: int = 0
+    skipped_updates: int = 0  # optimizer steps skipped on a non-finite gradient
+    steps_without_update: int = 0  # RL steps that changed no weight
+    no_update_streak: int = 0
 
     def step(self, prompts: list[Prompt]) -> dict[str, float]:
         c, cfg = self.counters, self.cfg
@@ -188,7 +227,10 @@ class _Run:
                 batch, scores, self._logprobs(self.model), self._logprobs(self.reference)
             )
         with self.timers("train"):
+            updates_before = c.optimizer_steps
             stats.update(self._optimize(train_batch))
+        self._count_update(c.optimizer_steps > updates_before)
+        self._write_samples(c.step + 1, "train", batch, scores)
         c.step += 1
         c.consumed_samples += cfg.rollout.prompts_per_step
         stats.update(scores.metrics)
@@ -198,10 +240,37 @@ class _Run:
                 "train/consumed_samples": c.consumed_samples,
                 "train/epoch": c.epoch,
                 "train/optimizer_steps": c.optimizer_steps,
+                "train/steps_without_update": self.steps_without_update,
                 "timers/step": time.perf_counter() - started,
             }
         )
         return stats
+
+    def _count_update(self, updated: bool) -> None:
+        self.no_update_streak = 0 if updated else self.no_update_streak + 1
+        self.steps_without_update += not updated
+
+    def stop_if_not_learning(self, step_metrics: dict[str, float]) -> None:
+        """Too many RL steps in a row without an optimizer update: checkpoint and stop rather than run on."""
+        limit = self.cfg.train.max_steps_without_update
+        if not self.no_update_streak:
+            return
+        if not limit or self.no_update_streak < limit:
+            log.warning("step %d made no optimizer update: %s", self.counters.step, _no_update_cause(step_metrics))
+            return
+        where = self.save(step_metrics)
+        raise RunStopped(
+            f"{self.no_update_streak} steps in a row made no optimizer update (train.max_steps_without_update="
+            f"{limit}): {_no_update_cause(step_metrics)}; the rollouts and judge answers are in samples.jsonl; "
+            f"checkpoint {where}"
+        )
+
+    def _write_samples(self, step: int, split: str, batch: RolloutBatch, scores: Scores, extra=None) -> list[dict]:
+        count = self.cfg.logging.samples_per_step
+        records = sample_records(step, split, batch, scores, count, extra) if count and self.samples else []
+        if records:
+            self.samples.write(records)
+        return records
 
     def _score_or_stop(self, batch: RolloutBatch):
         try:
@@ -256,11 +325,18 @@ class _Run:
                 seed=self.cfg.seed,
             )
             scores = self._score_or_stop(batch)
+            extra = {
+                f"val/{name}": [float(fn(p, r)) for p, r in zip(batch.prompt_texts, batch.response_texts)]
+                for name, fn in self.reward_functions.items()
+            }
         rewards = scores.rewards[scores.valid]
+        records = self._write_samples(self.counters.step, "val", batch, scores, extra)
+        show_samples(records[: self.cfg.validation.show_samples], self.say)
         return {
             "val/reward_mean": rewards.mean().item() if len(rewards) else float("nan"),
             "val/response_length": batch.response_lengths.float().mean().item(),
             "val/fraction_ended": batch.is_end.float().mean().item(),
+            **{name: sum(values) / len(values) for name, values in extra.items() if values},
         }
 
     def save(self, step_metrics: dict[str, float]) -> Path:
@@ -309,6 +385,15 @@ class StepStats:
             {k: sum(s.get(k, 0.0) for s in self.finished) / len(self.finished) for k in keys} if self.finished else {}
         )
         return {f"train/{k}": v for k, v in {**means, **self.extremes}.items()}
+
+
+def _no_update_cause(metrics: dict[str, float]) -> str:
+    """Why a step changed no weight, from what it logged."""
+    if metrics.get("judge/comparisons") and metrics.get("judge/parse_failures") == metrics.get("judge/comparisons"):
+        return "no judge answer parsed, so every sample was masked"
+    if metrics.get("train/skipped_updates"):
+        return "the gradient was not finite"
+    return "no sample was usable (none ended with EOS, none had a valid reward, or every advantage was zero)"
 
 
 def _is_reward_failure(error: Exception) -> bool:

@@ -45,7 +45,7 @@ class MetricsWriter:
     def __init__(self, path: Path, tensorboard_dir: Path | None = None, wandb: dict | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _drop_partial_last_line(self.path)
+        drop_partial_last_line(self.path)
         self._file: TextIO = self.path.open("a", encoding="utf-8")
         self._warned_non_finite: set[str] = set()
         self._tensorboard = _open_tensorboard(tensorboard_dir) if tensorboard_dir is not None else None
@@ -96,7 +96,7 @@ class MetricsWriter:
         return number
 
 
-def _drop_partial_last_line(path: Path) -> None:
+def drop_partial_last_line(path: Path) -> None:
     """Cut a line left half-written by a crash, so appended records start on a line of their own."""
     if not path.exists() or path.stat().st_size == 0:
         return

@@ -20,7 +20,8 @@ from rlsteps.engine.artifact import config_hash, input_versions, write_artifact
 from rlsteps.engine.config import STEP_SCHEMAS, ConvertConfig, RecipeConfig
 
 log = logging.getLogger("rlsteps")
-PLOTTED = ["train/reward", "val/reward_mean", "train/loss", "train/response_length"]
+PLOTTED = ["train/reward", "val/reward_mean", "val/true_reward", "train/loss", "train/response_length"]
+STEP_LOGGER = "rlsteps.steps"  # the loop's one line per step: train.log only
 
 
 OUTPUT_NAME = "policy"  # the output artifact is <output.dir>/policy, as every manifest names it
@@ -38,6 +39,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
     from transformers.utils import logging as hf_logging
 
     from rlsteps.engine.loop import RunStopped
+    from rlsteps.engine.run_identity import RunDirectoryInUse
 
     hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
     cfg = load_config(config_path)
@@ -53,7 +55,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
     log.info("%s: run directory %s", cfg.algorithm, run_dir)
     try:
         model, tokenizer, counters = _convert(cfg) if isinstance(cfg, ConvertConfig) else _train(cfg, run_dir)
-    except RunStopped as stopped:
+    except (RunStopped, RunDirectoryInUse) as stopped:
         log.error("%s", stopped)
         return 1
     _write_output(cfg, model, tokenizer, counters, run_dir, job, versions)
@@ -84,7 +86,9 @@ def _train(cfg: RecipeConfig, run_dir: Path) -> tuple[Any, Any, dict[str, int]]:
     from rlsteps.engine.algorithms import RECIPES
     from rlsteps.engine.loop import train
     from rlsteps.engine.rewards.sources import open_reward_source
+    from rlsteps.engine.run_identity import claim_run_directory
 
+    claim_run_directory(run_dir, cfg.model_dump(mode="json"), any((run_dir / "checkpoints").glob("step_*")))
     with open_reward_source(cfg, run_dir) as rewards:
         result = train(cfg, RECIPES[cfg.algorithm](cfg), rewards, run_dir, say=log.info)
     return result.model, result.tokenizer, result.counters.as_dict()
@@ -162,6 +166,7 @@ def _log_to(path: Path, level: str = "info") -> None:
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     stream = logging.StreamHandler(sys.stderr)
     stream.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    stream.addFilter(lambda record: record.name != STEP_LOGGER)  # the terminal has the progress bar instead
     file = logging.FileHandler(path)
     file.setFormatter(fmt)
     root = logging.getLogger()

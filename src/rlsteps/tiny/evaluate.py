@@ -52,8 +52,12 @@ def pair_accuracy(
 def evaluate_world(
     policy: PreTrainedModel, reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rng: random.Random
 ) -> dict[str, float]:
-    """SFT samples: EOS rate and true reward; reward model: held-out pair accuracy, correlation with true_reward."""
+    """SFT samples: EOS rate and true reward; reward model: held-out pair accuracy (all pairs, and hard negatives
+    alone), correlation with true_reward."""
     accuracy = pair_accuracy(reward_model, tokenizer, tiny_task.preference_pairs(rng, RM["heldout_pairs"]))
+    hard = [tiny_task.hard_negative(rng) for _ in range(RM["heldout_pairs"])]
+    hard = [(p, good, bad) for p, good, bad in hard if tiny_task.true_reward(p, good) > tiny_task.true_reward(p, bad)]
+    hard_accuracy = pair_accuracy(reward_model, tokenizer, hard)
     prompts = [tiny_task.sample_prompt(rng)[0] for _ in range(EVAL["samples"])]
     rendered = [chat_prompt(tokenizer, p) for p in prompts]
     responses, ended = zip(*sample_responses(policy, tokenizer, rendered, EVAL["max_new_tokens"]))
@@ -64,5 +68,6 @@ def evaluate_world(
         "sft_mean_true_reward": round(true.mean().item(), 4),
         "best_true_reward": tiny_task.BEST_TRUE_REWARD,
         "rm_heldout_pair_accuracy": round(accuracy, 4),
+        "rm_hard_negative_accuracy": round(hard_accuracy, 4),
         "rm_true_reward_pearson": round(torch.corrcoef(torch.stack([scores, true]))[0, 1].item(), 4),
     }

@@ -146,25 +146,52 @@ def preference_pairs(rng: random.Random, count: int) -> list[tuple[str, str, str
 
     Responses come from a wider distribution than the SFT data (the chances of a positive
     adjective and of naming the noun are drawn per response), so the reward model also ranks
-    the better responses a policy reaches during RL. Two thirds of the pairs are minimal pairs
-    that differ only in the subject or only in the adjectives: they teach each part of the
-    preference on its own, which a small model otherwise learns slowly for the noun.
+    the better responses a policy reaches during RL. Half of the pairs are minimal pairs that
+    differ only in the subject or only in the adjectives: they teach each part of the preference
+    on its own, which a small model otherwise learns slowly for the noun. A quarter are hard
+    negatives (`hard_negative`): the degenerate answers a policy finds when it games a reward
+    model, so that repeating a liked word or dropping the noun does not pay.
     """
     pairs = []
     while len(pairs) < count:
-        prompt, noun = sample_prompt(rng)
-        subject, verb, adjectives = _draw_wide(rng, noun)
-        other_subject, _, other_adjectives = _draw_wide(rng, noun)
-        kind = rng.randrange(3)
-        if kind == 1:
-            other_adjectives = adjectives
-        elif kind == 2:
-            other_subject = subject
-        a, b = render_response(subject, verb, adjectives), render_response(other_subject, verb, other_adjectives)
-        reward_a, reward_b = true_reward(prompt, a), true_reward(prompt, b)
-        if reward_a != reward_b:
-            pairs.append((prompt, a, b) if reward_a > reward_b else (prompt, b, a))
+        kind = rng.randrange(4)
+        if kind == 3:
+            prompt, chosen, rejected = hard_negative(rng)
+        else:
+            prompt, chosen, rejected = _wide_pair(rng, kind)
+        reward_chosen, reward_rejected = true_reward(prompt, chosen), true_reward(prompt, rejected)
+        if reward_chosen != reward_rejected:
+            pairs.append((prompt, chosen, rejected) if reward_chosen > reward_rejected else (prompt, rejected, chosen))
     return pairs
+
+
+def _wide_pair(rng: random.Random, kind: int) -> tuple[str, str, str]:
+    """Two responses from the wide distribution; kind 1 shares the adjectives, kind 2 the subject."""
+    prompt, noun = sample_prompt(rng)
+    subject, verb, adjectives = _draw_wide(rng, noun)
+    other_subject, _, other_adjectives = _draw_wide(rng, noun)
+    if kind == 1:
+        other_adjectives = adjectives
+    elif kind == 2:
+        other_subject = subject
+    return prompt, render_response(subject, verb, adjectives), render_response(other_subject, verb, other_adjectives)
+
+
+def hard_negative(rng: random.Random) -> tuple[str, str, str]:
+    """(prompt, good answer, degenerate answer): a liked word repeated (with or without the sentence around it),
+    the noun left out, or the wrong noun named, each against a well-formed answer that names the noun."""
+    prompt, noun = sample_prompt(rng)
+    subject, verb, adjectives = draw_response(rng, noun, p_positive=0.5 + rng.random() / 2, p_mention=1.0)
+    good = render_response(subject, verb, adjectives)
+    kind = rng.randrange(3)
+    if kind == 0:
+        repeated = " ".join([rng.choice(POSITIVE)] * rng.randint(2, 12))
+        bad = f"{subject} {verb} {repeated}." if rng.random() < 0.5 else repeated
+    elif kind == 1:
+        bad = render_response(rng.choice(("It", "")), verb, adjectives).strip()
+    else:
+        bad = render_response(f"The {rng.choice([n for n in NOUNS if n != noun])}", verb, adjectives)
+    return prompt, good, bad
 
 
 def _draw_wide(rng: random.Random, noun: str) -> tuple[str, str, list[str]]:

@@ -30,7 +30,8 @@ def loss_mask(batch: RolloutBatch) -> torch.Tensor:  # [B, T-1]
 
 
 def rollout_stats(batch: RolloutBatch, scores: Scores) -> dict[str, float]:
-    valid = scores.rewards[scores.valid] if scores.valid.any() else scores.rewards.new_zeros(1)
+    # no valid reward at all: NaN (logged as null, shown as "-"), never a made-up 0
+    valid = scores.rewards[scores.valid] if scores.valid.any() else scores.rewards.new_full((1,), float("nan"))
     return {
         "train/reward": valid.mean().item(),
         "train/reward_std": valid.std(unbiased=False).item(),

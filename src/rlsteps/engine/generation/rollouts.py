@@ -97,4 +97,5 @@ def build_rollout_batch(
         response_texts=tokenizer.batch_decode(generation.response_ids, skip_special_tokens=True),
         pad_id=pad_id,
         gen_logprobs=gen_logprobs,
+        conversations=[prompt.conversation for prompt in prompts],
     )

@@ -55,8 +55,10 @@ class LocalServer:
         startup_timeout_s: float = 300,
         stop_grace_s: float = 10,
         health_path: str = "/health",
+        python: str | Path | None = None,
     ) -> None:
         self.module, self.args = module, list(args)
+        self.python = str(python or sys.executable)  # another environment's interpreter may serve (vLLM's, say)
         self.log_path = Path(log_path)
         self.env = dict(env or {})
         self.startup_timeout_s, self.stop_grace_s = startup_timeout_s, stop_grace_s
@@ -73,7 +75,7 @@ class LocalServer:
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, "-m", self.module, *self.args, "--host", self.host, "--port", str(self.port)]
+        return [self.python, "-m", self.module, *self.args, "--host", self.host, "--port", str(self.port)]
 
     def __enter__(self) -> LocalServer:
         self.start()

@@ -25,6 +25,7 @@ RM_SERVER, JUDGE_SERVER = "rlsteps.engine.rewards.rm", "rlsteps.engine.rewards.j
 RM_CLIENT_OPTIONS = {"token", "timeout_s", "max_retries", "backoff_s", "batch_size", "concurrency"}
 JUDGE_CLIENT_OPTIONS = {
     "api_key", "concurrency", "timeout_s", "max_retries", "temperature", "top_p", "max_tokens", "pairing", "principle",
+    "structured_output", "extra_body",
 }  # fmt: skip
 
 
@@ -33,6 +34,7 @@ class Scores:
     rewards: torch.Tensor  # [B] float
     valid: torch.Tensor  # [B] bool
     metrics: dict[str, float] = field(default_factory=dict)
+    details: list[dict] | None = None  # [B] what a sample record shows beside the reward (a judge's answers)
 
 
 class RewardSource(Protocol):
@@ -58,27 +60,24 @@ class JudgeSource:
     """A generative judge comparing the responses of each prompt pairwise over a chat API."""
 
     validation_samples_per_prompt = 2
+    shown_answers = 3  # unparsable answers quoted when they stop the run
 
-    def __init__(self, client, length_penalty: float = 0.0, on_failure: str = "mask") -> None:
+    def __init__(
+        self, client, length_penalty: float = 0.0, on_failure: str = "mask", max_parse_failure_rate: float = 0.5
+    ) -> None:
         self.client = client
         self.length_penalty = length_penalty
         self.on_failure = on_failure  # mask: failed comparisons leave the loss; stop: any failure stops the run
+        self.max_parse_failure_rate = max_parse_failure_rate
 
     def score(self, batch: RolloutBatch) -> Scores:
         from rlsteps.engine.rewards.judge.scoring import length_penalty
 
         group, num_groups = batch.group_index()
         rows = [torch.nonzero(group == g).flatten().tolist() for g in range(num_groups)]
-        requests = [(batch.prompt_texts[r[0]], [batch.response_texts[i] for i in r]) for r in rows]
+        requests = [(batch.conversation(r[0]), [batch.response_texts[i] for i in r]) for r in rows]
         result = self.client.judge(requests)  # raises JudgeUnavailable when every comparison failed
-        failed = int(result.stats.get("transport_failures", 0))
-        if failed and self.on_failure == "stop":
-            from rlsteps.engine.rewards.judge.client import JudgeUnavailable
-
-            raise JudgeUnavailable(
-                f"{failed} judge request(s) failed and judge.on_failure=stop "
-                "(set judge.on_failure=mask to train on the rest)"
-            )
+        self._stop_on_failures(result)
         rewards, valid = torch.zeros(len(batch)), torch.zeros(len(batch), dtype=torch.bool)
         for g, members in enumerate(rows):
             group_rewards = result.rewards[g]
@@ -88,7 +87,37 @@ class JudgeSource:
             rewards[members] = torch.tensor(group_rewards, dtype=torch.float32)
             valid[members] = torch.tensor(result.valid[g], dtype=torch.bool)
         metrics = {f"judge/{k}": float(v) for k, v in result.stats.items()}
-        return Scores(rewards=rewards, valid=valid, metrics=metrics)
+        return Scores(rewards=rewards, valid=valid, metrics=metrics, details=_answers_by_row(result.answers, rows))
+
+    def _stop_on_failures(self, result) -> None:
+        from rlsteps.engine.rewards.judge.client import JudgeAnswersUnusable, JudgeUnavailable
+
+        failed = int(result.stats.get("transport_failures", 0))
+        if failed and self.on_failure == "stop":
+            raise JudgeUnavailable(
+                f"{failed} judge request(s) failed and judge.on_failure=stop "
+                "(set judge.on_failure=mask to train on the rest)"
+            )
+        rate = result.parse_failure_rate
+        if rate > self.max_parse_failure_rate:
+            unparsable = [a for a in result.answers if a.failure == "parse"][: self.shown_answers]
+            quoted = "\n".join(f"  - {a.error}" for a in unparsable)
+            raise JudgeAnswersUnusable(
+                f"the judge's answers did not parse in {rate:.0%} of {len(result.answers)} comparisons "
+                f"(judge.max_parse_failure_rate={self.max_parse_failure_rate:g}); the last answers:\n{quoted}\n"
+                "ask for structured output (judge.structured_output=json_schema, if the server supports it), "
+                "raise judge.max_tokens, or use a judge that follows the JSON instruction"
+            )
+
+
+def _answers_by_row(answers, rows: list[list[int]]) -> list[dict]:
+    """Each row's judge answers (the comparisons it took part in), keyed for its sample record."""
+    details: dict[int, list[dict]] = {i: [] for members in rows for i in members}
+    for answer in answers:
+        members = rows[answer.group]
+        for position in answer.pair:
+            details[members[position]].append(answer.as_record())
+    return [{"judge": details[i]} for i in sorted(details)]
 
 
 @contextlib.contextmanager
@@ -123,7 +152,12 @@ def _judge_source(cfg: GRPOConfig, run_dir: Path) -> Iterator[JudgeSource]:
     with _served(JUDGE_SERVER, j.url, model, run_dir / "judge_server.log", naming, j.api_key) as url:
         client = JudgeClient(url if j.url else f"{url}/v1", model_name, **j.model_dump(include=JUDGE_CLIENT_OPTIONS))
         with contextlib.closing(client):
-            yield JudgeSource(client, length_penalty=j.length_penalty, on_failure=j.on_failure)
+            yield JudgeSource(
+                client,
+                length_penalty=j.length_penalty,
+                on_failure=j.on_failure,
+                max_parse_failure_rate=j.max_parse_failure_rate,
+            )
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from rlsteps.engine.rewards.judge.parsing import (
     shorten,
 )
 from rlsteps.engine.rewards.judge.protocol import (
+    RESPONSE_FORMATS,
     Judgement,
     comparison_pairs,
     judge_messages,
@@ -27,11 +28,34 @@ class JudgeUnavailable(RuntimeError):
     """Every comparison of a step failed at the transport level: the judge is down or unreachable."""
 
 
+class JudgeAnswersUnusable(JudgeUnavailable):
+    """The judge answers, but too many of its answers hold no judgement: its rewards cannot be trusted."""
+
+
+@dataclass
+class JudgeAnswer:
+    """One comparison's outcome: the judge's last answer, and why it did not count when it did not."""
+
+    group: int
+    pair: tuple[int, int]
+    content: str | None  # the raw text of the last answer; None when no answer arrived
+    failure: str | None  # None, "parse" or "transport"
+    error: str = ""  # the parse or transport error of the last attempt
+
+    def as_record(self) -> dict:
+        return {"pair": list(self.pair), "answer": self.content, "outcome": self.failure or "ok", "error": self.error}
+
+
 @dataclass
 class JudgeResult:
     rewards: list[list[float]]  # [groups][responses]
     valid: list[list[bool]]  # False: no successful comparison, mask the response out of the loss
     stats: dict[str, float] = field(default_factory=dict)
+    answers: list[JudgeAnswer] = field(default_factory=list)  # one per comparison, in order
+
+    @property
+    def parse_failure_rate(self) -> float:
+        return sum(a.failure == "parse" for a in self.answers) / len(self.answers) if self.answers else 0.0
 
 
 @dataclass
@@ -41,6 +65,7 @@ class _Outcome:
     retries: int
     latencies: list[float]
     error: str = ""
+    content: str | None = None
 
 
 class JudgeClient:
@@ -64,14 +89,27 @@ class JudgeClient:
         max_tokens: int = 256,
         pairing: str = "circular",
         principle: str | None = None,
+        structured_output: str = "json_schema",
+        extra_body: dict | None = None,
     ):
         comparison_pairs(2, pairing)  # fail early on an unknown pairing
+        if structured_output not in RESPONSE_FORMATS:
+            choices = ", ".join(RESPONSE_FORMATS)
+            raise ValueError(f"unknown structured_output {structured_output!r}: use one of {choices}")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.concurrency = max(1, concurrency)
         self.max_retries = max_retries
         self.retry_sleep_s = retry_sleep_s
         self.sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+        response_format = RESPONSE_FORMATS[structured_output]
+        # extra_body is merged last, as the OpenAI client does: server-specific keys (guided decoding, chat
+        # template arguments) and overrides of the ones above
+        self.request_options = {
+            **self.sampling,
+            **({"response_format": response_format} if response_format else {}),
+            **(extra_body or {}),
+        }
         self.pairing = pairing
         self.principle = principle
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -87,8 +125,11 @@ class JudgeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def judge(self, groups: list[tuple[str, list[str]]]) -> JudgeResult:
-        """Rewards for each (prompt, responses) group; all comparisons of the call run concurrently."""
+    def judge(self, groups: list[tuple[list[dict[str, str]], list[str]]]) -> JudgeResult:
+        """Rewards for each (conversation, responses) group; all comparisons of the call run concurrently.
+
+        A conversation is the prompt's chat messages ({"role", "content"}), never a rendered template.
+        """
         pairs = [comparison_pairs(len(responses), self.pairing) for _, responses in groups]
         jobs = [(g, pair) for g, group_pairs in enumerate(pairs) for pair in group_pairs]
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
@@ -103,15 +144,18 @@ class JudgeClient:
         for (g, _), outcome in zip(jobs, outcomes):
             by_group[g].append(outcome.judgement)
         scored = [group_rewards(len(responses), pairs[g], by_group[g]) for g, (_, responses) in enumerate(groups)]
-        return JudgeResult(rewards=[r for r, _ in scored], valid=[v for _, v in scored], stats=_stats(outcomes))
+        answers = [JudgeAnswer(g, pair, o.content, o.failure, o.error) for (g, pair), o in zip(jobs, outcomes)]
+        return JudgeResult(
+            rewards=[r for r, _ in scored], valid=[v for _, v in scored], stats=_stats(outcomes), answers=answers
+        )
 
     def _compare(self, group: tuple[str, list[str]], pair: tuple[int, int]) -> _Outcome:
         """One comparison with retries on transport errors and unparseable answers."""
-        prompt, responses = group
-        messages = judge_messages(prompt, responses[pair[0]], responses[pair[1]], self.principle)
-        body = {"model": self.model, "messages": messages, **self.sampling}
+        conversation, responses = group
+        messages = judge_messages(conversation, responses[pair[0]], responses[pair[1]], self.principle)
+        body = {"model": self.model, "messages": messages, **self.request_options}
         latencies: list[float] = []
-        failure, error = "transport", ""
+        failure, error, content = "transport", "", None
         for attempt in range(1 + self.max_retries):
             if attempt:
                 time.sleep(self.retry_sleep_s)
@@ -124,16 +168,16 @@ class JudgeClient:
             except httpx.HTTPStatusError as err:
                 failure, error = "transport", f"HTTP {err.response.status_code}: {shorten(err.response.text)}"
                 if err.response.status_code in NO_RETRY_STATUS:
-                    return _Outcome(None, failure, attempt, latencies, error)
+                    return _Outcome(None, failure, attempt, latencies, error, content)
                 continue
             except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
                 failure, error = "transport", f"{type(err).__name__}: {err}"
                 continue
             try:
-                return _Outcome(parse_judgement(content), None, attempt, latencies)
+                return _Outcome(parse_judgement(content), None, attempt, latencies, content=content)
             except JudgeParseError as err:
                 failure, error = "parse", str(err)
-        return _Outcome(None, failure, self.max_retries, latencies, error)
+        return _Outcome(None, failure, self.max_retries, latencies, error, content)
 
 
 def _stats(outcomes: list[_Outcome]) -> dict[str, float]:

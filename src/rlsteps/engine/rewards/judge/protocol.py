@@ -1,8 +1,12 @@
-"""The judge protocol: which responses are compared, the chat request that asks for a comparison, and the
-shape of the judge's answer.
+"""The judge protocol: which responses are compared, the chat request that asks for a comparison, the
+structured-output schema of the answer, and the shape of the judge's answer.
 
 Semantics of NeMo-Gym's genrm_compare: the responses of a prompt are compared in pairs ((i, i+1 mod N) or
 all pairs); the judge answers {"score_1": 1-5, "score_2": 1-5, "ranking": 1-6}.
+
+The judge sees the conversation as the prompt file holds it (its own messages, or its raw text as one user
+message), transcribed into plain role-tagged sections of one user message. It never sees the policy's chat
+template markup: a judge with its own template would read a second conversation inside the first.
 """
 
 from __future__ import annotations
@@ -15,19 +19,37 @@ SYSTEM_PROMPT = """You are an impartial judge. Compare two responses to the same
 {principle}Rate each response for helpfulness on a scale of 1 (very poor) to 5 (excellent), then rank them:
 1 = Response 1 is much better, 2 = better, 3 = slightly better,
 4 = Response 2 is slightly better, 5 = better, 6 = much better.
-Answer ONLY with a JSON object in a ```json fenced block, exactly:
-```json
-{{"score_1": <1-5>, "score_2": <1-5>, "ranking": <1-6>}}
-```"""
+Answer with only a JSON object, exactly:
+{{"score_1": <1-5>, "score_2": <1-5>, "ranking": <1-6>}}"""
 
-SECTION_MARKERS = ("[PROMPT]", "[/PROMPT]", "[RESPONSE 1]", "[/RESPONSE 1]", "[RESPONSE 2]", "[/RESPONSE 2]")
+ROLES = ("system", "user", "assistant")
+SECTION_MARKERS = (
+    "[CONVERSATION]", "[/CONVERSATION]", "[RESPONSE 1]", "[/RESPONSE 1]", "[RESPONSE 2]", "[/RESPONSE 2]",
+)  # fmt: skip
+
+JUDGEMENT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "score_1": {"type": "integer", "enum": [1, 2, 3, 4, 5]},
+        "score_2": {"type": "integer", "enum": [1, 2, 3, 4, 5]},
+        "ranking": {"type": "integer", "enum": [1, 2, 3, 4, 5, 6]},
+    },
+    "required": ["score_1", "score_2", "ranking"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMATS = {  # judge.structured_output -> the request's response_format (OpenAI chat completions)
+    "json_schema": {"type": "json_schema", "json_schema": {"name": "judgement", "schema": JUDGEMENT_SCHEMA}},
+    "json_object": {"type": "json_object"},
+    "none": None,
+}
 
 _REQUEST_PATTERN = re.compile(
-    r"\A\[PROMPT\]\n(?P<prompt>.*)\n\[/PROMPT\]\n\n"
+    r"\A\[CONVERSATION\]\n(?P<conversation>.*)\n\[/CONVERSATION\]\n\n"
     r"\[RESPONSE 1\]\n(?P<response_1>.*)\n\[/RESPONSE 1\]\n\n"
     r"\[RESPONSE 2\]\n(?P<response_2>.*)\n\[/RESPONSE 2\]\Z",
     re.DOTALL,
 )
+_TURN_PATTERN = re.compile(r"\[(SYSTEM|USER|ASSISTANT)\]\n(.*?)\n\[/\1\]", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -35,6 +57,13 @@ class Judgement:
     score_1: float  # 1-5
     score_2: float  # 1-5
     ranking: float  # 1 = response 1 much better ... 6 = response 2 much better
+
+
+@dataclass(frozen=True)
+class JudgeRequest:
+    conversation: list[dict[str, str]]  # chat messages: {"role", "content"}
+    response_1: str
+    response_2: str
 
 
 def comparison_pairs(n: int, mode: str) -> list[tuple[int, int]]:
@@ -48,11 +77,21 @@ def comparison_pairs(n: int, mode: str) -> list[tuple[int, int]]:
     raise ValueError(f"unknown pairing {mode!r}: use 'circular' or 'all'")
 
 
-def judge_messages(prompt: str, response_1: str, response_2: str, principle: str | None) -> list[dict]:
-    """The chat request that asks the judge to compare two responses to `prompt`."""
+def transcript(conversation: list[dict[str, str]]) -> str:
+    """The conversation as role-tagged plain text: [USER]\\n...\\n[/USER], one block per message."""
+    for message in conversation:
+        if message.get("role") not in ROLES or not isinstance(message.get("content"), str):
+            raise ValueError(f"a conversation message needs a role in {ROLES} and text content, got {message!r}")
+    return "\n".join(f"[{m['role'].upper()}]\n{m['content']}\n[/{m['role'].upper()}]" for m in conversation)
+
+
+def judge_messages(
+    conversation: list[dict[str, str]], response_1: str, response_2: str, principle: str | None
+) -> list[dict]:
+    """The chat request that asks the judge to compare two responses to `conversation`."""
     principle_line = f"Judge by this principle: {principle}\n" if principle else ""
     user = (
-        f"[PROMPT]\n{prompt}\n[/PROMPT]\n\n"
+        f"[CONVERSATION]\n{transcript(conversation)}\n[/CONVERSATION]\n\n"
         f"[RESPONSE 1]\n{response_1}\n[/RESPONSE 1]\n\n"
         f"[RESPONSE 2]\n{response_2}\n[/RESPONSE 2]"
     )
@@ -62,8 +101,8 @@ def judge_messages(prompt: str, response_1: str, response_2: str, principle: str
     ]
 
 
-def parse_judge_request(messages: list[dict]) -> tuple[str, str, str]:
-    """(prompt, response_1, response_2) from messages built by judge_messages().
+def parse_judge_request(messages: list[dict]) -> JudgeRequest:
+    """The conversation and the two responses of messages built by judge_messages().
 
     Raises ValueError naming what is missing when the request was not built that way.
     """
@@ -79,4 +118,7 @@ def parse_judge_request(messages: list[dict]) -> tuple[str, str, str]:
             + ", ".join(SECTION_MARKERS)
             + " in order, as rlsteps.engine.rewards.judge.protocol.judge_messages() writes them"
         )
-    return match["prompt"], match["response_1"], match["response_2"]
+    turns = [{"role": role.lower(), "content": text} for role, text in _TURN_PATTERN.findall(match["conversation"])]
+    if not turns:
+        raise ValueError("the [CONVERSATION] section holds no [USER], [SYSTEM] or [ASSISTANT] message")
+    return JudgeRequest(turns, match["response_1"], match["response_2"])

@@ -1,9 +1,11 @@
 """A small OpenAI-compatible judge for the tiny world: a scalar reward model behind /v1/chat/completions.
 
-It reads the prompt and the two responses back from a request built by protocol.judge_messages(),
-scores both with the reward model in one batch, and answers as a judge LLM would, in a fenced
-json block. Like a judge LLM's, each score rates its response on its own, so a group's mean score
-rises as the policy improves; the ranking says which of the two is better:
+It reads the conversation and the two responses back from a request built by protocol.judge_messages(),
+renders the conversation with the reward model's own chat template, scores both responses in one batch,
+and answers as a judge LLM would: a bare JSON object when the request asks for structured output
+(response_format json_schema or json_object), else a fenced json block. Like a judge LLM's, each score
+rates its response on its own, so a group's mean score rises as the policy improves; the ranking says
+which of the two is better:
 
     score_i = 1 + 4 sigmoid((reward_i - center) / scale)     1-5 helpfulness of response i
     p       = sigmoid((reward_1 - reward_2) / scale)         how likely response 1 is the better one
@@ -28,12 +30,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from rlsteps.engine.rewards.auth import bearer_matches
-from rlsteps.engine.rewards.judge.protocol import parse_judge_request
+from rlsteps.engine.rewards.judge.protocol import JudgeRequest, parse_judge_request
 
 log = logging.getLogger("rlsteps.rewards.judge_server")
 
 
 class Scorer(Protocol):
+    def prompt_text(self, conversation: list[dict[str, str]]) -> str: ...
+
     def score(self, prompts: list[str], responses: list[str]) -> list[float]: ...
 
 
@@ -69,15 +73,24 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind}})
 
 
-def _read_request(raw: bytes) -> tuple[str, str, str]:
-    """(prompt, response_1, response_2) of a chat completions body, or ValueError with the reason."""
+def _read_request(raw: bytes) -> tuple[JudgeRequest, bool]:
+    """The judge request of a chat completions body and whether it asks for structured output, or ValueError
+    with the reason."""
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ValueError("the request body is not JSON") from None
     if not isinstance(body, dict) or "messages" not in body:
         raise ValueError("the request body has no 'messages'")
-    return parse_judge_request(body["messages"])
+    response_format = body.get("response_format") or {}
+    structured = isinstance(response_format, dict) and response_format.get("type") in ("json_schema", "json_object")
+    return parse_judge_request(body["messages"]), structured
+
+
+def answer_text(judgement: dict[str, float], structured: bool) -> str:
+    """The judge's answer: a bare JSON object under structured output, else a fenced json block."""
+    text = json.dumps(judgement)
+    return text if structured else f"```json\n{text}\n```"
 
 
 def create_app(scorer: Scorer, model_name: str = "tiny-judge", token: str | None = None) -> FastAPI:
@@ -85,9 +98,10 @@ def create_app(scorer: Scorer, model_name: str = "tiny-judge", token: str | None
     app = FastAPI(title="rlsteps judge")
     score_lock = threading.Lock()  # one forward pass at a time: requests arrive on several threads
 
-    def score_pair(prompt: str, response_1: str, response_2: str) -> list[float]:
+    def score_pair(request: JudgeRequest) -> list[float]:
         with score_lock:
-            return scorer.score([prompt, prompt], [response_1, response_2])
+            prompt = scorer.prompt_text(request.conversation)
+            return scorer.score([prompt, prompt], [request.response_1, request.response_2])
 
     def authorised(request: Request) -> bool:
         return bearer_matches(request.headers.get("authorization", ""), token)
@@ -109,15 +123,15 @@ def create_app(scorer: Scorer, model_name: str = "tiny-judge", token: str | None
                 "authentication_error",
             )
         try:
-            prompt, response_1, response_2 = _read_request(await request.body())
+            judge_request, structured = _read_request(await request.body())
         except ValueError as err:
             return _error(400, str(err))
         try:
-            reward_1, reward_2 = await run_in_threadpool(score_pair, prompt, response_1, response_2)
+            reward_1, reward_2 = await run_in_threadpool(score_pair, judge_request)
         except Exception as err:  # noqa: BLE001 - the scorer failed; the log has the traceback
             log.exception("scoring failed")
             return _error(500, f"scoring failed: {type(err).__name__}: {err}", "server_error")
-        content = "```json\n" + json.dumps(judgement_from_rewards(reward_1, reward_2)) + "\n```"
+        content = answer_text(judgement_from_rewards(reward_1, reward_2), structured)
         return JSONResponse(chat_completion(content, model_name))
 
     return app

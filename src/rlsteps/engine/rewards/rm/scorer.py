@@ -58,6 +58,13 @@ class RewardScorer:
             )
         return int(config.pad_token_id)
 
+    def prompt_text(self, conversation: list[dict[str, str]]) -> str:
+        """A conversation as this model reads a prompt: its own chat template with the generation prompt, or
+        the messages' contents one after another when its tokenizer has no template."""
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        return "\n\n".join(message["content"] for message in conversation)
+
     def encode(self, prompts: list[str], responses: list[str]) -> list[list[int]]:
         """Token ids of `reward_input_text` per pair, truncated from the left to max_length."""
         if len(prompts) != len(responses):

