@@ -1,6 +1,6 @@
 import pytest
 
-from rlsteps.engine.loop import StepStats
+from rlsteps.engine.loop import StepStats, planned_steps
 
 
 def test_losses_add_up_extremes_keep_extremes_and_means_are_token_weighted():
@@ -22,3 +22,28 @@ def test_losses_add_up_extremes_keep_extremes_and_means_are_token_weighted():
 
 def test_no_optimizer_step_gives_no_loss_statistics():
     assert StepStats().result() == {}
+
+
+def _recipe_config(**train):
+    from rlsteps.engine.config import RSConfig
+
+    return RSConfig.model_validate(
+        {
+            "algorithm": "rs",
+            "inputs": {"prompts": "p.jsonl", "policy": "pol"},
+            "output": {"dir": "out"},
+            "rollout": {"prompts_per_step": 16, "top_n_rollouts": 1},
+            "train": train,
+        }
+    )
+
+
+def test_max_steps_runs_in_full_unless_a_set_max_epochs_ends_the_data_first_and_says_so(caplog):
+    said = []
+    # 256 prompts at 16 per step: 16 steps per epoch
+    assert planned_steps(_recipe_config(max_steps=40), 256, said.append) == 40  # max_epochs unset: 3 epochs
+    assert said == ["40 steps (train.max_steps) over 256 prompts at 16 per step: 3 epoch(s) of 16 steps"]
+    assert planned_steps(_recipe_config(max_steps=40, max_epochs=3), 256, said.append) == 40
+    with caplog.at_level("WARNING"):
+        assert planned_steps(_recipe_config(max_steps=40, max_epochs=1), 256, said.append) == 16
+    assert "running 16 steps, not train.max_steps=40" in caplog.text and "set train.max_epochs=3" in caplog.text

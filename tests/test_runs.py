@@ -30,6 +30,11 @@ def _mean(values):
     return sum(values) / len(values)
 
 
+# the hidden true reward of greedy (rs, reinforce) or sampled (rlhf's judge compares two) validation answers
+# rises by at least this much; measured: rs -0.5 -> 1.0, reinforce -0.5 -> 1.0, rlhf 0.35 -> 0.93
+TRUE_REWARD_GAIN = {"rl/rs": 1.0, "rl/reinforce": 1.0, "rl/rlhf": 0.4}
+
+
 @pytest.mark.parametrize("step, slug", [("rl/rs", "rl_rs"), ("rl/reinforce", "rl_reinforce"), ("rl/rlhf", "rl_rlhf")])
 def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug):
     done = rlsteps("run", step, "-c", "tiny", *FAST, cwd=tmp_path)
@@ -39,6 +44,16 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     assert len(train) == 16 and len(val) == 5  # step 0, then every 4 steps
     assert _mean(train[-4:]) > _mean(train[:4]), train
     assert val[-1] > val[0], val
+    true = series(run, "val/true_reward")  # what the reward model stands for: a hacked reward would not move it
+    assert len(true) == 5 and true[-1] - true[0] >= TRUE_REWARD_GAIN[step], true
+    assert series(run, "train/steps_without_update") == [0] * 16
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert {s["split"] for s in samples} == {"train", "val"} and len(
+        [s for s in samples if s["split"] == "train"]
+    ) == 64
+    assert all({"prompt", "response", "reward", "valid", "ended"} <= s.keys() for s in samples)
+    assert "sample tiny-val-" in done.stderr  # validation shows a couple on the terminal
+    assert "step 16/16" in (run / "train.log").read_text()
     meta = artifact_metadata(run)  # Megatron in (the tiny configs read policy_megatron), Megatron out
     assert meta["type"] == "checkpoint_megatron" and meta["producer"]["step"] == step
     assert meta["counters"] == {
@@ -236,3 +251,31 @@ def test_the_convert_steps_round_trip_the_tiny_policy_bit_for_bit(tiny_world, tm
     (a, tokenizer), (b, _) = load_policy(tiny_world.policy), load_policy(hf)
     tokens = torch.tensor([tokenizer("Describe the castle. The castle looks lovely.").input_ids])
     assert torch.equal(a(tokens).logits, b(tokens).logits)
+
+
+def test_a_run_that_learns_nothing_stops_with_exit_1_instead_of_finishing(tiny_world, tmp_path):
+    """One new token per response: nothing ends with EOS, nothing is learned, and the third such step stops it."""
+    args = ["rollout.sampling.max_new_tokens=1", "train.max_steps=6", "validation.interval=0", *FAST]
+    done = rlsteps("run", "rl/reinforce", "-c", "tiny", *args, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "3 steps in a row made no optimizer update (train.max_steps_without_update=3)" in done.stderr
+    assert "no sample ended with EOS (raise rollout.sampling.max_new_tokens)" in done.stderr
+    assert done.stderr.count("made no optimizer update: no sample ended") == 2  # steps 1 and 2 warned first
+    run = run_dir(tmp_path, "rl_reinforce")
+    assert series(run, "train/steps_without_update") == [1, 2, 3]
+    assert (run / "checkpoints" / "step_3" / "COMPLETE").exists() and not (run / "policy").exists()
+
+
+def test_another_config_into_a_run_directory_with_checkpoints_is_refused(tiny_world, tmp_path):
+    short = ["train.max_steps=2", "validation.interval=0", *FAST]
+    assert rlsteps("run", "rl/rs", "-c", "tiny", *short, cwd=tmp_path).returncode == 0
+    run = run_dir(tmp_path, "rl_rs")
+    before = artifact_metadata(run)
+    changed = rlsteps("run", "rl/rs", "-c", "tiny", *short, "train.lr=1e-4", cwd=tmp_path)
+    assert changed.returncode == 1, changed.stderr[-3000:]
+    assert "holds checkpoints of a run with another config: train.lr (0.0003 -> 0.0001)" in changed.stderr
+    assert "output.dir=NEW_DIR" in changed.stderr
+    assert artifact_metadata(run) == before  # the finished run's output and provenance are untouched
+    longer = rlsteps("run", "rl/rs", "-c", "tiny", "train.max_steps=3", *short[1:], cwd=tmp_path)
+    assert longer.returncode == 0, longer.stderr[-3000:]  # more steps continue the same run
+    assert "resuming from" in longer.stderr and artifact_metadata(run)["counters"]["step"] == 3

@@ -391,9 +391,13 @@ def _no_update_cause(metrics: dict[str, float]) -> str:
     """Why a step changed no weight, from what it logged."""
     if metrics.get("judge/comparisons") and metrics.get("judge/parse_failures") == metrics.get("judge/comparisons"):
         return "no judge answer parsed, so every sample was masked"
+    if metrics.get("train/fraction_scored") == 0:
+        return "no sample had a valid reward"
+    if metrics.get("train/fraction_ended") == 0:
+        return "no sample ended with EOS (raise rollout.sampling.max_new_tokens)"
     if metrics.get("train/skipped_updates"):
         return "the gradient was not finite"
-    return "no sample was usable (none ended with EOS, none had a valid reward, or every advantage was zero)"
+    return "no row was left to learn from (every advantage zero, or every row filtered out)"
 
 
 def _is_reward_failure(error: Exception) -> bool:

@@ -11,6 +11,9 @@ which of the two is better:
     p       = sigmoid((reward_1 - reward_2) / scale)         how likely response 1 is the better one
     ranking = 1 + 5 (1 - p)                                  1 = response 1 much better ... 6 = response 2
 
+Its numbers are fractional, finer than the whole numbers the structured-output schema holds a judge LLM to:
+the reward model's signal is kept, and the client reads any number in range.
+
     rlsteps serve judge --model PATH [--port 8000] [--token-env JUDGE_TOKEN]
     python -m rlsteps.engine.rewards.judge ...      (the same command)
 """
