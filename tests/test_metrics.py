@@ -164,12 +164,13 @@ def test_progress_prints_one_plain_line_per_step_when_not_a_terminal():
     with TrainingProgress(total=5, initial=2, stream=stream) as progress:
         assert not progress.interactive
         progress.update(3, {"train/reward": 0.5, "train/loss": 1.25})
-        progress.update(4, {"train/reward": float("nan")})
+        progress.update(4, {"train/reward": float("nan"), "train/steps_without_update": 1})
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("step 3/5") and "reward 0.5" in lines[0] and "loss 1.25" in lines[0]
-    assert "eta 0:00:0" in lines[0] and "s  eta" in lines[0]
+    assert "eta 0:00:0" in lines[0] and "s  eta" in lines[0] and "without update" not in lines[0]
     assert lines[1].startswith("step 4/5") and "reward -" in lines[1] and "loss -" in lines[1]
+    assert lines[1].endswith("steps without update 1")
 
 
 def test_progress_draws_a_rich_bar_on_a_terminal():

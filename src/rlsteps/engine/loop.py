@@ -395,9 +395,7 @@ def _no_update_cause(metrics: dict[str, float]) -> str:
         return "no sample had a valid reward"
     if metrics.get("train/fraction_ended") == 0:
         return "no sample ended with EOS (raise rollout.sampling.max_new_tokens)"
-    if metrics.get("train/skipped_updates"):
-        return "the gradient was not finite"
-    return "no row was left to learn from (every advantage zero, or every row filtered out)"
+    return "no row was left to learn from (every advantage zero, every row filtered out, or a non-finite gradient)"
 
 
 def _is_reward_failure(error: Exception) -> bool:

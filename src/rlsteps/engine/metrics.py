@@ -22,6 +22,7 @@ from typing import Any, TextIO
 logger = logging.getLogger(__name__)
 
 RESERVED_KEYS = ("step", "time")
+IDLE_STEPS_KEY = "train/steps_without_update"  # shown beside the progress once a step changed no weight
 
 
 def to_json_number(value: Any) -> int | float | None:
@@ -277,6 +278,8 @@ class TrainingProgress:
             f"reward {_fmt(metrics.get(self.reward_key))}  loss {_fmt(metrics.get(self.loss_key))}  "
             f"step {step_seconds:.2f}s  eta {_duration(eta)}"
         )
+        if metrics.get(IDLE_STEPS_KEY):
+            stats += f"  steps without update {int(metrics[IDLE_STEPS_KEY])}"
         if self._progress is not None:
             self._progress.update(self._task, completed=step, stats=stats)
         else:

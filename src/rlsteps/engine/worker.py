@@ -20,7 +20,8 @@ from rlsteps.engine.artifact import config_hash, input_versions, write_artifact
 from rlsteps.engine.config import STEP_SCHEMAS, ConvertConfig, RecipeConfig
 
 log = logging.getLogger("rlsteps")
-PLOTTED = ["train/reward", "val/reward_mean", "val/true_reward", "train/loss", "train/response_length"]
+PLOTTED = ["train/reward", "val/reward_mean", "train/loss", "train/response_length"]  # and val/<reward function>
+SUMMARISED = ["train/reward", "val/reward_mean"]  # first -> last at the end of a run, and val/<reward function>
 STEP_LOGGER = "rlsteps.steps"  # the loop's one line per step: train.log only
 
 
@@ -60,7 +61,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
         return 1
     _write_output(cfg, model, tokenizer, counters, run_dir, job, versions)
     if not isinstance(cfg, ConvertConfig):
-        _summarise(run_dir)
+        _summarise(run_dir, [f"val/{name}" for name in cfg.validation.reward_functions])
     return 0
 
 
@@ -142,16 +143,19 @@ def _write_output(
     log.info("output artifact (%s): %s", form, target)
 
 
-def _summarise(run_dir: Path) -> None:
+def _summarise(run_dir: Path, extra_keys: list[str]) -> None:
     from rlsteps.engine.metrics import metric_series, plot_metrics, read_metrics
 
     records = read_metrics(run_dir / "metrics.jsonl")
-    for key in ("train/reward", "val/reward_mean"):
+    for key in SUMMARISED + extra_keys:
         steps, values = metric_series(records, key)
         if len(values) >= 2:
             log.info("%s: %.4f at step %d -> %.4f at step %d", key, values[0], steps[0], values[-1], steps[-1])
+    steps, idle = metric_series(records, "train/steps_without_update")
+    if idle and idle[-1]:
+        log.warning("%d of %d steps made no optimizer update (train/steps_without_update)", idle[-1], steps[-1])
     try:
-        png = plot_metrics(run_dir / "metrics.jsonl", run_dir / "metrics.png", PLOTTED)
+        png = plot_metrics(run_dir / "metrics.jsonl", run_dir / "metrics.png", PLOTTED[:2] + extra_keys + PLOTTED[2:])
         log.info("metrics plot: %s", png)
     except (ValueError, ImportError) as error:
         log.warning("no metrics plot: %s", error)
