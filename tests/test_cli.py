@@ -80,12 +80,22 @@ def test_steps_run_is_the_same_command():
         (["run", "rs", "-c", "nope", "-d"], 2, "config 'nope' not found"),
         (["run", "rs", "-c", "tiny", "-r", "nowhere", "-d"], 2, "unknown profile 'nowhere'"),
         (["run", "rs", "-c", "tiny", "-d", "rollout.top_n_rollouts=99"], 2, "exceeds rollout.num_rollouts_per_prompt"),
-        (["run", "rs", "-d"], 2, "inputs.prompts' is required"),
+        (["run", "rs"], 2, "required config keys without a value: inputs.policy, inputs.prompts"),
     ],
 )
 def test_usage_errors_exit_2_with_the_cause(argv, code, message):
     result = invoke(*argv)
     assert result.exit_code == code and message in result.output
+
+
+def test_a_dry_run_shows_everything_the_run_still_needs_at_once_and_exits_0():
+    result = invoke("run", "rl/rlhf", "-c", "default", "--dry-run")
+    assert result.exit_code == 0, result.output
+    needed = result.output[result.output.index("the run will need") : result.output.index("input artifacts")]
+    for line in ("inputs.prompts=PATH", "inputs.policy=PATH", "inputs.judge_model=PATH", "(or judge.url=VALUE)"):
+        assert line in needed
+    given = invoke("run", "rl/rlhf", "-c", "default", "--dry-run", "judge.url=http://judge:8000/v1")
+    assert given.exit_code == 0 and "judge_model=PATH" not in given.output
 
 
 def test_subprocess_errors_print_cause_and_fix_on_one_line_each(tmp_path):

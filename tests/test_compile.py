@@ -84,9 +84,13 @@ def test_schema_errors_are_one_line_and_name_the_key(rs, override, fragment):
     assert fragment in err.value.message and "\n" not in err.value.message
 
 
-def test_mandatory_inputs_must_be_given(rs):
-    with pytest.raises(UsageError, match="inputs.prompts' is required"):
+def test_mandatory_keys_must_be_given_and_are_named_all_at_once(rs):
+    with pytest.raises(UsageError) as refused:
         compile_job(rs, "default")
+    assert refused.value.message == "required config keys without a value: inputs.policy, inputs.prompts"
+    assert refused.value.fix == "pass inputs.policy=VALUE inputs.prompts=VALUE"
+    job = compile_job(rs, "default", allow_unset=True)  # a dry run: they are what the run will need
+    assert job.unset_keys == ["inputs.policy", "inputs.prompts"] and job.config["inputs"]["policy"] == "???"
 
 
 def test_profile_overlay_then_cli_overrides_win(rs, tmp_path):

@@ -21,6 +21,9 @@ SMALL = [
 ]  # fmt: skip
 
 
+PROMPTS_4 = "rollout.prompts_per_step=4"  # later overrides win
+
+
 @pytest.fixture(scope="module")
 def judge_url(tiny_world, tmp_path_factory):
     with vllm_judge(smollm2_hf(), tmp_path_factory.mktemp("vllm") / "vllm.log") as url:
@@ -49,7 +52,8 @@ def test_structured_output_makes_every_answer_parse_and_the_run_completes(judge_
 
 def test_free_text_answers_that_do_not_parse_stop_the_run_with_the_answers_shown(judge_url, tmp_path):
     options = [*_judge_options(judge_url), "judge.structured_output=none", "judge.max_retries=0"]
-    done = rlsteps("run", "rl/rlhf", "-c", "tiny", *options, "train.max_steps=3", *SMALL, cwd=tmp_path)
+    # four comparisons at the first step: the default limit (more than half unparsable) needs three to fail
+    done = rlsteps("run", "rl/rlhf", "-c", "tiny", *options, "train.max_steps=3", *SMALL, PROMPTS_4, cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "the judge's answers did not parse in" in done.stderr and "judge.max_parse_failure_rate=0.5" in done.stderr
     assert "in the judge's answer:" in done.stderr  # the answers themselves are quoted

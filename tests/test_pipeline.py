@@ -207,14 +207,6 @@ def test_a_slurm_batch_pipeline_submits_dependent_jobs_and_returns_at_once(proje
     assert "policy: .rlsteps/pipelines/tiny/rs/policy" in (job_dirs["rl_reinforce"] / "config.yaml").read_text()
 
 
-def test_publishing_without_a_store_fails_before_any_stage_runs(project, monkeypatch):
-    monkeypatch.delenv("RLSTEPS_ARTIFACTS", raising=False)
-    pipeline = write(project / "p.yaml", "name: p\nstages:\n  - {name: rs, step: rl/rs, config: tiny, publish: x}\n")
-    done = invoke("pipeline", "run", str(pipeline))
-    assert done.exit_code == 2 and "no artifact store is configured" in done.stderr
-    assert not (project / ".rlsteps").exists()
-
-
 def test_a_stage_is_fresh_only_with_the_same_config_hash_and_input_versions(project):
     from rlsteps.engine.artifact import input_versions
     from rlsteps.plan.compile import worker_config_hash

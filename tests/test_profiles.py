@@ -38,3 +38,12 @@ def test_extends_cycle_and_unknown_profiles_are_errors(tmp_path):
     with pytest.raises(UsageError) as err:
         resolve_profile("slurm_bigg", [f])
     assert "slurm_big" in err.value.fix
+
+
+def test_local_is_built_in_and_a_file_may_redefine_it(tmp_path):
+    assert resolve_profile("local", []).settings == {"executor": "local"}
+    assert resolve_profile("local", []).source == "built in"
+    f = tmp_path / "p.yaml"
+    f.write_text("profiles:\n  local: {executor: local, env_vars: {A: '1'}}\n  mine: {extends: local}\n")
+    assert resolve_profile("mine", [f]).settings == {"executor": "local", "env_vars": {"A": "1"}}
+    assert resolve_profile("local", [f]).source == str(f)

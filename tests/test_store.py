@@ -82,12 +82,10 @@ def test_references_resolve_to_the_right_version(catalog, tmp_path, monkeypatch)
     assert resolve_reference("/some/path") == "/some/path"
 
 
-def test_no_configured_store_is_a_usage_error_with_the_fix(tmp_path, monkeypatch):
+def test_with_no_store_configured_the_project_state_directory_holds_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RLSTEPS_ARTIFACTS", raising=False)
-    with pytest.raises(UsageError) as err:
-        store_root()
-    assert "artifacts: {root: DIR_OR_URL}" in err.value.fix
+    assert store_root() == str(tmp_path / ".rlsteps" / "artifacts")
 
 
 def test_a_remote_store_through_fsspec_memory_filesystem(catalog, tmp_path):

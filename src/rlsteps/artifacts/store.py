@@ -26,6 +26,7 @@ from rlsteps.engine.artifact import METADATA_FILE, fingerprint
 from rlsteps.errors import ArtifactError, UsageError
 
 ROOT_ENV = "RLSTEPS_ARTIFACTS"
+DEFAULT_ROOT = Path(".rlsteps") / "artifacts"  # under the project's state directory when nothing is configured
 SCHEME = "artifact:"
 VERSION_DIR = re.compile(r"v(\d+)")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -51,17 +52,14 @@ class Version:
 
 
 def store_root() -> str:
-    """$RLSTEPS_ARTIFACTS, else `artifacts.root` in ./rlsteps.yaml; a relative local root is taken from the cwd."""
+    """$RLSTEPS_ARTIFACTS, else `artifacts.root` in ./rlsteps.yaml, else ./.rlsteps/artifacts (the project's state
+    directory, beside its jobs and runs); a relative local root is taken from the cwd."""
     root = os.environ.get(ROOT_ENV)
     settings = Path.cwd() / "rlsteps.yaml"
     if not root and settings.is_file():
         raw = OmegaConf.to_container(OmegaConf.load(settings), resolve=False) or {}
         root = ((raw.get("artifacts") or {}) if isinstance(raw, dict) else {}).get("root")
-    if not root:
-        raise UsageError(
-            "no artifact store is configured",
-            fix=f"add `artifacts: {{root: DIR_OR_URL}}` to ./rlsteps.yaml or set {ROOT_ENV}",
-        )
+    root = root or DEFAULT_ROOT
     return str(root) if "://" in str(root) else str(Path(str(root)).expanduser().absolute())
 
 

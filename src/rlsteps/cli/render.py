@@ -96,8 +96,10 @@ def dry_run(compiled: Compiled) -> Group:
             "wrong_type": "[red]wrong type[/]",
         }[item.status]
         inputs.add_row(item.name, item.key, item.ref or "-", item.required_type, status)
-    parts = [
-        Panel(summary, title="[bold]dry run[/]: nothing was written, started or sent"),
+    parts = [Panel(summary, title="[bold]dry run[/]: nothing was written, started or sent")]
+    if compiled.needs:
+        parts.append(Panel("\n".join(compiled.needs), title="[yellow]the run will need[/] (required, not given yet)"))
+    parts += [
         inputs,
         Panel(Syntax(shlex.join(mask_argv(plan.command)), "bash", word_wrap=True), title="command"),
     ]

@@ -37,6 +37,7 @@ class Job(BaseModel):
     argv: list[str]
     created: str
     depends_on: list[str] = []  # batch job ids that must succeed first (pipeline stages on Slurm)
+    unset_keys: list[str] = []  # required keys without a value: only a dry run compiles such a job
 
     def public_config(self) -> dict[str, Any]:
         return secrets.mask(self.config)

@@ -98,12 +98,21 @@ def compile_job(
     force_squash: bool = False,
     argv: list[str] = (),
     depends_on: list[str] = (),
+    allow_unset: bool = False,
 ) -> Job:
+    """The job for a step's config, profile and overrides. Required keys left unset (???) are refused all at once,
+    unless allow_unset (a dry run): then the job lists them as what the run will need."""
     source = config_source(step, config_ref)
     cfg = load_config_chain(source)
     if profile is not None and profile.config_overlay:
         cfg = OmegaConf.merge(cfg, profile.config_overlay)
     cfg = apply_overrides(cfg, list(overrides))
+    unset = sorted(OmegaConf.missing_keys(cfg))
+    if unset and not allow_unset:
+        raise UsageError(
+            f"required config {'keys' if len(unset) > 1 else 'key'} without a value: {', '.join(unset)}",
+            fix="pass " + " ".join(f"{key}=VALUE" for key in unset),
+        )
     resolved = _resolve(cfg)
     _validate(step, resolved)
     created = time.strftime("%Y%m%d-%H%M%S")
@@ -125,16 +134,18 @@ def compile_job(
         argv=list(argv),
         depends_on=list(depends_on),
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        unset_keys=unset,
     )
 
 
 def _resolve(cfg: DictConfig) -> dict[str, Any]:
+    """The plain config; a key still unset stays "???" (only a dry run gets here with one)."""
     try:
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
-        if "Missing mandatory value" in str(err):
-            raise UsageError(f"config key '{key}' is required and has no value", fix=f"pass {key}=VALUE") from err
+        if "Missing mandatory value" in str(err):  # an interpolation of an unset key
+            raise UsageError(f"config key '{key}' refers to a key without a value", fix=f"pass {key}=VALUE") from err
         raise UsageError(f"config key '{key}': {str(err).splitlines()[0]}") from err
 
 

@@ -1,7 +1,8 @@
 """Run and batch profiles: where and how a step runs.
 
 Profiles are read from ./rlsteps.yaml, then $RLSTEPS_PROFILES, then ~/.config/rlsteps/profiles.yaml;
-the first file that defines a name wins. A profile may `extends:` another (cycles are errors).
+the first file that defines a name wins. Built in, under every file: `local` (this machine), so `-b local`
+detaches a run with no file at all. A profile may `extends:` another (cycles are errors).
 Each file holds a `profiles:` mapping of name -> settings; `executor` names the launcher.
 A profile's optional `config:` mapping is merged over the step config (cluster paths, devices).
 """
@@ -19,6 +20,8 @@ from omegaconf import OmegaConf
 from rlsteps.errors import UsageError
 
 PROFILES_ENV = "RLSTEPS_PROFILES"
+BUILTIN_SOURCE = "built in"
+BUILTIN_PROFILES: dict[str, dict[str, Any]] = {"local": {"executor": "local"}}
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ def load_profiles(files: list[Path] | None = None) -> dict[str, tuple[dict[str, 
             raise UsageError(f"{path}: `profiles:` must be a mapping of name -> settings")
         for name, settings in profiles.items():
             found.setdefault(str(name), (settings or {}, str(path)))
+    for name, settings in BUILTIN_PROFILES.items():
+        found.setdefault(name, (settings, BUILTIN_SOURCE))
     return found
 
 

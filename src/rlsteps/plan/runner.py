@@ -6,7 +6,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlsteps.artifacts.inputs import ResolvedInput, check_inputs, lookup, resolve_inputs, with_value
+from rlsteps.artifacts.inputs import (
+    ResolvedInput,
+    check_inputs,
+    lookup,
+    required_here,
+    resolve_inputs,
+    type_phrase,
+    with_value,
+)
 from rlsteps.artifacts.store import SCHEME, resolve_reference
 from rlsteps.catalog import Catalog, Step
 from rlsteps.errors import RunFailed, UsageError
@@ -40,6 +48,7 @@ class Compiled:
     plan: LaunchPlan
     job_dir: Path
     inputs: list[ResolvedInput]
+    needs: list[str]  # what the run needs that the config does not give yet (key=VALUE lines)
 
 
 def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
@@ -63,12 +72,28 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
         force_squash=request.force_squash,
         argv=list(request.argv),
         depends_on=list(request.after),
+        allow_unset=request.dry_run,
     )
     job = _with_store_references(step, job)
     job_dir = planned_job_dir(job)
     plan = get_launcher(job.executor).plan(job, job_dir)
-    inputs = check_inputs(catalog, step, job.config, dict(request.promised), built_before_run=_tiny_world_built_by(job))
-    return Compiled(job=job, plan=plan, job_dir=job_dir, inputs=inputs)
+    config = job.config
+    for key in job.unset_keys:  # an unset input is "not set" in the dry run's table, not a path named ???
+        config = with_value(config, key, None)
+    inputs = check_inputs(catalog, step, config, dict(request.promised), built_before_run=_tiny_world_built_by(job))
+    needs = _needs(catalog, step, config, inputs, job.unset_keys)
+    return Compiled(job=job, plan=plan, job_dir=job_dir, inputs=inputs, needs=needs)
+
+
+def _needs(catalog: Catalog, step: Step, config: dict, inputs: list[ResolvedInput], unset: list[str]) -> list[str]:
+    """Every required input not given and every other required key without a value, as the lines that set them."""
+    needs, input_keys = [], set()
+    for spec, item in zip(step.consumes, inputs):
+        if item.status == "absent" and required_here(spec, config):
+            alternative = f" (or {spec.required_unless}=VALUE)" if spec.required_unless else ""
+            needs.append(f"{spec.key}=PATH   a {type_phrase(catalog, spec.type)}{alternative}")
+            input_keys.add(spec.key)
+    return needs + [f"{key}=VALUE" for key in unset if key not in input_keys]
 
 
 def _tiny_world_built_by(job: Job) -> str | None:
