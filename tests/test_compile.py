@@ -117,3 +117,14 @@ def test_secrets_are_masked_in_public_views_and_carried_by_environment(rs):
     assert job.worker_config()["rm"]["token"] == "${oc.env:RLSTEPS_SECRET_RM_TOKEN}"
     assert job.secret_env() == {"RLSTEPS_SECRET_RM_TOKEN": "s3cret"}
     assert job.public_config()["rollout"]["sampling"]["max_new_tokens"] == 32  # not a secret
+
+
+def test_an_unknown_key_suggests_adding_it_only_where_the_schema_takes_new_keys(rs):
+    with pytest.raises(UsageError) as section:
+        compile_job(rs, "tiny", overrides=["train.lrr=1"])
+    assert section.value.fix == "did you mean 'train.lr'?"  # +train.lrr would be refused by the schema
+    with pytest.raises(UsageError) as inputs:
+        compile_job(rs, "tiny", overrides=["inputs.extra_prompts=x.jsonl"])
+    assert "(use +inputs.extra_prompts=... to add a new input)" in inputs.value.fix
+    job = compile_job(rs, "tiny", overrides=["+inputs.extra_prompts=x.jsonl"])
+    assert job.config["inputs"]["extra_prompts"] == "x.jsonl"

@@ -148,13 +148,19 @@ def test_a_reused_pid_is_not_taken_for_the_job(here):
     assert LAUNCHER.status(impostor).state is JobState.FAILED
 
 
-def test_an_attached_run_is_recorded_with_its_exit_code(here):
+def test_an_attached_run_is_recorded_with_its_exit_code_and_its_run_log(here, monkeypatch):
+    monkeypatch.chdir(here)
     compiled = compile_request(load_catalog(), RunRequest(step="rs", config="tiny"))
     record = LAUNCHER.record(compiled.job, Submission(job_id=compiled.job.name, job_dir=here, exit_code=3))
     status = LAUNCHER.status(record)
     assert status.state is JobState.FAILED and "exit code 3" in status.detail
-    with pytest.raises(UsageError, match="ran attached"):
+    run_log = here / ".rlsteps" / "runs" / "rl_rs-tiny" / "train.log"
+    assert record.extra["run_log"] == str(run_log)
+    with pytest.raises(UsageError, match="ran attached and its run's log is gone"):
         LAUNCHER.logs(record)
+    run_log.parent.mkdir(parents=True)
+    run_log.write_text("INFO step 1/16\nERROR rewards unavailable\n")
+    assert list(LAUNCHER.logs(record)) == ["INFO step 1/16", "ERROR rewards unavailable"]
     with pytest.raises(UsageError, match="ran attached"):
         LAUNCHER.cancel(record)
 

@@ -71,8 +71,8 @@ class LocalLauncher:
         if submission.exit_code is None:
             pid = int(submission.job_id)
             extra |= {"pid": pid, "pid_started": _process_start(pid), "log": str(submission.job_dir / LOG_FILE)}
-        else:
-            extra["exit_code"] = submission.exit_code
+        else:  # attached: the terminal had its output; the run's own log stays in its run directory
+            extra |= {"exit_code": submission.exit_code, "run_log": str(_run_log(job))}
         return JobRecord.of(self.name, job, submission, extra)
 
     def status(self, record: JobRecord) -> JobStatus:
@@ -90,12 +90,15 @@ class LocalLauncher:
         )
 
     def logs(self, record: JobRecord, follow: bool = False) -> Iterator[str]:
-        if "log" not in record.extra:
+        if "log" in record.extra:
+            return read_log(Path(record.extra["log"]), follow, finished=lambda: self.status(record).state.ended)
+        run_log = Path(record.extra.get("run_log", ""))
+        if not run_log.is_file():
             raise UsageError(
-                f"job {Path(record.job_dir).name} ran attached: its output went to the terminal",
-                fix="see train.log in the run's output directory",
+                f"job {Path(record.job_dir).name} ran attached and its run's log is gone ({run_log})",
+                fix="its output went to the terminal; the run directory holds what is left",
             )
-        return read_log(Path(record.extra["log"]), follow, finished=lambda: self.status(record).state.ended)
+        return read_log(run_log)  # an attached run has ended by the time its record is written
 
     def cancel(self, record: JobRecord) -> None:
         if "pid" not in record.extra:
@@ -110,6 +113,11 @@ class LocalLauncher:
         if not _wait_for_group_exit(group, CANCEL_GRACE_S):
             _signal_group(group, signal.SIGKILL)
             _wait_for_group_exit(group, KILL_WAIT_S)
+
+
+def _run_log(job: Job) -> Path:
+    """The worker's train.log in the run directory (output.dir, relative to where rlsteps ran)."""
+    return (Path(str(job.config.get("output", {}).get("dir", "."))) / "train.log").absolute()
 
 
 def _from_exit_code(code: int, where: str) -> JobStatus:

@@ -211,6 +211,8 @@ def _closest_key_hint(cfg: DictConfig, key: str) -> str:
     if not close:  # a right leaf under a wrong section: match on the last part
         leaf = key.rsplit(".", 1)[-1]
         close = [k for k in keys if k.rsplit(".", 1)[-1] == leaf][:1]
-    return (
-        f"did you mean '{close[0]}'? (use +{key}=... to add a new key)" if close else f"use +{key}=... to add a new key"
-    )
+    # a new key with + is only welcome where the schema takes any key (a step's own inputs)
+    adding = f" (use +{key}=... to add a new input)" if key.startswith("inputs.") else ""
+    if close:
+        return f"did you mean '{close[0]}'?{adding}"
+    return f"use +{key}=... to add a new input" if adding else "see `rlsteps run STEP -c CONFIG --dry-run` for its keys"
