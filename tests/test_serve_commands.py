@@ -47,9 +47,10 @@ def test_the_reward_model_server_takes_its_length_and_batch_options_from_both():
 
 
 @pytest.mark.parametrize("name", sorted(SERVERS))
-def test_an_unset_token_variable_is_a_usage_error_in_both(name, monkeypatch):
+def test_an_unset_token_variable_is_a_usage_error_in_both(name, monkeypatch, tmp_path):
     monkeypatch.delenv("RLSTEPS_TEST_UNSET_TOKEN", raising=False)
-    args = ("--model", "unused", "--token-env", "RLSTEPS_TEST_UNSET_TOKEN")
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForSequenceClassification"]}')
+    args = ("--model", str(tmp_path), "--token-env", "RLSTEPS_TEST_UNSET_TOKEN")
     from_rlsteps = run_cli("serve", name, *args)
     from_module = _python_m(SERVERS[name], *args)
     for code, text in ((from_rlsteps.exit_code, from_rlsteps.output), (from_module.returncode, from_module.stderr)):
@@ -65,3 +66,19 @@ def test_the_server_commands_import_no_server_and_no_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", sorted(SERVERS))
+def test_a_wrong_model_folder_is_one_line_with_the_fix_before_anything_loads(name, tmp_path):
+    causal_lm = tmp_path / "lm"
+    causal_lm.mkdir()
+    (causal_lm / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    cases = {
+        str(tmp_path / "nowhere"): "is not a folder",
+        str(tmp_path): "has no readable config.json",
+        str(causal_lm): "holds LlamaForCausalLM, not a reward model",
+    }
+    for model, reason in cases.items():
+        done = run_cli("serve", name, "--model", model)
+        assert done.exit_code == 2 and reason in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) <= 8

@@ -6,9 +6,19 @@ from typing import Annotated
 
 import typer
 
-from rlsteps.engine.rewards.serve_command import Device, Host, Port, TokenEnv, run_as_program, server_setup
+from rlsteps.engine.rewards.serve_command import (
+    Device,
+    Host,
+    Port,
+    TokenEnv,
+    reward_model_folder,
+    run_as_program,
+    server_setup,
+)
 
-Model = Annotated[str, typer.Option("--model", help="A scalar reward model directory to judge with.")]
+Model = Annotated[
+    str, typer.Option("--model", callback=reward_model_folder, help="A scalar reward model directory to judge with.")
+]
 ModelName = Annotated[str, typer.Option("--model-name", help="The model name clients send and /v1/models lists.")]
 
 

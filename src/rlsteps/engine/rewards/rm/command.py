@@ -6,9 +6,22 @@ from typing import Annotated
 
 import typer
 
-from rlsteps.engine.rewards.serve_command import Device, Host, Port, TokenEnv, run_as_program, server_setup
+from rlsteps.engine.rewards.serve_command import (
+    Device,
+    Host,
+    Port,
+    TokenEnv,
+    reward_model_folder,
+    run_as_program,
+    server_setup,
+)
 
-Model = Annotated[str, typer.Option("--model", help="A Hugging Face sequence-classification reward model directory.")]
+Model = Annotated[
+    str,
+    typer.Option(
+        "--model", callback=reward_model_folder, help="A Hugging Face sequence-classification reward model directory."
+    ),
+]
 
 
 def serve_reward_model(
