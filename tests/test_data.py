@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import fsspec
 import pytest
@@ -9,6 +11,7 @@ from transformers import PreTrainedTokenizerFast
 from rlsteps.engine.data import (
     Prompt,
     PromptFileError,
+    check_prompt_file,
     encode_prompt_text,
     load_prompts,
     prompt_indices,
@@ -210,3 +213,15 @@ def test_order_is_a_pure_function_of_seed_and_consumed_samples():
 def test_negative_consumed_samples_is_an_error():
     with pytest.raises(ValueError, match="consumed_samples"):
         prompt_indices(0, -1, 3, 10)
+
+
+def test_check_prompt_file_parses_every_line_without_a_tokenizer_and_imports_no_torch(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n" + json.dumps({"prompt": "a"}))
+    assert check_prompt_file(str(good)) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"messages": [{"role": "robot", "content": "x"}]}))
+    with pytest.raises(PromptFileError, match=r"bad.jsonl:2: messages\[0\].role must be one of"):
+        check_prompt_file(str(bad))
+    code = "import sys, rlsteps.engine.data; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -1,6 +1,7 @@
 """Tiny steps end to end, as a user runs them: real servers on loopback, real weights, real files."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -137,10 +138,12 @@ def test_unreachable_reward_server_fails_fast_with_the_url_and_the_fix(tiny_worl
 def test_malformed_prompt_file_fails_before_training_with_file_and_line(tiny_world, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "Describe the cat."}\n{"prompt": "Describe the dog."\n')
+    started = time.monotonic()
     done = rlsteps("run", "rs", "-c", "tiny", f"inputs.prompts={bad}", *FAST, cwd=tmp_path, timeout=300)
-    assert done.returncode == 1
-    assert f"{bad}:2:" in done.stderr and "Traceback" not in done.stderr
-    assert not (run_dir(tmp_path, "rl_rs") / "checkpoints").exists()
+    assert done.returncode == 3, done.stderr  # a bad input artifact, found before the job starts
+    assert f"input 'prompts': {bad}:2: invalid JSON" in done.stderr and "Traceback" not in done.stderr
+    assert time.monotonic() - started < 20  # no server started, no policy loaded
+    assert not (tmp_path / ".rlsteps" / "jobs").exists() and not run_dir(tmp_path, "rl_rs").exists()
 
 
 @pytest.mark.parametrize("arch, output", [("qwen2", "checkpoint_megatron"), ("gpt2", "checkpoint_hf")])

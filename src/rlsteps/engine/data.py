@@ -15,7 +15,6 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import fsspec
-import torch
 
 CHAT_ROLES = ("system", "user", "assistant")
 
@@ -46,8 +45,17 @@ class PromptFileError(ValueError):
 # Loading
 
 
-def load_prompts(path: str, tokenizer: Any, max_prompt_tokens: int | None = None) -> list[Prompt]:
-    """Read and validate every line of a prompt JSONL file (a local path or an fsspec URL)."""
+def check_prompt_file(path: str) -> int:
+    """Every line's structure (JSON, "prompt" or "messages", roles, ids), as far as it can be checked without the
+    policy's tokenizer: in seconds, before a run starts anything. The number of prompts, or PromptFileError."""
+    return len(load_prompts(path, tokenizer=None))
+
+
+def load_prompts(path: str, tokenizer: Any | None, max_prompt_tokens: int | None = None) -> list[Prompt]:
+    """Read and validate every line of a prompt JSONL file (a local path or an fsspec URL).
+
+    tokenizer None checks the structure only (check_prompt_file): chat messages are not rendered then.
+    """
     stem = PurePosixPath(path).stem
     prompts: list[Prompt] = []
     first_line_of: dict[str, int] = {}
@@ -87,7 +95,7 @@ def _parse_line(line: str, default_id: str, tokenizer: Any) -> Prompt:
             raise ValueError(f'"prompt" must be a string, got {type(text).__name__}')
     else:
         checked = _check_messages(record["messages"])
-        text = _render_chat(checked, tokenizer)
+        text = _render_chat(checked, tokenizer) if tokenizer is not None else "".join(m["content"] for m in checked)
         messages = tuple((m["role"], m["content"]) for m in checked)
     if not text:
         raise ValueError("the prompt is empty")
@@ -193,6 +201,8 @@ def prompt_indices(seed: int, consumed_samples: int, prompts_per_step: int, num_
     per_epoch = steps_per_epoch(num_prompts, prompts_per_step)
     step = consumed_samples // prompts_per_step
     epoch, position = divmod(step, per_epoch)
+    import torch  # here only: the rest of this module is torch-free, so the submitting side can check prompt files
+
     generator = torch.Generator().manual_seed(_epoch_seed(seed, epoch))
     order = torch.randperm(num_prompts, generator=generator)
     start = position * prompts_per_step

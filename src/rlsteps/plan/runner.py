@@ -17,7 +17,7 @@ from rlsteps.artifacts.inputs import (
 )
 from rlsteps.artifacts.store import SCHEME, resolve_reference
 from rlsteps.catalog import Catalog, Step
-from rlsteps.errors import RunFailed, UsageError
+from rlsteps.errors import ArtifactError, RunFailed, UsageError
 from rlsteps.launch.base import LaunchPlan, Submission, get_launcher
 from rlsteps.launch.job import Job, Mode
 from rlsteps.plan.compile import compile_job
@@ -124,6 +124,8 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     if _tiny_world_built_by(job) is not None:
         _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
     inputs = resolve_inputs(catalog, step, job.config, promised=dict(request.promised))
+    if job.executor in TINY_WORLD_EXECUTORS:  # the job reads this machine's files: check them before it starts
+        _check_prompt_files(inputs)
     job_dir = create_job_dir(job)
     launcher = get_launcher(job.executor)
     plan = launcher.plan(job, job_dir)
@@ -138,6 +140,22 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
             f"{job.step_id} failed with exit code {submission.exit_code}", fix=f"see the log above and {job_dir}"
         )
     return submission
+
+
+def _check_prompt_files(inputs: list[ResolvedInput]) -> None:
+    """Every line of every prompt file given, parsed now: a bad line fails in seconds with exit 3 and its file:line,
+    not after the worker has started its servers and loaded its policy."""
+    from rlsteps.engine.data import PromptFileError, check_prompt_file  # torch-free
+
+    for item in inputs:
+        if item.required_type == "prompt_jsonl" and item.status == "ok":
+            try:
+                check_prompt_file(str(item.ref))
+            except PromptFileError as error:
+                raise ArtifactError(
+                    f"input '{item.name}': {error}",
+                    fix='each line must be {"prompt": "..."} or {"messages": [{"role", "content"}, ...]}',
+                ) from None
 
 
 def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:
