@@ -106,9 +106,12 @@ def test_cli_list_status_logs_and_cancel(workspace):
 def test_a_detached_run_writes_its_record_and_jobs_reads_it(tiny_world, workspace):
     root, here, _ = workspace
     (root / "rlsteps.yaml").write_text("profiles:\n  here: {executor: local}\n")
-    bad = root / "bad.jsonl"
-    bad.write_text('{"prompt": "Describe the cat."\n')  # the worker finds this at run time and fails
-    submitted = run_cli("run", "rs", "-c", "tiny", "-b", "here", f"inputs.prompts={bad}", "run.num_threads=1", cwd=root)
+    bad = root / "long.jsonl"
+    bad.write_text('{"prompt": "Describe the cat in many words."}\n')  # only the worker, with the tokenizer, sees
+    too_long = "data.max_prompt_tokens=2"  # that it is too long: it fails at run time
+    submitted = run_cli(
+        "run", "rs", "-c", "tiny", "-b", "here", f"inputs.prompts={bad}", too_long, "run.num_threads=1", cwd=root
+    )
     assert submitted.exit_code == 0, submitted.output
     [record] = jobs.find_records()
     assert record.launcher == "local" and record.step == "rl/rs" and record.job_id in submitted.stdout
