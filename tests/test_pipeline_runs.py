@@ -64,7 +64,8 @@ def test_three_stages_chain_publish_show_their_lineage_and_skip_when_unchanged(t
 
 def test_a_failed_stage_stops_the_pipeline_and_the_rerun_resumes_at_it(tiny_world, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"prompt": "Describe the cat."}\n{"prompt": "Describe the dog."\n')  # line 2 is cut short
+    # line 2 is well formed but longer than the tiny configs' 64 prompt tokens: the stage's worker fails on it
+    prompts.write_text('{"prompt": "Describe the cat."}\n' + json.dumps({"prompt": "Describe the dog. " * 40}) + "\n")
     (tmp_path / "p.yaml").write_text(f"""
 name: two
 overrides: [train.max_steps=2, validation.interval=0, run.num_threads=1]
