@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import jsonschema
 import pytest
 
 from rlsteps.engine.rewards.judge.client import JudgeClient, JudgeUnavailable
@@ -72,7 +73,6 @@ def test_the_judge_sees_the_conversation_not_a_chat_template():
 
 
 def test_the_structured_output_schema_admits_exactly_the_judgement_fields():
-    jsonschema = pytest.importorskip("jsonschema")
     schema = RESPONSE_FORMATS["json_schema"]["json_schema"]["schema"]
     jsonschema.validate({"score_1": 5, "score_2": 1, "ranking": 6}, schema)
     for wrong in (

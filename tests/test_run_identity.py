@@ -9,7 +9,7 @@ from rlsteps.engine.run_identity import RUN_FILE, RunDirectoryInUse, changed_key
 CONFIG = {
     "algorithm": "grpo",
     "train": {"lr": 1e-4, "max_steps": 16},
-    "judge": {"url": "http://a/v1", "temperature": 0.6},
+    "judge": {"url": "http://a/v1", "temperature": 0.6, "api_key": "sk-never-on-disk"},
     "inputs": {"prompts": "train.jsonl"},
 }
 
@@ -30,7 +30,10 @@ def test_changed_keys_leave_out_what_a_continuation_may_change():
 
 def test_a_new_run_is_recorded_and_a_continuation_resumes(tmp_path):
     claim_run_directory(tmp_path, CONFIG, has_checkpoints=False)
-    assert json.loads((tmp_path / RUN_FILE).read_text())["config"] == CONFIG
+    assert json.loads((tmp_path / RUN_FILE).read_text())["identity"] == {
+        "algorithm": "grpo", "train.lr": 1e-4, "judge.temperature": 0.6, "inputs.prompts": "train.jsonl",
+    }  # fmt: skip
+    assert "sk-never-on-disk" not in (tmp_path / RUN_FILE).read_text()  # a secret is never a run's identity
     claim_run_directory(tmp_path, with_(train__max_steps=32), has_checkpoints=True)  # more steps: the same run
 
 
@@ -47,4 +50,4 @@ def test_another_config_over_checkpoints_is_refused_and_nothing_is_touched(tmp_p
 def test_another_config_without_checkpoints_starts_afresh(tmp_path):
     claim_run_directory(tmp_path, CONFIG, has_checkpoints=False)
     claim_run_directory(tmp_path, with_(train__lr=3e-4), has_checkpoints=False)  # nothing to resume: a new run
-    assert json.loads((tmp_path / RUN_FILE).read_text())["config"]["train"]["lr"] == 3e-4
+    assert json.loads((tmp_path / RUN_FILE).read_text())["identity"]["train.lr"] == 3e-4

@@ -89,7 +89,7 @@ class ValidationConfig(Section):
     interval: NonNegativeInt = 10
     num_prompts: PositiveInt = 64
     max_new_tokens: PositiveInt | None = None
-    # extra rewards logged as val/<name>: "module:function" of (prompt conversation, response text) -> float
+    # extra rewards logged as val/<name>: "module:function" of (rendered prompt, response text) -> float
     reward_functions: dict[str, str] = {}
     show_samples: NonNegativeInt = 2  # validation samples printed to the terminal
 

@@ -27,6 +27,7 @@ from rlsteps.engine.policy.logprobs import batched_token_logprobs, token_logprob
 from rlsteps.engine.policy.model import frozen_copy, load_policy
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler, optimizer_step
 from rlsteps.engine.resume import (
+    CHECKPOINTS_DIR,
     CheckpointManager,
     capture_rng_state,
     restore_rng_state,
@@ -79,7 +80,7 @@ def train(
     total_steps = planned_steps(cfg, len(prompts), say)
 
     checkpoints = CheckpointManager(
-        run_dir / "checkpoints",
+        run_dir / CHECKPOINTS_DIR,
         keep_last=cfg.checkpoint.keep_last,
         keep_top_k=cfg.checkpoint.keep_top_k,
         metric=cfg.checkpoint.metric,

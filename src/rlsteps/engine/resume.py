@@ -39,6 +39,7 @@ from rlsteps.engine.metrics import to_json_number
 
 logger = logging.getLogger(__name__)
 
+CHECKPOINTS_DIR = "checkpoints"  # <run dir>/checkpoints/step_<N>
 POLICY_DIR = "policy"
 TRAINER_STATE = "trainer_state.pt"
 TRAINING_INFO = "training_info.json"

@@ -1,10 +1,10 @@
 """Which run a run directory belongs to, so a rerun resumes only the run it would continue.
 
-The first start of a run writes <run>/run.json with its config. A later start into the same directory resumes
-only when its config is the same but for the keys that may change between a run and its continuation (more
-steps, other logging and checkpoint settings, a moved server, other threads); any other difference (a learning
-rate, a prompt file, an algorithm setting) would continue one run under another's name, so it is refused with
-the keys that differ and the fix.
+The first start of a run writes <run>/run.json with the run's identity: its config less the keys that may change
+between a run and its continuation (more steps, other logging and checkpoint settings, a moved server and its
+token, other threads). A later start into the same directory resumes only with the same identity; any other
+difference (a learning rate, a prompt file, an algorithm setting) would continue one run under another's name,
+so it is refused with the keys that differ and the fix.
 """
 
 from __future__ import annotations
@@ -41,21 +41,26 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def identity(config: dict[str, Any]) -> dict[str, Any]:
+    """The flat config a continuation must keep: every dotted key but those it may change. The secrets (server
+    tokens, API keys) are among those, so the record written to disk never holds one."""
+    return {k: v for k, v in flatten(config).items() if not any(k == p or k.startswith(p + ".") for p in RESUMABLE)}
+
+
 def changed_keys(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """The dotted keys whose values differ, those a continuation may change left out."""
-    old, new = flatten(before), flatten(after)
-    keys = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
-    return [k for k in keys if not any(k == p or k.startswith(p + ".") for p in RESUMABLE)]
+    """The dotted keys of two configs whose values differ, those a continuation may change left out."""
+    return _differences(identity(before), identity(after))
 
 
 def claim_run_directory(run_dir: Path, config: dict[str, Any], has_checkpoints: bool) -> None:
-    """Record the config of a new run, or check that a run with checkpoints here is the one being continued."""
+    """Record the identity of a new run, or check that a run with checkpoints here is the one being continued."""
     path = run_dir / RUN_FILE
-    recorded = json.loads(path.read_text()) if path.is_file() else None
+    recorded = json.loads(path.read_text())["identity"] if path.is_file() else None
+    current = identity(config)
     if recorded is not None and has_checkpoints:
-        changed = changed_keys(recorded["config"], config)
+        changed = _differences(recorded, current)
         if changed:
-            shown = ", ".join(f"{k} ({_value(recorded['config'], k)} -> {_value(config, k)})" for k in changed[:6])
+            shown = ", ".join(f"{k} ({_value(recorded, k)} -> {_value(current, k)})" for k in changed[:6])
             more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
             raise RunDirectoryInUse(
                 f"{run_dir} holds checkpoints of a run with another config: {shown}{more}; resuming it would "
@@ -64,9 +69,13 @@ def claim_run_directory(run_dir: Path, config: dict[str, Any], has_checkpoints: 
             )
         return
     staging = path.with_name(f".{RUN_FILE}.{os.getpid()}")
-    staging.write_text(json.dumps({"config": config}, indent=2, sort_keys=True, default=str) + "\n")
+    staging.write_text(json.dumps({"identity": current}, indent=2, sort_keys=True, default=str) + "\n")
     staging.replace(path)
 
 
-def _value(config: dict[str, Any], dotted: str) -> str:
-    return json.dumps(flatten(config).get(dotted, "<unset>"), default=str)
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    return sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
+
+
+def _value(flat: dict[str, Any], dotted: str) -> str:
+    return json.dumps(flat.get(dotted, "<unset>"), default=str)

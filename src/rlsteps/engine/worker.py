@@ -86,10 +86,12 @@ def _check_megatron_output(cfg: StepConfig) -> None:
 def _train(cfg: RecipeConfig, run_dir: Path) -> tuple[Any, Any, dict[str, int]]:
     from rlsteps.engine.algorithms import RECIPES
     from rlsteps.engine.loop import train
+    from rlsteps.engine.resume import CHECKPOINTS_DIR, CheckpointManager
     from rlsteps.engine.rewards.sources import open_reward_source
     from rlsteps.engine.run_identity import claim_run_directory
 
-    claim_run_directory(run_dir, cfg.model_dump(mode="json"), any((run_dir / "checkpoints").glob("step_*")))
+    has_checkpoints = CheckpointManager(run_dir / CHECKPOINTS_DIR).latest() is not None
+    claim_run_directory(run_dir, cfg.model_dump(mode="json"), has_checkpoints)
     with open_reward_source(cfg, run_dir) as rewards:
         result = train(cfg, RECIPES[cfg.algorithm](cfg), rewards, run_dir, say=log.info)
     return result.model, result.tokenizer, result.counters.as_dict()

@@ -101,12 +101,13 @@ class JudgeClient:
         self.concurrency = max(1, concurrency)
         self.max_retries = max_retries
         self.retry_sleep_s = retry_sleep_s
-        self.sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
         response_format = RESPONSE_FORMATS[structured_output]
         # extra_body is merged last, as the OpenAI client does: server-specific keys (guided decoding, chat
-        # template arguments) and overrides of the ones above
+        # template arguments) and overrides of the ones before it
         self.request_options = {
-            **self.sampling,
+            "temperature": temperature,
+            "top_p": top_p,
+            "max_tokens": max_tokens,
             **({"response_format": response_format} if response_format else {}),
             **(extra_body or {}),
         }
