@@ -1,13 +1,13 @@
 """One launcher interface, and a registry by name: `executor: NAME` loads rlsteps.launch.NAME.
 
-Adding a launcher is one new module in this package that defines LAUNCHER.
+Adding a launcher is one new module in this package that defines LAUNCHER, and its name in LAUNCHERS;
+the package's other modules are the launchers' shared and private helpers.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import pkgutil
 import re
 import shlex
 import time
@@ -21,7 +21,7 @@ from rlsteps.errors import UsageError
 from rlsteps.launch.job import Job
 
 WORKER_MODULE = "rlsteps.engine.worker"
-HELPER_MODULES = {"base", "containers", "job"}  # modules of this package that are shared helpers, not launchers
+LAUNCHERS = ("lepton", "local", "slurm")  # the modules of this package that define LAUNCHER
 
 
 @dataclass(frozen=True)
@@ -155,9 +155,7 @@ def worker_command(python: str, job_dir: Path, passthrough: list[str]) -> list[s
 
 
 def available_launchers() -> list[str]:
-    import rlsteps.launch as package
-
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name not in HELPER_MODULES)
+    return list(LAUNCHERS)
 
 
 def get_launcher(name: str) -> Launcher:
