@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from rlsteps.engine import signals
 from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import RecipeConfig
@@ -133,6 +134,13 @@ def train(
                 cfg.checkpoint.interval and counters.step % cfg.checkpoint.interval == 0
             ):
                 run.save(step_metrics)
+            elif signals.checkpoint_requested():
+                run.save(step_metrics)
+            if signals.checkpoint_requested() and counters.step < total_steps:
+                raise signals.CheckpointRequested(
+                    f"checkpoint written at step {counters.step} of {total_steps}, as asked (SIGUSR1: the job's "
+                    "time limit is near); run again, or let the requeued job resume from it"
+                )
     return RunResult(counters=counters, model=run.model, tokenizer=tokenizer)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from rlsteps.engine import signals
 from rlsteps.engine.artifact import config_hash, input_versions, write_artifact
 from rlsteps.engine.config import STEP_SCHEMAS, ConvertConfig, RecipeConfig
 
@@ -59,6 +60,9 @@ def run(config_path: Path, log_level: str = "info") -> int:
     except (RunStopped, RunDirectoryInUse) as stopped:
         log.error("%s", stopped)
         return 1
+    except signals.CheckpointRequested as paused:
+        log.warning("%s", paused)
+        return signals.EXIT_CHECKPOINTED
     _write_output(cfg, model, tokenizer, counters, run_dir, job, versions)
     if not isinstance(cfg, ConvertConfig):
         _summarise(run_dir, [f"val/{name}" for name in cfg.validation.reward_functions])
@@ -207,11 +211,15 @@ def unknown_worker_arguments(passthrough: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    signals.install()
     try:
         sys.exit(run(args.config, args.log_level))
     except KeyboardInterrupt:
         log.error("interrupted: the last checkpoint is intact; rerun the same command to resume")
         sys.exit(130)
+    except signals.Terminated:
+        log.error("terminated (SIGTERM): servers stopped; the last checkpoint is intact; rerun to resume")
+        sys.exit(signals.EXIT_TERMINATED)
     except (
         ValueError,
         FileNotFoundError,

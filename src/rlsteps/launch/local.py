@@ -26,8 +26,9 @@ CANCELLED_FILE = "cancelled"
 CANCEL_GRACE_S = 10.0  # SIGTERM, then this long before SIGKILL
 KILL_WAIT_S = 5.0
 # $1 is the exit-code file, the rest is the worker's command; the file is renamed into place, never half written.
+# The wrapper outlives a SIGTERM to the job's group (a trap, which its child does not inherit) to record the code.
 EXIT_CODE_WRAPPER = (
-    'exit_file=$1; shift; "$@"; code=$?; '
+    'trap : TERM; exit_file=$1; shift; "$@"; code=$?; '
     'echo "$code" > "$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"; exit "$code"'
 )
 

@@ -10,19 +10,21 @@ once it is ready (the reward server does; so does vLLM's OpenAI server for a jud
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
 import httpx
 
 LOG_TAIL_CHARS = 4000
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class ServerStartError(RuntimeError):
@@ -89,9 +91,10 @@ class LocalServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             # A session of its own: Ctrl-C reaches only the parent, which stops the server group in order.
+            # If the parent dies without stopping it (kill -9, a crash), the kernel sends it SIGTERM.
             self.process = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env}, start_new_session=True,
+                env={**os.environ, **self.env}, start_new_session=True, preexec_fn=parent_death_signal(),
             )  # fmt: skip
         atexit.register(self.stop)
         try:
@@ -136,6 +139,24 @@ class LocalServer:
         except subprocess.TimeoutExpired:
             _signal_group(process, signal.SIGKILL)
             process.wait()
+
+
+def parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child receive SIGTERM when the thread that started it ends (Linux prctl
+    PR_SET_PDEATHSIG); None where there is no prctl. The foreign function is looked up here, before the fork,
+    so the child only makes the one call between fork and exec."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent ended before the call: nobody will stop this child
+            os._exit(1)
+
+    return die_with_parent
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
