@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from test_local_launcher import LAUNCHER, start, wait_until_ended
-
 from rlsteps.engine.resume import CHECKPOINTS_DIR
 from rlsteps.engine.signals import EXIT_CHECKPOINTED, EXIT_TERMINATED
 from rlsteps.launch.base import JobState
+from test_local_launcher import LAUNCHER, start, wait_until_ended
 
 SERVER_MODULE = "rlsteps.engine.rewards.rm"
 
