@@ -1,4 +1,7 @@
-"""Pipelines without training: planning, bindings, type checks before anything starts, conversion, Slurm chains."""
+"""Pipelines without training: planning, bindings, type checks before anything starts, conversion, Slurm chains.
+
+The test on a real Slurm cluster needs one on this machine (CI: `bash .ci/slurm.sh up`) and is skipped without it.
+"""
 
 import json
 import os
@@ -8,11 +11,17 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from cli_helpers import REPO, invoke
+from cli_helpers import REPO, Result, invoke
 from rlsteps.artifacts.inputs import Conversion
 from rlsteps.catalog import load_catalog
+from rlsteps.cli.app import app
+from rlsteps.errors import RlstepsError
+from rlsteps.launch.base import JobRecord
+from rlsteps.plan import submitted_jobs as jobs
 from rlsteps.plan.pipeline import PipelineSpec, StageSpec, _with_conversion
+from test_launch_slurm import needs_cluster
 
 TINY = REPO / "examples" / "pipelines" / "tiny.yaml"
 
@@ -277,3 +286,129 @@ def test_pipeline_wide_overrides_reach_the_stages_that_have_the_key_and_a_key_no
         and "unknown config key 'train.max_stepz'" in typo.stderr
         and "train.max_steps" in typo.stderr
     )
+
+
+def invoke_with_stderr(*argv: str) -> Result:
+    """invoke, keeping what the command printed to stderr (warnings, progress) before it returned or failed."""
+    result = CliRunner().invoke(
+        app,
+        list(argv),
+        obj={"passthrough": [], "argv": ["rlsteps", *argv]},
+        standalone_mode=False,
+        env={"COLUMNS": "200"},
+    )
+    if isinstance(result.exception, RlstepsError):
+        return Result(result.exception.exit_code, result.stdout, result.stderr + str(result.exception))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return Result(result.exit_code or 0, result.stdout, result.stderr)
+
+
+def fake_slurm(folder: Path) -> Path:
+    """fake_sbatch, with an scontrol that answers the state written in FOLDER/state-ID (none: it knows no such job)
+    and an sacct without accounting."""
+    fake_sbatch(folder)
+    (folder / "scontrol").write_text(
+        textwrap.dedent(f"""\
+        #!/bin/sh
+        # scontrol show job --oneliner ID
+        [ -s {folder}/state-$4 ] || {{ echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; }}
+        echo "JobId=$4 JobState=$(cat {folder}/state-$4) Reason=None ExitCode=0:0"
+    """)
+    )
+    (folder / "sacct").write_text("#!/bin/sh\necho 'Slurm accounting storage is disabled' >&2\nexit 1\n")
+    for tool in ("scontrol", "sacct"):
+        (folder / tool).chmod(0o755)
+    return folder
+
+
+def set_states(folder: Path, **states: str) -> None:
+    """set_states(folder, j101="RUNNING"): what the fake scontrol answers for job 101."""
+    for job_id, state in states.items():
+        (folder / f"state-{job_id.removeprefix('j')}").write_text(state)
+
+
+def test_a_batch_chain_is_recorded_and_a_rerun_is_refused_until_every_job_of_it_ended(project, monkeypatch):
+    bin_dir = fake_slurm(project / "bin")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    (project / "rlsteps.yaml").write_text("profiles:\n  cluster: {executor: slurm, partition: cpu}\n")
+    done = invoke("pipeline", "run", str(TINY), "-b", "cluster")
+    assert done.exit_code == 0, done.output
+    chain_file = project / ".rlsteps" / "pipelines" / "tiny" / "chain.json"
+    chain = json.loads(chain_file.read_text())
+    assert chain["pipeline"] == "tiny"
+    assert [(j["stage"], j["launcher"], j["job_id"]) for j in chain["jobs"]] == [
+        ("rs", "slurm", "101"),
+        ("reinforce", "slurm", "102"),
+        ("rlhf", "slurm", "103"),
+    ]
+    for job in chain["jobs"]:  # each names the job directory whose record `rlsteps jobs` reads
+        record = JobRecord.load(Path(job["job_dir"]))
+        assert (record.job_id, record.submitted) == (job["job_id"], job["submitted"]) and job["submitted"]
+    assert sorted(p.name for p in chain_file.parent.iterdir()) == ["chain.json"]  # no temporary file left
+
+    set_states(bin_dir, j101="RUNNING", j102="PENDING", j103="PENDING")
+    shown = invoke_with_stderr("pipeline", "run", str(TINY), "--dry-run")
+    assert shown.exit_code == 0 and shown.stdout.count(": run (no output at") == 3
+    assert "warning: pipeline tiny: the chain submitted before has not ended: stage rs job 101 (running), " in (
+        shown.stderr
+    )
+    assert "stage rlhf job 103 (pending)" in shown.stderr and "running it now is refused" in shown.stderr
+    for mode in (["-b", "cluster"], []):  # batch or here: both would write the run directories the chain writes
+        refused = invoke("pipeline", "run", str(TINY), *mode)
+        assert refused.exit_code == 2
+        assert (
+            "the chain submitted before has not ended: stage rs job 101 (running), stage reinforce job 102 "
+            "(pending), stage rlhf job 103 (pending)" in refused.stderr
+        )
+        assert "`rlsteps jobs logs -f 101`" in refused.stderr
+        assert "`rlsteps jobs cancel 101; rlsteps jobs cancel 102; rlsteps jobs cancel 103`" in refused.stderr
+    assert (bin_dir / "count").read_text().strip() == "103"  # nothing submitted
+    assert len(list((project / ".rlsteps" / "jobs").iterdir())) == 3  # nor written
+    assert json.loads(chain_file.read_text()) == chain
+
+    set_states(bin_dir, j101="COMPLETED", j102="CANCELLED")
+    (bin_dir / "state-103").unlink()  # Slurm forgot it: its state is unknown, and it counts as ended
+    again = invoke_with_stderr("pipeline", "run", str(TINY), "-b", "cluster")
+    assert again.exit_code == 0, again.output
+    assert "stage rlhf: the state of slurm job 103, submitted " in again.stderr
+    assert "is unknown (Slurm no longer knows job 103" in again.stderr and "it is counted as ended" in again.stderr
+    assert "rs: submitted (job 104)" in again.stdout
+    assert [j["job_id"] for j in json.loads(chain_file.read_text())["jobs"]] == ["104", "105", "106"]
+
+
+@pytest.fixture
+def slurm_project(project):
+    """A project with a Slurm profile whose jobs sleep before they start their worker, so a chain stays live while
+    the test looks at it; every job still live at the end is cancelled."""
+    (project / "rlsteps.yaml").write_text(
+        "profiles:\n"
+        "  sleepy: {executor: slurm, cpus_per_task: 1, mem: 500M, time: '00:05:00', setup_lines: ['sleep 300']}\n"
+    )
+    yield project
+    for record in jobs.find_records([project / ".rlsteps" / "jobs"]):
+        jobs.cancel_job(record)
+
+
+@needs_cluster
+def test_on_slurm_a_rerun_is_refused_while_the_chain_is_live_and_accepted_once_it_is_cancelled(slurm_project):
+    first = invoke("pipeline", "run", str(TINY), "-b", "sleepy")
+    assert first.exit_code == 0, first.output
+    chain = slurm_project / ".rlsteps" / "pipelines" / "tiny" / "chain.json"
+    ids = [j["job_id"] for j in json.loads(chain.read_text())["jobs"]]
+    assert len(ids) == 3 and all(f"(job {i})" in first.stdout for i in ids)
+
+    refused = invoke("pipeline", "run", str(TINY), "-b", "sleepy")
+    assert refused.exit_code == 2
+    assert "the chain submitted before has not ended: stage rs job " in refused.stderr
+    assert all(f" job {i} (pending)" in refused.stderr or f" job {i} (running)" in refused.stderr for i in ids)
+    assert f"rlsteps jobs cancel {ids[0]}; rlsteps jobs cancel {ids[1]}" in refused.stderr
+    assert len(jobs.find_records([slurm_project / ".rlsteps" / "jobs"])) == 3  # no second chain
+
+    for job_id in ids:
+        assert invoke("jobs", "cancel", job_id).exit_code == 0
+    accepted = invoke("pipeline", "run", str(TINY), "-b", "sleepy")
+    assert accepted.exit_code == 0, accepted.output
+    again = [j["job_id"] for j in json.loads(chain.read_text())["jobs"]]
+    assert len(again) == 3 and not set(again) & set(ids)
+    assert all(f"(job {i})" in accepted.stdout for i in again)

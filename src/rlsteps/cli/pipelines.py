@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 out = Console()
 err = Console(stderr=True)
@@ -50,7 +51,19 @@ def run_pipeline(
     )
     catalog = load_catalog()
     if dry_run:
-        rows = pipeline.describe(pipeline.plan_pipeline(catalog, pipeline.load_pipeline(path), request))
+        spec = pipeline.load_pipeline(path)
+        previous = pipeline.chain_states(spec.name)
+        for line in pipeline.unknown_notes(previous):
+            err.print(f"[bold]rlsteps[/] {escape(line)}", highlight=False, soft_wrap=True)
+        live = pipeline.live_chain_error(spec.name, previous)
+        if live is not None:
+            err.print(
+                f"[bold yellow]warning:[/] {escape(live.message)}; running it now is refused "
+                f"(fix: {escape(live.fix or '')})",
+                highlight=False,
+                soft_wrap=True,
+            )
+        rows = pipeline.describe(pipeline.plan_pipeline(catalog, spec, request))
         if as_json:
             out.print_json(json.dumps(rows))
         else:

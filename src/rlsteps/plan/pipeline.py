@@ -15,13 +15,20 @@ type-checked before the first one starts. A stage's run directory defaults to
 .rlsteps/pipelines/<pipeline>/<stage>. A stage whose output exists and was written from the same config
 and the same input versions is skipped; a failed stage stops the pipeline, and a rerun skips what finished
 and resumes the failed stage from its last checkpoint.
+
+A batch pipeline (-b) returns once its jobs are submitted; the chain it submitted is recorded in
+.rlsteps/pipelines/<pipeline>/chain.json. A rerun (-b, -r or here) first asks each recorded job's state and is
+refused while one has not ended: a second chain would write the same run directories.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +38,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rlsteps.artifacts.inputs import Conversion, lookup, output_ref, produced_type, raise_for, required_here
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
 from rlsteps.engine.artifact import input_versions, read_artifact_metadata
-from rlsteps.errors import RunFailed, UsageError
-from rlsteps.launch.base import get_launcher
+from rlsteps.errors import RlstepsError, RunFailed, UsageError
+from rlsteps.launch.base import JobRecord, JobState, JobStatus, Submission, get_launcher
 from rlsteps.plan.compile import overrides_for, worker_config_hash
 from rlsteps.plan.runner import Compiled, RunRequest, compile_request, execute
+from rlsteps.plan.submitted_jobs import job_status
 from rlsteps.secrets import mask_argv
 
 STAGE_PREFIX = "stage:"
 RUNS_DIR = Path(".rlsteps") / "pipelines"
+CHAIN_FILE = "chain.json"  # in RUNS_DIR/<pipeline>: the batch jobs the last batch run submitted
 
 
 class StageSpec(BaseModel):
@@ -254,6 +263,12 @@ def freshness(plan: StagePlan) -> tuple[bool, str]:
 
 def run_pipeline(catalog: Catalog, request: PipelineRequest, say: Callable[[str], None] = print) -> list[StageOutcome]:
     spec = load_pipeline(request.path)
+    previous = chain_states(spec.name)
+    for line in unknown_notes(previous):
+        say(line)
+    live = live_chain_error(spec.name, previous)
+    if live is not None:
+        raise live
     plans = plan_pipeline(catalog, spec, request)
     batch = request.batch_profile is not None
     if batch and not getattr(get_launcher(plans[0].compiled.job.executor), "supports_dependencies", False):
@@ -261,6 +276,8 @@ def run_pipeline(catalog: Catalog, request: PipelineRequest, say: Callable[[str]
             f"a batch pipeline needs a launcher that chains jobs (slurm); '{plans[0].compiled.job.executor}' cannot",
             fix="run the pipeline attached (-r PROFILE) or here (no -r/-b), or use a Slurm profile",
         )
+    chain_file(spec.name).unlink(missing_ok=True)  # every job it recorded has ended; this run's chain replaces it
+    chain: list[ChainJob] = []
     submitted: dict[str, str] = {}  # stage -> batch job id
     outcomes = []
     for plan in plans:
@@ -278,13 +295,22 @@ def run_pipeline(catalog: Catalog, request: PipelineRequest, say: Callable[[str]
             promised = plan.request.promised if batch else ()
             submission = execute(catalog, replace(plan.request, after=after, promised=promised), say=say)
         except RunFailed as failed:
+            fix = (
+                "fix the cause and rerun the same command: finished stages are skipped and this one "
+                "resumes from its last checkpoint"
+            )
+            if submitted:  # the earlier stages' jobs go on, and a rerun is refused until they end
+                fix = (
+                    f"the jobs submitted for the earlier stages ({', '.join(submitted.values())}) go on: cancel them "
+                    f"(`rlsteps jobs cancel ID`) or let them end, then {fix}"
+                )
             raise RunFailed(
-                f"pipeline {spec.name} stopped at stage '{plan.name}': {failed.message}",
-                fix="fix the cause and rerun the same command: finished stages are skipped and this one "
-                "resumes from its last checkpoint",
+                f"pipeline {spec.name} stopped at stage '{plan.name}': {failed.message}", fix=fix
             ) from failed
         if submission.exit_code is None:
             submitted[plan.name] = submission.job_id
+            chain.append(_chain_job(plan, submission))
+            write_chain(spec.name, chain)  # after each submission: a chain cut short is recorded as far as it got
             outcomes.append(
                 StageOutcome(plan.name, "submitted", f"after {', '.join(after)}" if after else "", submission.job_id)
             )
@@ -296,6 +322,106 @@ def run_pipeline(catalog: Catalog, request: PipelineRequest, say: Callable[[str]
             continue
         outcomes.append(StageOutcome(plan.name, "ran", _publish(catalog, plan, say)))
     return outcomes
+
+
+@dataclass(frozen=True)
+class ChainJob:
+    """One submitted stage of a batch pipeline, as chain.json records it."""
+
+    stage: str
+    launcher: str
+    job_id: str
+    job_dir: str  # where the job's submission.json is
+    submitted: str
+
+
+@dataclass(frozen=True)
+class ChainJobState:
+    job: ChainJob
+    status: JobStatus
+
+
+def chain_file(pipeline: str) -> Path:
+    return RUNS_DIR / pipeline / CHAIN_FILE
+
+
+def write_chain(pipeline: str, jobs: list[ChainJob]) -> Path:
+    """Write the chain record through a temporary file renamed over it: a reader never sees half a record."""
+    path = chain_file(pipeline)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{CHAIN_FILE}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"pipeline": pipeline, "jobs": [asdict(j) for j in jobs]}, indent=2) + "\n")
+    os.replace(temporary, path)
+    return path
+
+
+def read_chain(pipeline: str) -> list[ChainJob]:
+    """The jobs the last batch run of the pipeline submitted; none when it has no record."""
+    path = chain_file(pipeline)
+    try:
+        return [ChainJob(**job) for job in json.loads(path.read_text())["jobs"]]
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise UsageError(
+            f"cannot read the record of pipeline {pipeline}'s last batch chain, {path}: {error}",
+            fix=f"check that its jobs have ended (`rlsteps jobs list`), then delete {path}",
+        ) from None
+
+
+def chain_states(pipeline: str) -> list[ChainJobState]:
+    """Each recorded job's state as its launcher reports it; a state that cannot be read is unknown."""
+    states = []
+    for job in read_chain(pipeline):
+        try:
+            record = JobRecord.load(Path(job.job_dir))
+        except (OSError, ValueError, TypeError):
+            record = None
+        if record is None or (record.launcher, record.job_id) != (job.launcher, job.job_id):
+            # its job dir is gone: ask by id all the same
+            record = JobRecord(job.launcher, job.job_id, job.job_dir, step="", submitted=job.submitted)
+        try:
+            status = job_status(record)
+        except RlstepsError as error:
+            status = JobStatus(JobState.UNKNOWN, error.message)
+        except (OSError, subprocess.SubprocessError, KeyError) as error:
+            status = JobStatus(JobState.UNKNOWN, f"its state cannot be read: {error}")
+        states.append(ChainJobState(job, status))
+    return states
+
+
+def unknown_notes(states: list[ChainJobState]) -> list[str]:
+    return [
+        f"stage {s.job.stage}: the state of {s.job.launcher} job {s.job.job_id}, submitted {s.job.submitted}, is "
+        f"unknown ({s.status.detail or 'no detail'}); it is counted as ended"
+        for s in states
+        if s.status.state is JobState.UNKNOWN
+    ]
+
+
+def live_chain_error(pipeline: str, states: list[ChainJobState]) -> UsageError | None:
+    """The refusal of a rerun while a job of the recorded chain is pending or running; None when all ended."""
+    live = [s for s in states if not s.status.state.ended and s.status.state is not JobState.UNKNOWN]
+    if not live:
+        return None
+    jobs = ", ".join(f"stage {s.job.stage} job {s.job.job_id} ({s.status.state.value})" for s in live)
+    follow = next((s for s in live if s.status.state is JobState.RUNNING), live[0]).job.job_id
+    cancel = "; ".join(f"rlsteps jobs cancel {s.job.job_id}" for s in live)
+    return UsageError(
+        f"pipeline {pipeline}: the chain submitted before has not ended: {jobs}; "
+        "a second chain would write the same run directories",
+        fix=f"let it end (`rlsteps jobs logs -f {follow}` follows its live stage) or cancel it (`{cancel}`), "
+        "then rerun",
+    )
+
+
+def _chain_job(plan: StagePlan, submission: Submission) -> ChainJob:
+    try:
+        record = JobRecord.load(submission.job_dir)
+        launcher, submitted = record.launcher, record.submitted
+    except (OSError, ValueError, TypeError):
+        launcher, submitted = plan.compiled.job.executor, time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return ChainJob(plan.name, launcher, submission.job_id, str(submission.job_dir), submitted)
 
 
 def _publish(catalog: Catalog, plan: StagePlan, say: Callable[[str], None]) -> str:
