@@ -2,7 +2,8 @@
 
 Every request must carry the workspace token; every job body must validate against the leptonai
 SDK's own LeptonJob model and its create-time checks; node groups must be given by id; a secret
-name that exists already is refused. Job states advance one step per read, as scripted.
+name must follow the SDK's rules for one and must not exist already. Each job's state advances one step
+per read of it, as scripted when it was created; deleting a job moves only that job to Deleting.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import StreamingResponse
 from leptonai.api.v2.job_validation import validate_job_create
+from leptonai.api.v2.spec_utils import validate_environment_variable_name
 from leptonai.api.v2.types.common import Metadata
 from leptonai.api.v2.types.dedicated_node_group import DedicatedNodeGroup
 from leptonai.api.v2.types.job import LeptonJob, LeptonJobState, LeptonJobStatus
@@ -32,11 +34,14 @@ NODE_GROUPS = {"ng-0a1b2c": "my-node-group", "ng-9z8y7x": "other-group"}
 class LeptonStub:
     token: str
     workspace: str = "test-ws"
-    states: tuple[str, ...] = ("Queueing", "Running", "Completed")
+    states: tuple[str, ...] = ("Queueing", "Running", "Completed")  # the script of each job created from now on
     log: tuple[str, ...] = ("step 1 reward 0.10", "step 2 reward 0.35", "done")
     secrets: dict[str, str] = field(default_factory=dict)  # name -> value, as the secret store holds them
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> the posted body
+    scripts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # id -> the states it goes through
     reads: dict[str, int] = field(default_factory=dict)
+    secret_deletes_fail: bool = False  # the store answers 500 to each secret delete
+    job_creates_fail: bool = False  # the API answers 500 to each job create
     calls: list[tuple[str, str]] = field(default_factory=list)  # (method, path) in order
     url: str = ""
 
@@ -73,18 +78,29 @@ class LeptonStub:
 
     async def create_secrets(self, request: Request) -> dict[str, str]:
         items = [SecretItem.model_validate(item) for item in await request.json()]
+        for item in items:
+            try:
+                validate_environment_variable_name(item.name, is_secret=True)
+            except ValueError as err:
+                raise HTTPException(400, f"bad secret name {item.name!r}: {err}") from None
+            if item.name.lower().startswith("lepton_"):
+                raise HTTPException(400, f"secret names starting with LEPTON_ are reserved: {item.name}")
         if taken := [i.name for i in items if i.name in self.secrets]:
             raise HTTPException(409, f"secret already exists: {taken}")
         self.secrets.update({i.name: i.value for i in items})
         return {}
 
     def delete_secret(self, name: str) -> dict[str, str]:
+        if self.secret_deletes_fail:
+            raise HTTPException(500, "the secret store is unavailable")
         if self.secrets.pop(name, None) is None:
             raise HTTPException(404, f"no secret {name}")
         return {}
 
     async def create_job(self, request: Request) -> dict[str, Any]:
         body = await request.json()
+        if self.job_creates_fail:
+            raise HTTPException(500, "job creation is unavailable")
         try:
             job = LeptonJob.model_validate(body)
             validate_job_create(job)
@@ -95,16 +111,19 @@ class LeptonStub:
         if job.metadata.id_ in self.jobs:
             raise HTTPException(409, f"job {job.metadata.id_} exists")
         self.jobs[job.metadata.id_] = body
+        self.scripts[job.metadata.id_] = self.states
         return self._answer(job.metadata.id_, self.states[0])
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         self._known(job_id)
         read = self.reads[job_id] = self.reads.get(job_id, -1) + 1
-        return self._answer(job_id, self.states[min(read, len(self.states) - 1)])
+        script = self.scripts[job_id]
+        return self._answer(job_id, script[min(read, len(script) - 1)])
 
     def delete_job(self, job_id: str) -> dict[str, str]:
         self._known(job_id)
-        self.states = ("Deleting",)
+        self.scripts[job_id] = ("Deleting",)
+        self.reads[job_id] = -1
         return {}
 
     def replicas(self, job_id: str) -> list[dict[str, Any]]:

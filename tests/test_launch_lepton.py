@@ -20,12 +20,13 @@ pytest.importorskip(
 
 from leptonai.api.v2.types.job import LeptonJob, LeptonJobState  # noqa: E402
 
-from cli_helpers import invoke  # noqa: E402
+from cli_helpers import invoke, run_cli  # noqa: E402
 from lepton_stub_server import LeptonStub  # noqa: E402
 from rlsteps.catalog import load_catalog  # noqa: E402
 from rlsteps.errors import RunFailed, UsageError  # noqa: E402
-from rlsteps.launch import lepton  # noqa: E402
-from rlsteps.launch.base import JobState  # noqa: E402
+from rlsteps.launch import lepton, lepton_api, lepton_spec  # noqa: E402
+from rlsteps.launch.base import JobRecord, JobState  # noqa: E402
+from rlsteps.launch.lepton_spec import secret_name  # noqa: E402
 from rlsteps.plan.compile import compile_job  # noqa: E402
 from rlsteps.plan.job_dir import write_job_files  # noqa: E402
 from rlsteps.plan.profiles import resolve_profile  # noqa: E402
@@ -96,7 +97,7 @@ def test_single_node_spec_carries_every_profile_key(rs, profiles, tmp_path):
     job = make_job(rs, profiles)
     plan = lepton.LAUNCHER.plan(job, tmp_path / job.name)
     spec = spec_of(plan)
-    assert spec.metadata.id_ == lepton.lepton_job_name(job.name) and re.fullmatch(
+    assert spec.metadata.id_ == lepton_spec.lepton_job_name(job.name) and re.fullmatch(
         r"[a-z][a-z0-9-]{0,35}", spec.metadata.id_
     )
     s = spec.spec
@@ -112,14 +113,15 @@ def test_single_node_spec_carries_every_profile_key(rs, profiles, tmp_path):
         == plan.env
     )
     refs = {e.name: e.value_from.secret_name_ref for e in s.envs if e.value_from is not None}
+    job_id = spec.metadata.id_
     assert refs == {
         "HF_TOKEN": "team-hf-token",
-        "WANDB_API_KEY": "RLSTEPS_ENV_WANDB_API_KEY",
-        "RLSTEPS_SECRET_RM_TOKEN": "RLSTEPS_SECRET_RM_TOKEN",
+        "WANDB_API_KEY": f"rlsteps_{job_id}_WANDB_API_KEY",
+        "RLSTEPS_SECRET_RM_TOKEN": f"rlsteps_{job_id}_RLSTEPS_SECRET_RM_TOKEN",
     }
     assert s.container.command[:2] == ["/bin/bash", "-c"] and plan.command == s.container.command
     script = s.container.command[2]
-    config_path = f"{lepton.CONTAINER_JOBS_DIR}/{job.name}/config.yaml"
+    config_path = f"{lepton_spec.CONTAINER_JOBS_DIR}/{job.name}/config.yaml"
     assert script.splitlines()[-1] == f"exec python -m rlsteps.engine.worker {config_path}"
     assert "pip install -q /data/wheels/rlsteps.whl\nmkdir -p /data && cd /data\n" in script
 
@@ -164,7 +166,7 @@ def run_script(script: str, tmp_path: Path, env: dict[str, str]) -> dict:
 
 @pytest.mark.parametrize("profile_name", ["lep", "lep2"])
 def test_the_script_runs_the_worker_with_exact_words(rs, profiles, tmp_path, monkeypatch, profile_name):
-    monkeypatch.setattr(lepton, "CONTAINER_JOBS_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setattr(lepton_spec, "CONTAINER_JOBS_DIR", str(tmp_path / "jobs"))
     data = tmp_path / "data"
     job = make_job(rs, profiles, name=profile_name, passthrough=["--note", "it's $HOME; a b", '"q"'])
     settings = {
@@ -214,13 +216,13 @@ def test_profile_mistakes_are_usage_errors_that_name_the_key(rs, profiles, tmp_p
 
 
 def test_job_names_meet_leptons_rules():
-    assert lepton.lepton_job_name("20250101-120000-rl_reinforce-12") == "j-20250101-120000-rl-reinforce-12"
-    assert lepton.lepton_job_name("My_Job") == "my-job"
-    assert len(lepton.lepton_job_name("20250101-120000-" + "x" * 40)) == lepton.MAX_JOB_NAME
+    assert lepton_spec.lepton_job_name("20250101-120000-rl_reinforce-12") == "j-20250101-120000-rl-reinforce-12"
+    assert lepton_spec.lepton_job_name("My_Job") == "my-job"
+    assert len(lepton_spec.lepton_job_name("20250101-120000-" + "x" * 40)) == lepton_spec.MAX_JOB_NAME
 
 
 def test_every_lepton_state_has_a_meaning():
-    unmapped = {s.value for s in LeptonJobState} - lepton.STATES.keys()
+    unmapped = {s.value for s in LeptonJobState} - lepton_api.STATES.keys()
     assert unmapped == {"Archived", "UNK"}  # decided by the job's counters / unknown on purpose
 
 
@@ -231,10 +233,8 @@ def test_dry_run_prints_the_spec_as_json_and_no_secret(rs, profiles, tmp_path, m
     out = result.output + "".join(capfd.readouterr())
     assert result.exit_code == 0, out
     assert lepton.SPEC_FILE in out and '"resource_shape": "gpu.8xh100-80gb"' in out
-    assert (
-        '"secret_name_ref": "RLSTEPS_SECRET_RM_TOKEN"' in out
-        and '"secret_name_ref": "RLSTEPS_ENV_WANDB_API_KEY"' in out
-    )
+    for variable in ("RLSTEPS_SECRET_RM_TOKEN", "WANDB_API_KEY"):  # a secret of this job's own, by name
+        assert re.search(rf'"secret_name_ref": "rlsteps_j-[a-z0-9-]+_{variable}"', out), variable
     assert not any(secret in out for secret in CREDENTIALS)
     assert not (tmp_path / ".rlsteps").exists()
 
@@ -249,36 +249,40 @@ def stub(monkeypatch):
 
 
 def test_submit_status_logs_and_cancel_through_the_sdk(rs, profiles, tmp_path, stub, capfd):
-    stub.secrets["RLSTEPS_SECRET_RM_TOKEN"] = "an older value"  # replaced, not refused
+    stub.secrets["RLSTEPS_SECRET_RM_TOKEN"] = "another job's value"  # a shared name of older releases: left alone
     job = make_job(rs, profiles)
     job_dir = tmp_path / job.name
     job_dir.mkdir()
     plan = lepton.LAUNCHER.plan(job, job_dir)
     write_job_files(job_dir, job, plan, inputs=[])
     submission = lepton.LAUNCHER.submit(job, plan, job_dir)
-    assert submission.job_id == lepton.lepton_job_name(job.name) and submission.exit_code is None
+    job_id = submission.job_id
+    assert job_id == lepton_spec.lepton_job_name(job.name) and submission.exit_code is None
     posted = LeptonJob.model_validate(stub.jobs[submission.job_id])
     assert posted.spec.affinity.allowed_dedicated_node_groups == ["ng-0a1b2c"]  # the name became the group's id
     expected = json.loads(plan.files[lepton.SPEC_FILE])
     expected["spec"]["affinity"]["allowed_dedicated_node_groups"] = ["ng-0a1b2c"]
     assert stub.jobs[submission.job_id] == expected  # exactly what the dry run showed, but for the id
-    assert stub.secrets == {"RLSTEPS_SECRET_RM_TOKEN": RM_TOKEN, "RLSTEPS_ENV_WANDB_API_KEY": WANDB_KEY}
+    own = {secret_name(job_id, "RLSTEPS_SECRET_RM_TOKEN"): RM_TOKEN, secret_name(job_id, "WANDB_API_KEY"): WANDB_KEY}
+    assert stub.secrets == {"RLSTEPS_SECRET_RM_TOKEN": "another job's value", **own}
     assert not any(secret in json.dumps(stub.jobs) for secret in CREDENTIALS)
 
     record = lepton.LAUNCHER.record(job, submission)
     assert record.extra["workspace"] == "test-ws" and record.job_id == submission.job_id
+    assert record.extra["secrets"] == sorted(own) and record.extra["secrets_deleted"] is False
     record.save()
-    assert [lepton.LAUNCHER.status(record).state for _ in range(3)] == [
-        JobState.PENDING,
-        JobState.RUNNING,
-        JobState.SUCCEEDED,
-    ]
+    assert [lepton.LAUNCHER.status(record).state for _ in range(2)] == [JobState.PENDING, JobState.RUNNING]
+    assert stub.secrets.keys() == {"RLSTEPS_SECRET_RM_TOKEN", *own}  # kept while the job runs
+    assert lepton.LAUNCHER.status(record).state is JobState.SUCCEEDED
+    assert stub.secrets == {"RLSTEPS_SECRET_RM_TOKEN": "another job's value"}  # its own are gone once it ended
+    assert JobRecord.load(job_dir).extra["secrets_deleted"] is True
     assert "Completed" in lepton.LAUNCHER.status(record).detail
     assert list(lepton.LAUNCHER.logs(record)) == list(stub.log)
     assert list(lepton.LAUNCHER.logs(record, follow=True)) == list(stub.log)
     lepton.LAUNCHER.cancel(record)
-    assert ("DELETE", f"/jobs/{submission.job_id}") in stub.calls
+    assert ("DELETE", f"/jobs/{job_id}") in stub.calls
     assert lepton.LAUNCHER.status(record).state is JobState.CANCELLED
+    assert [c for c in stub.calls if c[1].startswith("/usersecrets/")] == [("DELETE", f"/usersecrets/{n}") for n in own]
 
     printed = "".join(capfd.readouterr())
     written = "".join(p.read_text() for p in job_dir.iterdir())
@@ -286,16 +290,30 @@ def test_submit_status_logs_and_cancel_through_the_sdk(rs, profiles, tmp_path, s
 
 
 @pytest.mark.parametrize(("final", "code"), [("Completed", 0), ("Failed", 1)])
-def test_attached_run_streams_rank_zeros_log_and_returns_the_outcome(rs, profiles, tmp_path, stub, capfd, final, code):
+def test_attached_run_streams_the_log_returns_the_outcome_and_drops_its_secrets(
+    rs, profiles, tmp_path, stub, capfd, final, code
+):
     stub.states = ("Starting", "Running", "Running", final)
     launcher = lepton.LeptonLauncher()
     launcher.poll_seconds = 0.01
-    job = make_job(rs, profiles, name="lep2", mode="attached")
+    job = make_job(rs, profiles, mode="attached")
     submission = launcher.submit(job, launcher.plan(job, tmp_path), tmp_path)
     assert submission.exit_code == code
     out, err = capfd.readouterr()
     assert out.splitlines() == list(stub.log) and final in err
     assert not any(secret in out + err for secret in CREDENTIALS)
+    assert not stub.secrets and len([c for c in stub.calls if c == ("POST", "/usersecrets")]) == 1
+    assert launcher.record(job, submission).extra["secrets_deleted"] is True  # what the runner then saves
+
+
+def test_the_log_is_rank_zeros_of_a_multi_replica_job(rs, profiles, tmp_path, stub):
+    job = make_job(rs, profiles, name="lep2")  # submitting refuses it; a job that has two replicas all the same
+    body = json.loads(lepton.LAUNCHER.plan(job, tmp_path).files[lepton.SPEC_FILE])
+    body["spec"]["affinity"]["allowed_dedicated_node_groups"] = ["ng-0a1b2c"]
+    job_id = body["metadata"]["id"]
+    stub.jobs[job_id], stub.scripts[job_id] = body, ("Running",)
+    record = JobRecord("lepton", job_id, str(tmp_path), "rl/rs", "2026-01-01T00:00:00+00:00", {"workspace": "test-ws"})
+    assert list(lepton.LAUNCHER.logs(record, follow=True)) == list(stub.log)  # the stub streams rank 0 only
 
 
 def test_unknown_node_group_names_the_ones_there(rs, profiles, tmp_path, stub):
@@ -345,3 +363,222 @@ def test_rlsteps_run_submits_a_batch_job_and_writes_no_secret(tiny_world, profil
     assert {"config.yaml", "job.yaml", lepton.SPEC_FILE} <= {p.name for p in job_dir.iterdir()}
     written = "".join(p.read_text() for p in job_dir.iterdir())
     assert not any(secret in out + written for secret in CREDENTIALS)
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "refused"),
+    [
+        ("lep2", {}, "2 node(s) x 8 process(es)"),
+        ("lep", {"gpus_per_node": 8}, "1 node(s) x 8 process(es)"),
+        ("lep", {"nprocs_per_node": 2}, "1 node(s) x 2 process(es)"),
+        ("lep", {"gpus_per_node": 8, "nprocs_per_node": 1}, None),  # one process that sees 8 GPUs
+    ],
+)
+def test_check_refuses_more_than_one_process(rs, profiles, name, change, refused):
+    job = make_job(rs, profiles, name=name)
+    job = job.model_copy(update={"launcher_settings": {**job.launcher_settings, **change}})
+    if refused is None:
+        lepton.LAUNCHER.check(job)
+        return
+    with pytest.raises(UsageError) as err:
+        lepton.LAUNCHER.check(job)
+    assert refused in err.value.message and "embedded engine runs a single process" in err.value.message
+    assert "nodes: 1" in err.value.fix and "one process per node" in err.value.fix
+
+
+def test_a_multi_process_run_is_refused_before_anything_is_written_or_sent(
+    tiny_world, profiles, tmp_path, stub, monkeypatch, capfd
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSTEPS_PROFILES", str(profiles))
+    dry = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep2", "--dry-run", f"rm.token={RM_TOKEN}")
+    shown = dry.output + "".join(capfd.readouterr())
+    assert dry.exit_code == 0, shown
+    assert "note: the embedded engine is single-process for now" in " ".join(shown.split())
+    result = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep2", f"rm.token={RM_TOKEN}")
+    out = result.output + "".join(capfd.readouterr())
+    assert result.exit_code == 2, out
+    assert "embedded engine runs a single process" in out and "nodes: 1" in out
+    assert stub.calls == [] and not (tmp_path / ".rlsteps").exists()
+
+
+LEPTON_ENV = ("LEPTON_WORKSPACE_ID", "LEPTON_WORKSPACE_TOKEN", "LEPTON_WORKSPACE_URL", "LEPTON_CACHE_DIR")
+
+
+@pytest.mark.parametrize(
+    ("login_record", "message"),
+    [
+        (None, "no token for DGX Cloud Lepton workspace test-ws"),  # the profile names a workspace, nothing a token
+        ("- not: a mapping\n", "the leptonai SDK cannot read its `lep login` record (TypeError)"),
+    ],
+)
+def test_missing_or_unreadable_credentials_are_one_line_not_a_traceback(
+    tiny_world, profiles, tmp_path, monkeypatch, login_record, message
+):
+    from rlsteps.tiny.layout import rlsteps_home
+
+    for name in LEPTON_ENV:
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    if login_record is not None:
+        (home / ".cache" / "lepton").mkdir(parents=True)
+        (home / ".cache" / "lepton" / "workspace_info.yaml").write_text(login_record)
+    env = {"HOME": str(home), "RLSTEPS_HOME": str(rlsteps_home()), "RLSTEPS_PROFILES": str(profiles)}
+    result = run_cli("run", "rl/rs", "-c", "tiny", "-b", "lep", f"rm.token={RM_TOKEN}", cwd=tmp_path, env=env)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and message in " ".join(result.stderr.split())
+    assert "lep login" in result.stderr
+
+
+def test_every_way_the_sdk_fails_to_build_a_client_is_a_usage_error(monkeypatch):
+    from leptonai.api.v2 import client as sdk_client
+    from leptonai.api.v2.workspace_record import _LocalWorkspaceRecord
+
+    for name in LEPTON_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sdk_client.WorkspaceRecord, "_singleton_record", _LocalWorkspaceRecord())  # no `lep login`
+    with pytest.raises(UsageError, match="no DGX Cloud Lepton workspace to talk to"):
+        lepton_api.client(None)
+    with pytest.raises(UsageError, match="no token for DGX Cloud Lepton workspace test-ws"):
+        lepton_api.client("test-ws")
+    monkeypatch.setenv("LEPTON_WORKSPACE_TOKEN", TOKEN)
+    monkeypatch.setenv("LEPTON_DEBUG_HEADERS", "not-a-pair")  # the SDK raises a RuntimeError on this one
+    with pytest.raises(UsageError, match=r"cannot set up a client .* test-ws \(RuntimeError\)") as err:
+        lepton_api.client("test-ws")
+    assert TOKEN not in str(err.value)
+
+
+def local_record(root: Path, name: str, exit_file: str = "0\n") -> JobRecord:
+    """A detached local job that ended, as the local launcher leaves it."""
+    from rlsteps.launch import local
+
+    job_dir = root / name
+    job_dir.mkdir(parents=True)
+    (job_dir / local.LOG_FILE).write_text("done\n")
+    (job_dir / local.EXIT_FILE).write_text(exit_file)
+    extra = {"pid": 4242, "pid_started": None, "log": str(job_dir / local.LOG_FILE)}
+    record = JobRecord("local", "4242", str(job_dir), "rl/rs", f"2026-01-01T00:00:{name[-2:]}+00:00", extra)
+    record.save()
+    return record
+
+
+def lepton_record(root: Path, name: str) -> JobRecord:
+    job_dir = root / name
+    job_dir.mkdir(parents=True)
+    job_id = lepton_spec.lepton_job_name(name)
+    extra = {"workspace": "test-ws", "secrets": [secret_name(job_id, "WANDB_API_KEY")], "secrets_deleted": False}
+    record = JobRecord("lepton", job_id, str(job_dir), "rl/rs", f"2026-01-01T00:00:{name[-2:]}+00:00", extra)
+    record.save()
+    return record
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("failure", ["unreachable", "no token", "token refused"])
+def test_jobs_list_shows_every_job_when_lepton_cannot_answer(tmp_path, stub, monkeypatch, failure):
+    from leptonai.api.v2 import client as sdk_client
+    from leptonai.api.v2.workspace_record import _LocalWorkspaceRecord
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSTEPS_PROFILES", str(tmp_path / "none.yaml"))
+    if failure == "unreachable":
+        monkeypatch.setenv("LEPTON_WORKSPACE_URL", f"http://127.0.0.1:{closed_port()}/api/v2/workspaces/test-ws")
+    elif failure == "no token":
+        monkeypatch.delenv("LEPTON_WORKSPACE_TOKEN")
+        monkeypatch.setattr(sdk_client.WorkspaceRecord, "_singleton_record", _LocalWorkspaceRecord())
+    else:
+        monkeypatch.setenv("LEPTON_WORKSPACE_TOKEN", "wrong-" + TOKEN)
+    jobs_dir = tmp_path / ".rlsteps" / "jobs"
+    local_record(jobs_dir, "20260101-000000-rl_rs-01")
+    for name in ("20260101-000001-rl_rs-02", "20260101-000002-rl_rs-03"):
+        lepton_record(jobs_dir, name)
+    local_record(jobs_dir, "20260101-000003-rl_rs-04", exit_file="garbled")  # fails alone: not its backend
+
+    listed = invoke("jobs", "list", "--json")
+    assert listed.exit_code == 0, listed.output
+    views = json.loads(listed.stdout)
+    assert [(v["launcher"], v["state"]) for v in views] == [
+        ("local", "succeeded"),
+        ("lepton", "unknown"),
+        ("lepton", "unknown"),
+        ("local", "unknown"),
+    ]
+    reason = {"unreachable": "cannot reach the Lepton API", "no token": "no token for", "token refused": "401"}
+    assert all(reason[failure] in v["detail"] and "lep login" in v["detail"] for v in views[1:3])
+    assert views[3]["detail"].startswith("local status unavailable: ValueError")
+    assert len([c for c in stub.calls if c[1].startswith("/jobs/")]) == (failure == "token refused")  # asked once
+    table = invoke("jobs", "list")
+    assert table.exit_code == 0 and all(f"rl_rs-0{i}" in table.stdout for i in range(1, 5))
+    assert not any(secret in table.output + listed.output for secret in CREDENTIALS)
+
+
+def test_each_job_keeps_its_own_secrets_until_it_ends(tiny_world, profiles, tmp_path, stub, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSTEPS_PROFILES", str(profiles))
+    stub.secrets["RLSTEPS_SECRET_RM_TOKEN"] = "a shared value"  # a name older releases stored for every job
+    tokens = ["rm-token-first-A1", "rm-token-second-B2"]
+    for token in tokens:
+        result = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep", f"rm.token={token}")
+        assert result.exit_code == 0, result.output + "".join(capfd.readouterr())
+    first, second = stub.jobs  # in the order submitted
+    assert first != second
+    secrets = {
+        job_id: {secret_name(job_id, "RLSTEPS_SECRET_RM_TOKEN"): token, secret_name(job_id, "WANDB_API_KEY"): WANDB_KEY}
+        for job_id, token in zip((first, second), tokens)
+    }
+    assert stub.secrets == {"RLSTEPS_SECRET_RM_TOKEN": "a shared value", **secrets[first], **secrets[second]}
+    assert not any(c[0] == "DELETE" for c in stub.calls)  # a submission deletes nothing
+
+    stub.scripts[first], stub.scripts[second] = ("Completed",), ("Running",)
+    listed = invoke("jobs", "list", "--json")
+    assert [(v["job_id"], v["state"]) for v in json.loads(listed.stdout)] == [(first, "succeeded"), (second, "running")]
+    assert stub.secrets == {"RLSTEPS_SECRET_RM_TOKEN": "a shared value", **secrets[second]}
+    (first_dir,) = [p for p in (tmp_path / ".rlsteps" / "jobs").iterdir() if JobRecord.load(p).job_id == first]
+    assert JobRecord.load(first_dir).extra["secrets_deleted"] is True
+    deletes = len([c for c in stub.calls if c[0] == "DELETE"])
+    assert invoke("jobs", "status", first).exit_code == 0
+    assert len([c for c in stub.calls if c[0] == "DELETE"]) == deletes  # done once, not at each look
+
+    cancelled = invoke("jobs", "cancel", second)
+    assert cancelled.exit_code == 0, cancelled.output
+    assert stub.secrets == {"RLSTEPS_SECRET_RM_TOKEN": "a shared value"}
+
+
+def test_a_failed_secret_delete_is_a_warning_and_is_tried_again(rs, profiles, tmp_path, stub, capfd):
+    launcher = lepton.LeptonLauncher()
+    job = make_job(rs, profiles)
+    submission = launcher.submit(job, launcher.plan(job, tmp_path), tmp_path)
+    record = launcher.record(job, submission)
+    record.save()
+    stub.scripts[submission.job_id], stub.secret_deletes_fail = ("Failed",), True
+    assert launcher.status(record).state is JobState.FAILED
+    err = capfd.readouterr().err
+    assert "warning: the secrets of Lepton job" in err and all(name in err for name in record.extra["secrets"])
+    assert stub.secrets.keys() == set(record.extra["secrets"]) and not JobRecord.load(tmp_path).extra["secrets_deleted"]
+    stub.secret_deletes_fail = False
+    assert launcher.status(JobRecord.load(tmp_path)).state is JobState.FAILED
+    assert not stub.secrets and JobRecord.load(tmp_path).extra["secrets_deleted"] is True
+
+
+def test_a_refused_submission_leaves_no_secret_and_touches_no_other_jobs(rs, profiles, tmp_path, stub):
+    job = make_job(rs, profiles)
+    plan = lepton.LAUNCHER.plan(job, tmp_path / job.name)
+    stub.job_creates_fail = True
+    with pytest.raises(RunFailed, match="500"):
+        lepton.LAUNCHER.submit(job, plan, tmp_path / job.name)
+    assert not stub.jobs and not stub.secrets  # stored for the job, then dropped when it was not created
+
+    stub.job_creates_fail = False
+    lepton.LAUNCHER.submit(job, plan, tmp_path / job.name)
+    kept = dict(stub.secrets)
+    again = job.model_copy(update={"config": {**job.config, "rm": {**job.config["rm"], "token": "another"}}})
+    with pytest.raises(RunFailed, match="409"):  # the same job id: its secret names are taken, not replaced
+        lepton.LAUNCHER.submit(again, lepton.LAUNCHER.plan(again, tmp_path / job.name), tmp_path / job.name)
+    assert stub.secrets == kept and len(stub.jobs) == 1

@@ -86,15 +86,33 @@ def job_status(record: JobRecord) -> JobStatus:
 
 
 def list_jobs(roots: list[Path] | None = None) -> list[JobView]:
-    """Every job with its status; a status that cannot be read says why instead of failing the list."""
-    views = []
+    """Every job with its status; a status that cannot be read says why instead of failing the list.
+
+    A remote workspace (a record's `workspace`, as Lepton's name one) that failed once is not asked again for the
+    rest of the list: an unreachable API would cost its timeout for each of its jobs. Other jobs are each asked.
+    """
+    views, failed = [], {}
     for record in find_records(roots):
-        try:
-            status = job_status(record)
-        except RlstepsError as error:
-            status = JobStatus(JobState.UNKNOWN, error.message)
+        workspace = record.extra.get("workspace")
+        backend = (record.launcher, str(workspace)) if workspace else None
+        if backend in failed:
+            status = JobStatus(JobState.UNKNOWN, failed[backend])
+        else:
+            try:
+                status = job_status(record)
+            except Exception as error:  # any backend failure, the SDK's and the network's too; not Ctrl-C
+                status = JobStatus(JobState.UNKNOWN, f"{record.launcher} status unavailable: {_reason(error)}")
+                if backend:
+                    failed[backend] = status.detail
         views.append(JobView(record, status))
     return views
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, RlstepsError):
+        return str(error)  # the message and its fix
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def job_logs(record: JobRecord, follow: bool = False) -> Iterator[str]:

@@ -1,0 +1,272 @@
+"""The Lepton job a profile describes, built offline from the leptonai SDK's own types.
+
+The profile model (LeptonProfile), the container's entry script and the LeptonJob to post; nothing here talks to
+the API. The compiled config travels in the job's command, base64-encoded, and is decoded into a container-local
+directory: nothing is copied to shared storage first, each replica gets its own copy, and the config holds no
+secret values (secrets are `${oc.env:...}` interpolations).
+
+Secrets: each value rlsteps holds (job.secret_env()) is stored as a private workspace secret of its own job,
+named after the job id and the variable (secret_name), and the job references it by name. A profile can also
+reference an existing secret: `env_vars: {HF_TOKEN: {secret: NAME}}`.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rlsteps.errors import UsageError
+from rlsteps.launch.base import worker_command
+from rlsteps.launch.job import Job
+
+LOGIN_HINT = "run `lep login`, or set LEPTON_WORKSPACE_ID and LEPTON_WORKSPACE_TOKEN"
+SINGLE_PROCESS_FIX = "set nodes: 1 and nprocs_per_node: 1 (one process per node)"
+CONTAINER_JOBS_DIR = "/tmp/rlsteps/jobs"  # container-local: each replica writes its own copy of the config
+MAX_JOB_NAME = 36  # the SDK's limit for a job id
+MASTER_PORT = 29400
+SECRET_PREFIX = "rlsteps_"  # a secret name may not start with LEPTON_; this one says whose it is
+
+# Lepton sets these in every replica; the rank-0 replica's address is how the platform's own scripts find it.
+RENDEZVOUS = """\
+SERVICE_PREFIX="${LEPTON_JOB_SERVICE_PREFIX:-$LEPTON_JOB_NAME}"
+SUBDOMAIN="${LEPTON_SUBDOMAIN:-$LEPTON_JOB_NAME-job-svc}"
+MASTER_ADDR="$SERVICE_PREFIX-0.$SUBDOMAIN.ws-$LEPTON_WORKSPACE_ID.svc.cluster.local"
+"""
+
+
+class SecretRef(BaseModel):
+    """An env_vars value that names a secret already stored in the workspace."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    secret: str
+
+
+class LeptonProfile(BaseModel):
+    """The profile keys this launcher reads; an unknown key is an error (a typo would be ignored otherwise)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    executor: str = "lepton"
+    workspace: str | None = None  # a workspace id; default: LEPTON_WORKSPACE_ID or the `lep login` workspace
+    node_group: str
+    resource_shape: str
+    container_image: str
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int | None = Field(None, ge=1)
+    nprocs_per_node: int | None = Field(None, ge=1)  # processes per node; default gpus_per_node, else 1
+    mounts: list[dict[str, Any]] = []
+    env_vars: dict[str, str | int | float | bool | SecretRef] = {}
+    image_pull_secrets: list[str] = []
+    shared_memory_size: int | None = Field(None, ge=0)  # MiB
+    node_reservation: str | None = None
+    pre_launch_commands: list[str] = []  # shell lines run before the worker, as written
+    workdir: str | None = None  # where relative output paths land; default the first mount
+
+    @classmethod
+    def of(cls, job: Job) -> LeptonProfile:
+        where = f"profile {job.profile_name or '?'} ({job.profile_source or 'no file'})"
+        try:
+            profile = cls.model_validate(job.launcher_settings)
+        except ValidationError as err:
+            raise UsageError(
+                f"{where}: {_describe(err)}", fix=f"the Lepton keys are: {', '.join(cls.model_fields)}"
+            ) from None
+        if profile.workspace and ":" in profile.workspace:
+            raise UsageError(
+                f"{where}: `workspace` holds a credential (ID:TOKEN)", fix=f"keep only the id; {LOGIN_HINT}"
+            )
+        return profile
+
+    @property
+    def nprocs(self) -> int:
+        return self.nprocs_per_node or self.gpus_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nprocs
+
+    @property
+    def run_dir(self) -> str | None:
+        return self.workdir or (self.mounts[0].get("mount_path") if self.mounts else None)
+
+    def secret_refs(self) -> dict[str, str]:
+        return {k: v.secret for k, v in self.env_vars.items() if isinstance(v, SecretRef)}
+
+    def plain_env(self, held: dict[str, str]) -> dict[str, str]:
+        plain = {
+            k: str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in self.env_vars.items()
+            if not isinstance(v, SecretRef) and k not in held
+        }
+        return {"PYTHONUNBUFFERED": "1", **plain}
+
+
+def held_secrets(job: Job, profile: LeptonProfile) -> dict[str, str]:
+    """Env var -> value of every secret rlsteps itself holds (config secrets, secret-looking env_vars)."""
+    refs = profile.secret_refs()
+    return {name: value for name, value in job.secret_env().items() if name not in refs}
+
+
+def secret_name(job_id: str, env_var: str) -> str:
+    """The workspace secret that carries one held value of one job.
+
+    Unique per job, so no submission replaces or deletes another job's value. Lepton's rules for a secret name
+    (the SDK's validate_environment_variable_name): letters, digits, '.', '_' and '-', not a digit first, not a
+    LEPTON_ name. A job id is [a-z][a-z0-9-]* and has no '_', so the first '_' after the prefix ends it.
+    """
+    return f"{SECRET_PREFIX}{job_id}_{env_var}"
+
+
+def is_secret_of(job_id: str, name: str) -> bool:
+    """Whether a recorded secret name is this job's own (older records named shared secrets, never deleted)."""
+    return name.startswith(f"{SECRET_PREFIX}{job_id}_")
+
+
+def lepton_job_name(job_dir_name: str) -> str:
+    """A Lepton job id: lowercase letters, digits and '-', a letter first, at most 36 characters."""
+    text = re.sub(r"[^a-z0-9]+", "-", job_dir_name.lower()).strip("-")
+    name = text if text[:1].isalpha() else f"j-{text}"
+    return name[:MAX_JOB_NAME].rstrip("-")
+
+
+def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile) -> str:
+    """The container's bash script: write the config, run the profile's setup, start the worker."""
+    config_dir = f"{CONTAINER_JOBS_DIR}/{job_dir_name}"
+    record = {
+        "job": {
+            "name": job_dir_name,
+            "step": job.step_id,
+            "config": job.config_name,
+            "mode": job.mode,
+            "created": job.created,
+            "launcher": "lepton",
+        }
+    }
+    lines = [
+        "set -euo pipefail",
+        f"mkdir -p {shlex.quote(config_dir)}",
+        _decode_into(f"{config_dir}/config.yaml", job.worker_config()),
+        _decode_into(f"{config_dir}/job.yaml", record),
+        *profile.pre_launch_commands,
+    ]
+    if profile.run_dir:
+        lines.append(f"mkdir -p {shlex.quote(profile.run_dir)} && cd {shlex.quote(profile.run_dir)}")
+    worker = worker_command("python", Path(config_dir), job.passthrough)  # python -m rlsteps.engine.worker CONFIG ...
+    if profile.world_size == 1:
+        lines.append(f"exec {shlex.join(worker)}")
+    elif profile.nodes == 1:
+        lines.append(
+            f"exec {shlex.join(['torchrun', '--standalone', f'--nproc-per-node={profile.nprocs}', *worker[1:]])}"
+        )
+    else:
+        lines.append(RENDEZVOUS.rstrip())
+        torchrun = [
+            "torchrun",
+            f"--nnodes={profile.nodes}",
+            f"--nproc-per-node={profile.nprocs}",
+            f"--master-port={MASTER_PORT}",
+        ]
+        lines.append(
+            f'exec {shlex.join(torchrun)} --node-rank="$LEPTON_JOB_WORKER_INDEX" --master-addr="$MASTER_ADDR" '
+            f"{shlex.join(worker[1:])}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def build_spec(job: Job, job_dir_name: str, profile: LeptonProfile) -> Any:
+    """The LeptonJob to post; the node group appears by name until submission swaps in its id."""
+    from leptonai.api.v2.job_validation import validate_job_create
+    from leptonai.api.v2.types.affinity import LeptonResourceAffinity
+    from leptonai.api.v2.types.common import LeptonVisibility, Metadata
+    from leptonai.api.v2.types.deployment import EnvValue, EnvVar, LeptonContainer, Mount, ReservationConfig
+    from leptonai.api.v2.types.job import LeptonJob, LeptonJobUserSpec
+
+    name = lepton_job_name(job_dir_name)
+    held = held_secrets(job, profile)
+    references = {**{k: secret_name(name, k) for k in held}, **profile.secret_refs()}
+    envs = [EnvVar(name=k, value=v) for k, v in profile.plain_env(held).items()]
+    envs += [EnvVar(name=k, value_from=EnvValue(secret_name_ref=ref)) for k, ref in sorted(references.items())]
+    try:
+        spec = LeptonJobUserSpec(
+            resource_shape=profile.resource_shape,
+            affinity=LeptonResourceAffinity(allowed_dedicated_node_groups=[profile.node_group]),
+            container=LeptonContainer(
+                image=profile.container_image, command=["/bin/bash", "-c", entry_script(job, job_dir_name, profile)]
+            ),
+            completions=profile.nodes,
+            parallelism=profile.nodes,
+            intra_job_communication=True if profile.nodes > 1 else None,
+            shared_memory_size=profile.shared_memory_size,
+            envs=envs,
+            mounts=[Mount.model_validate(m) for m in profile.mounts],
+            image_pull_secrets=profile.image_pull_secrets,
+            reservation_config=ReservationConfig(reservation_id=profile.node_reservation)
+            if profile.node_reservation
+            else None,
+        )
+        lepton_job = LeptonJob(
+            metadata=Metadata(
+                id=name,
+                name=name,
+                visibility=LeptonVisibility.PRIVATE,
+                labels={"rlsteps-step": lepton_job_name(job.step_id)},
+            ),
+            spec=spec,
+        )
+        validate_job_create(lepton_job)
+    except ValidationError as err:
+        raise UsageError(
+            f"profile {job.profile_name}: {_describe(err)}", fix="each mount needs path, mount_path and from"
+        ) from None
+    except ValueError as err:
+        raise UsageError(f"profile {job.profile_name}: {err}") from None
+    return lepton_job
+
+
+def summary(job: Job, profile: LeptonProfile, job_id: str) -> str:
+    where = f"workspace {profile.workspace}" if profile.workspace else "the logged-in workspace"
+    outputs = (
+        f"relative outputs under {profile.run_dir}"
+        if profile.run_dir
+        else "no mount: outputs are lost when the job ends"
+    )
+    how = (
+        "attached: streams the log until it ends"
+        if job.mode == "attached"
+        else "detached: follow it with `rlsteps jobs logs -f`"
+    )
+    text = (
+        f"submit {job.step_id} to DGX Cloud Lepton ({where}) as job {job_id}: "
+        f"{profile.nodes} x {profile.resource_shape} in "
+        f"node group {profile.node_group} (id looked up at submission), {profile.container_image}; {outputs}; {how}"
+    )
+    if profile.world_size > 1:
+        text += (
+            f"; note: the embedded engine is single-process for now, so submitting refuses {profile.nodes} node(s) "
+            f"x {profile.nprocs} process(es)"
+        )
+    return text
+
+
+def _decode_into(path: str, data: dict[str, Any]) -> str:
+    """A shell line that writes data as YAML to path; base64 needs no quoting and survives any content."""
+    encoded = base64.b64encode(OmegaConf.to_yaml(OmegaConf.create(data)).encode()).decode()
+    return f"echo {encoded} | base64 -d > {shlex.quote(path)}"
+
+
+def _describe(err: ValidationError) -> str:
+    problems = []
+    for e in err.errors(include_url=False, include_input=False):
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(str(e["loc"][-1]), list(LeptonProfile.model_fields), n=1)
+            problems.append(f"unknown key '{key}'" + (f" (did you mean {close[0]}?)" if close else ""))
+        else:
+            problems.append(f"{key}: {e['msg']}")
+    return "; ".join(problems)
