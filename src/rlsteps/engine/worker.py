@@ -55,6 +55,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
     job = _job_record(config_path)
     versions = input_versions(cfg.inputs.model_dump())  # before the step: what this run actually reads
     log.info("%s: run directory %s", cfg.algorithm, run_dir)
+    log.info("code: rlsteps %s from %s", _package_version(), Path(__file__).parents[1])
     try:
         model, tokenizer, counters = _convert(cfg) if isinstance(cfg, ConvertConfig) else _train(cfg, run_dir)
     except (RunStopped, RunDirectoryInUse) as stopped:
@@ -165,6 +166,12 @@ def _summarise(run_dir: Path, extra_keys: list[str]) -> None:
         log.info("metrics plot: %s", png)
     except (ValueError, ImportError) as error:
         log.warning("no metrics plot: %s", error)
+
+
+def _package_version() -> str:
+    from rlsteps.launch.code import package_version
+
+    return package_version()
 
 
 def _job_record(config_path: Path) -> dict[str, Any]:

@@ -33,6 +33,7 @@ class LaunchPlan:
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)  # non-secret variables; secrets travel separately
     files: dict[str, str] = field(default_factory=dict)  # job-dir file name -> content (scripts, specs)
+    code: str | None = None  # the file name of the wheel of rlsteps the job runs (launch.code), built into its dir
 
     def shell(self) -> str:
         return shlex.join(self.command)
@@ -109,6 +110,9 @@ class Launcher(Protocol):
     """One backend. plan() is pure (--dry-run prints it); submit() carries it out."""
 
     name: str
+
+    def check(self, job: Job) -> None:
+        """Refuse a job this launcher cannot run (UsageError), before anything is written or sent."""
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan: ...
 

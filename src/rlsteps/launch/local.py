@@ -36,6 +36,9 @@ EXIT_CODE_WRAPPER = (
 class LocalLauncher:
     name = "local"
 
+    def check(self, job: Job) -> None:
+        """Anything this machine can compile, it can run."""
+
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
         worker = worker_command(sys.executable, job_dir, job.passthrough)
         if job.mode != "batch":

@@ -54,10 +54,23 @@ def create_job_dir(job: Job, base: Path | None = None) -> Path:
 
 
 def write_job_files(job_dir: Path, job: Job, plan: LaunchPlan, inputs: list[ResolvedInput]) -> None:
+    shipped = _ship_code(job_dir, plan)
     _write_yaml(job_dir / "config.yaml", job.worker_config())
-    _write_yaml(job_dir / "job.yaml", provenance(job, plan, inputs, job_dir))
+    _write_yaml(job_dir / "job.yaml", provenance(job, plan, inputs, job_dir) | shipped)
     for name, content in plan.files.items():
         (job_dir / name).write_text(content)
+
+
+def _ship_code(job_dir: Path, plan: LaunchPlan) -> dict[str, Any]:
+    """The wheel of rlsteps the job runs, built into its directory when the launcher ships code."""
+    if plan.code is None:
+        return {}
+    from rlsteps.launch.code import write_wheel
+
+    wheel = write_wheel(job_dir)
+    if wheel.name != plan.code:
+        raise RuntimeError(f"the plan names the wheel {plan.code}, but {wheel.name} was built")
+    return {"code": {"wheel": wheel.name, "sha256": wheel.sha256, "files": wheel.files}}
 
 
 def provenance(job: Job, plan: LaunchPlan, inputs: list[ResolvedInput], job_dir: Path) -> dict[str, Any]:

@@ -120,6 +120,8 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     """Compile, prepare the inputs, write the job directory, and submit."""
     compiled = compile_request(catalog, request)
     job = compiled.job
+    launcher = get_launcher(job.executor)
+    launcher.check(job)  # a refusal writes nothing
     step = catalog.find(job.step_id)
     if _tiny_world_built_by(job) is not None:
         _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
@@ -127,7 +129,6 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     if job.executor in TINY_WORLD_EXECUTORS:  # the job reads this machine's files: check them before it starts
         _check_prompt_files(inputs)
     job_dir = create_job_dir(job)
-    launcher = get_launcher(job.executor)
     plan = launcher.plan(job, job_dir)
     write_job_files(job_dir, job, plan, inputs)
     say(f"job {job_dir.name}: {plan.summary}")

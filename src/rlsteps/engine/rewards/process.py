@@ -94,7 +94,7 @@ class LocalServer:
             # If the parent dies without stopping it (kill -9, a crash), the kernel sends it SIGTERM.
             self.process = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env}, start_new_session=True, preexec_fn=parent_death_signal(),
+                env={**os.environ, **self.env}, start_new_session=True, preexec_fn=server_preexec(),
             )  # fmt: skip
         atexit.register(self.stop)
         try:
@@ -141,22 +141,26 @@ class LocalServer:
             process.wait()
 
 
-def parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child receive SIGTERM when the thread that started it ends (Linux prctl
-    PR_SET_PDEATHSIG); None where there is no prctl. The foreign function is looked up here, before the fork,
-    so the child only makes the one call between fork and exec."""
+def server_preexec() -> Callable[[], None]:
+    """What the server's process does between fork and exec:
+    - ignore SIGUSR1 (inherited through exec): Slurm signals every process of a job step before its time limit,
+      and the default action would kill the server while the worker writes its checkpoint;
+    - receive SIGTERM when the thread that started it ends (Linux prctl PR_SET_PDEATHSIG), so a killed worker
+      leaves no server behind. prctl is looked up here, before the fork, so the child only calls it."""
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return None
+        prctl = None  # not Linux
     parent = os.getpid()
 
-    def die_with_parent() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent ended before the call: nobody will stop this child
-            os._exit(1)
+    def prepare_server() -> None:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != parent:  # the parent ended before the call: nobody will stop this child
+                os._exit(1)
 
-    return die_with_parent
+    return prepare_server
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:

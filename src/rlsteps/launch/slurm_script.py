@@ -1,0 +1,242 @@
+"""The sbatch script of a Slurm job, built from its profile: pure, deterministic, every value quoted.
+
+The dry run prints exactly the file that is submitted. Secrets are never in it: sbatch passes the
+submitting process's environment to the job (--export=ALL), and that is where they are put. With
+nodes * gpus_per_node > 1 each node runs one task, a torchrun whose rendezvous comes from the Slurm
+variables; otherwise the task is the worker itself. Unless the profile says the environment already
+has rlsteps (`code: installed`), the task runs with the job's own wheel of rlsteps first on PYTHONPATH.
+With a time limit, Slurm sends USR1 `checkpoint_before_limit_s` before it: the worker checkpoints and
+exits 75, and with `requeue: true` the script requeues the job, which resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from rlsteps.engine.signals import EXIT_CHECKPOINTED
+from rlsteps.errors import UsageError
+from rlsteps.launch import code, containers
+from rlsteps.launch.base import comment_safe, worker_command
+from rlsteps.launch.job import Job
+from rlsteps.secrets import is_secret_key
+
+SCRIPT_FILE = "sbatch.sh"
+LOG_NAME = "slurm-{job_id}.log"
+RDZV_PORT = 29500
+
+
+class SlurmProfile(BaseModel):
+    """The launcher settings of a Slurm profile (everything in it but `config:` and `extends:`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    executor: str = "slurm"
+    account: str | None = None
+    partition: str | None = None
+    run_partition: str | None = None  # for -r (attached)
+    batch_partition: str | None = None  # for -b (detached)
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(0, ge=0)
+    ntasks_per_node: int = 1
+    cpus_per_task: int | None = Field(None, ge=1)
+    mem: str | int | None = None  # sbatch --mem: 0 is all of the node's memory
+    time: str | int | None = None  # sbatch --time: minutes or [D-]HH:MM:SS
+    exclusive: bool = False
+    container_image: str | None = None  # an image reference (squashed once) or a .sqsh file
+    container_mounts: list[str] = []
+    env_vars: dict[str, str | int | float | bool] = {}
+    setup_lines: list[str] = []  # shell lines run before srun, written as given (module load ...)
+    job_dir: str | None = None  # job directories on the shared filesystem; default .rlsteps/jobs here
+    squash_dir: str | None = None  # where squashed images are cached; default <job_dir>/../containers
+    python: str | None = None  # the worker's python; default this one, or `python` inside a container
+    code: Literal["ship", "installed"] = "ship"  # ship: the job runs its own wheel of rlsteps; installed: python has it
+    checkpoint_before_limit_s: int | None = Field(300, ge=60)  # USR1 this long before `time` ends: checkpoint, stop
+    requeue: bool = False  # requeue the job after that checkpoint (and on node failure): it resumes by itself
+    squash_time: str | int = 60  # the time limit of the srun that squashes the image
+
+    @field_validator("ntasks_per_node")
+    @classmethod
+    def _one_task_per_node(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("must be 1: the job runs one task per node, and torchrun starts a process per GPU")
+        return value
+
+    @field_validator("env_vars")
+    @classmethod
+    def _variable_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return value
+
+    def partition_for(self, mode: str) -> str | None:
+        return (self.run_partition if mode == "attached" else self.batch_partition) or self.partition
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * max(self.gpus_per_node, 1)
+
+
+def load_profile(job: Job) -> SlurmProfile:
+    try:
+        return SlurmProfile.model_validate(job.launcher_settings)
+    except ValidationError as err:
+        causes = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'profile'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors()
+        )
+        known = ", ".join(k for k in SlurmProfile.model_fields if k != "executor")
+        raise UsageError(
+            f"Slurm profile '{job.profile_name}' is invalid: {causes}", fix=f"the known keys are {known}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the job lives on the cluster and what runs it."""
+
+    run_dir: Path  # the job directory the cluster sees (the profile's job_dir, else the local one)
+    workdir: Path  # the job's working directory: relative output paths resolve here, as in a local run
+    python: str
+    container: containers.ContainerPlan | None
+    wheel: Path | None  # the job's own rlsteps, put first on PYTHONPATH; None: the environment has it
+
+
+def place(job: Job, profile: SlurmProfile, job_dir: Path) -> Placement:
+    jobs_root = Path(profile.job_dir).expanduser().absolute() if profile.job_dir else job_dir.parent
+    container = None
+    if profile.container_image:
+        cache = (
+            Path(profile.squash_dir).expanduser().absolute() if profile.squash_dir else jobs_root.parent / "containers"
+        )
+        container = containers.plan_container(profile.container_image, cache, job.force_squash)
+    python = profile.python or ("python" if container else sys.executable)
+    run_dir = jobs_root / job_dir.name
+    wheel = run_dir / code.wheel_name() if profile.code == "ship" else None
+    return Placement(run_dir=run_dir, workdir=Path.cwd(), python=python, container=container, wheel=wheel)
+
+
+class Expansion(str):
+    """A shell word this module writes itself that must expand at run time, so it is not quoted."""
+
+
+def shell_join(words: list[str]) -> str:
+    return " ".join(w if isinstance(w, Expansion) else shlex.quote(w) for w in words)
+
+
+def task_command(job: Job, profile: SlurmProfile, where: Placement) -> list[str]:
+    """What each Slurm task runs: the worker, or a torchrun of it that meets the other nodes at the head node."""
+    worker = worker_command(where.python, where.run_dir, job.passthrough)
+    if profile.world_size == 1:
+        return code.on_path(str(where.wheel), worker) if where.wheel else worker
+    torchrun = [
+        where.python,
+        "-m",
+        "torch.distributed.run",
+        Expansion('--nnodes="$SLURM_NNODES"'),
+        f"--nproc-per-node={max(profile.gpus_per_node, 1)}",
+        "--rdzv-backend=c10d",
+        Expansion('--rdzv-id="$SLURM_JOB_ID"'),
+        Expansion(f'--rdzv-endpoint="$head_node:{RDZV_PORT}"'),
+        *worker[1:],
+    ]  # torchrun's -m runs the worker module in each process
+    return code.on_path(str(where.wheel), torchrun) if where.wheel else torchrun
+
+
+def srun_words(job: Job, profile: SlurmProfile, where: Placement) -> list[str]:
+    container = (
+        containers.pyxis_options(where.container, profile.container_mounts, where.workdir) if where.container else []
+    )
+    return ["srun", f"--nodes={profile.nodes}", "--ntasks-per-node=1", *container, *task_command(job, profile, where)]
+
+
+def directives(job: Job, profile: SlurmProfile, where: Placement) -> list[tuple[str, Any]]:
+    wanted = [
+        ("job-name", job.name),
+        ("account", profile.account),
+        ("partition", profile.partition_for(job.mode)),
+        ("nodes", profile.nodes),
+        ("ntasks-per-node", 1),
+        ("gpus-per-node", profile.gpus_per_node or None),
+        ("cpus-per-task", profile.cpus_per_task),
+        ("mem", profile.mem),
+        ("time", profile.time),
+        ("exclusive", profile.exclusive or None),
+        ("output", where.run_dir / LOG_NAME.format(job_id="%j")),
+        ("open-mode", "append"),
+        ("chdir", where.workdir),
+        ("export", "ALL"),
+        ("dependency", "afterok:" + ":".join(job.depends_on) if job.depends_on else None),
+        ("kill-on-invalid-dep", "yes" if job.depends_on else None),  # a failed stage cancels what waits on it
+        (
+            "signal",
+            f"USR1@{profile.checkpoint_before_limit_s}" if profile.time and profile.checkpoint_before_limit_s else None,
+        ),
+        ("requeue", profile.requeue or None),
+    ]
+    return [(flag, value) for flag, value in wanted if value is not None]
+
+
+def sbatch_script(job: Job, profile: SlurmProfile, where: Placement) -> str:
+    lines = [
+        "#!/bin/bash",
+        f"# rlsteps {comment_safe(job.step_id)} (config {comment_safe(job.config_name)}), "
+        f"{job.mode} on profile {comment_safe(job.profile_name or '')}, job {job.name}",
+    ]
+    for flag, value in directives(job, profile, where):
+        text = str(value)
+        if re.search(r"[\x00-\x1f\x7f]", text):
+            raise UsageError(
+                f"Slurm option --{flag} has a control character in {text!r}", fix="remove it from the profile"
+            )
+        lines.append(f"#SBATCH --{flag}" if value is True else f"#SBATCH --{flag}={shlex.quote(text)}")
+    secrets = sorted(job.secret_env())
+    lines += ["", "set -eo pipefail"]
+    if secrets:
+        lines.append(
+            "# Secrets are not in this file: they come from the submitting environment (--export=ALL): "
+            + " ".join(secrets)
+        )
+    lines += [f"export {name}={shlex.quote(str(value))}" for name, value in public_env(profile).items()]
+    if profile.setup_lines:
+        lines += ["", "# setup_lines from the profile", *profile.setup_lines]
+    lines.append("")
+    if profile.world_size > 1:
+        lines.append('head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
+    srun = shell_join(srun_words(job, profile, where))
+    lines += [srun, ""] if not profile.requeue else _requeue_on_checkpoint(srun)
+    return "\n".join(lines)
+
+
+def _checkpoint_signal(profile: SlurmProfile) -> str | None:
+    """USR1 to the job's tasks (not the batch shell) this long before the time limit."""
+    return f"USR1@{profile.checkpoint_before_limit_s}" if profile.time and profile.checkpoint_before_limit_s else None
+
+
+def _requeue_on_checkpoint(srun: str) -> list[str]:
+    """The task's exit code decides: EXIT_CHECKPOINTED (stopped before the time limit) requeues the job."""
+    return [
+        "set +e",
+        srun,
+        "code=$?",
+        "set -e",
+        f'if [ "$code" -eq {EXIT_CHECKPOINTED} ]; then',
+        '    echo "rlsteps: checkpointed before the time limit; requeueing job $SLURM_JOB_ID to resume from it"',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$code"',
+        "",
+    ]
+
+
+def public_env(profile: SlurmProfile) -> dict[str, str]:
+    env = {"PYTHONUNBUFFERED": "1"}
+    env |= {k: str(v) for k, v in profile.env_vars.items() if not is_secret_key(k)}
+    return env
