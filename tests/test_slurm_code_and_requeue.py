@@ -58,6 +58,12 @@ def test_the_task_runs_with_the_jobs_wheel_first_on_the_path_unless_the_profile_
     assert "/bin/sh" not in script_of("installed") and compiled("installed").plan.code is None
 
 
+def test_the_script_and_the_worker_agree_on_the_exit_code_of_a_checkpoint_on_request():
+    from rlsteps.launch import slurm_script
+
+    assert slurm_script.EXIT_CHECKPOINTED == EXIT_CHECKPOINTED
+
+
 def test_a_time_limit_brings_a_checkpoint_signal_and_requeue_is_the_profiles_choice(project):  # noqa: F811
     script = script_of("ci")  # time 00:15:00
     assert "#SBATCH --signal=USR1@300" in script and "--requeue" not in script

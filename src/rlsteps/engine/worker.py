@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+import rlsteps
 from rlsteps.engine import signals
 from rlsteps.engine.artifact import config_hash, input_versions, write_artifact
 from rlsteps.engine.config import STEP_SCHEMAS, ConvertConfig, RecipeConfig
@@ -55,7 +56,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
     job = _job_record(config_path)
     versions = input_versions(cfg.inputs.model_dump())  # before the step: what this run actually reads
     log.info("%s: run directory %s", cfg.algorithm, run_dir)
-    log.info("code: rlsteps %s from %s", _package_version(), Path(__file__).parents[1])
+    log.info("code: rlsteps %s from %s", rlsteps.__version__, Path(rlsteps.__file__).parent)
     try:
         model, tokenizer, counters = _convert(cfg) if isinstance(cfg, ConvertConfig) else _train(cfg, run_dir)
     except (RunStopped, RunDirectoryInUse) as stopped:
@@ -166,12 +167,6 @@ def _summarise(run_dir: Path, extra_keys: list[str]) -> None:
         log.info("metrics plot: %s", png)
     except (ValueError, ImportError) as error:
         log.warning("no metrics plot: %s", error)
-
-
-def _package_version() -> str:
-    from rlsteps.launch.code import package_version
-
-    return package_version()
 
 
 def _job_record(config_path: Path) -> dict[str, Any]:

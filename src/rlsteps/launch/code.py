@@ -39,10 +39,9 @@ class CodeWheel:
 
 
 def package_version() -> str:
-    try:
-        return importlib.metadata.version(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
+    import rlsteps
+
+    return rlsteps.__version__
 
 
 def wheel_name() -> str:

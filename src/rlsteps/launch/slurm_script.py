@@ -20,13 +20,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rlsteps.engine.signals import EXIT_CHECKPOINTED
 from rlsteps.errors import UsageError
 from rlsteps.launch import code, containers
 from rlsteps.launch.base import comment_safe, worker_command
 from rlsteps.launch.job import Job
 from rlsteps.secrets import is_secret_key
 
+EXIT_CHECKPOINTED = 75  # the worker's exit after a checkpoint it was asked for (rlsteps.engine.signals)
 SCRIPT_FILE = "sbatch.sh"
 LOG_NAME = "slurm-{job_id}.log"
 RDZV_PORT = 29500
