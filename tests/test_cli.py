@@ -191,3 +191,26 @@ def test_on_a_fresh_machine_tiny_inputs_are_pending_not_missing(tmp_path):
     )
     assert pipeline.exit_code == 0, pipeline.output
     assert not (tmp_path / "empty-home").exists()  # a dry run builds nothing
+
+
+def test_ctrl_c_before_the_launcher_takes_over_exits_130_and_says_so(monkeypatch, capsys):
+    from rlsteps.cli.app import main
+    from rlsteps.plan import runner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "execute", interrupted)
+    assert main(["run", "rs", "-c", "tiny"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_an_attached_run_interrupted_with_ctrl_c_exits_130_not_1(monkeypatch, capsys, tmp_path, tiny_world):
+    from rlsteps.cli.app import main
+    from rlsteps.launch import local
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(local, "_run_attached", lambda command, env: 130)  # what the worker returns after Ctrl-C
+    assert main(["run", "rs", "-c", "tiny"]) == 130
+    err = capsys.readouterr().err
+    assert "rl/rs was interrupted" in err and "rerun the same command" in err

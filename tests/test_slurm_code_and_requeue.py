@@ -153,3 +153,13 @@ def test_a_job_checkpointed_before_its_time_limit_is_requeued_and_resumes(tiny_w
 def train_log(cwd: Path) -> str:
     path = run_dir(cwd, "rl_rs") / "train.log"
     return path.read_text() if path.exists() else ""
+
+
+def test_the_dry_run_prints_the_script_verbatim_when_piped(project):  # noqa: F811
+    shown = rlsteps("run", "rs", "-c", "tiny", "-b", "ci", "--dry-run", cwd=project, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    script = shown.stdout.split("----- sbatch.sh (written into the job dir) -----\n", 1)[1]
+    expected = compiled("ci").plan.files["sbatch.sh"]
+    name = expected.split("#SBATCH --job-name=", 1)[1].split("\n", 1)[0]
+    printed_name = script.split("#SBATCH --job-name=", 1)[1].split("\n", 1)[0]  # compiled a moment apart
+    assert script.replace(printed_name, name).rstrip() == expected.rstrip()  # not wrapped, not framed

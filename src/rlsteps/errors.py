@@ -31,3 +31,9 @@ class RunFailed(RlstepsError):
     """The job ran and failed: exit 1."""
 
     exit_code = 1
+
+
+class Interrupted(RlstepsError):
+    """Ctrl-C: the run was interrupted; its last checkpoint is intact. Exit 130, as a shell reports SIGINT."""
+
+    exit_code = 130

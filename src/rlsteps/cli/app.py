@@ -110,7 +110,9 @@ def run_step(
     )
     catalog = _catalog()
     if dry_run:
-        out.print(render.dry_run(compile_request(catalog, request)))
+        compiled = compile_request(catalog, request)
+        out.print(render.dry_run(compiled))
+        sys.stdout.write(render.job_files(compiled))
         return
     submission = execute(catalog, request, say=lambda line: err.print(f"[bold]rlsteps[/] {line}"))
     if submission.exit_code is None:
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, passthrough = split_passthrough(argv)
     try:
-        app(args=args, obj={"passthrough": passthrough, "argv": ["rlsteps", *argv]}, standalone_mode=False)
+        returned = app(args=args, obj={"passthrough": passthrough, "argv": ["rlsteps", *argv]}, standalone_mode=False)
     except RlstepsError as error:
         err.print(
             f"[bold red]error:[/] {error.message}" + (f"\n[bold]fix:[/] {error.fix}" if error.fix else ""),
@@ -153,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             error.show()  # typer bundles its own click: match the parser's exceptions by their interface
             return 2
         raise
+    if isinstance(returned, int) and returned:  # Ctrl-C inside a command: typer returns its exit code, 130
+        err.print("interrupted" if returned == 130 else f"exit code {returned}")
+        return returned
     return 0
 
 

@@ -105,11 +105,19 @@ def dry_run(compiled: Compiled) -> Group:
     ]
     if plan.env:
         parts.append(Panel("\n".join(f"{k}={v}" for k, v in plan.env.items()), title="environment"))
-    for name, content in plan.files.items():
-        parts.append(Panel(Syntax(content, "bash" if name.endswith(".sh") else "json", word_wrap=True), title=name))
     if job.profile_name:
         parts.append(
             Panel(Syntax(OmegaConf.to_yaml(OmegaConf.create(job.public_launcher_settings())), "yaml"), title="profile")
         )
     parts.append(Panel(Syntax(OmegaConf.to_yaml(OmegaConf.create(job.public_config())), "yaml"), title="merged config"))
     return Group(*parts)
+
+
+def job_files(compiled: Compiled) -> str:
+    """The files the job directory will hold, verbatim between header lines: no wrapping, no frame, so a script
+    can be copied from a terminal or a pipe as it is."""
+    blocks = [
+        f"----- {name} (written into the job dir) -----\n{content.rstrip()}\n"
+        for name, content in compiled.plan.files.items()
+    ]
+    return "\n".join(blocks)

@@ -17,13 +17,14 @@ from rlsteps.artifacts.inputs import (
 )
 from rlsteps.artifacts.store import SCHEME, resolve_reference
 from rlsteps.catalog import Catalog, Step
-from rlsteps.errors import ArtifactError, RunFailed, UsageError
+from rlsteps.errors import ArtifactError, Interrupted, RunFailed, UsageError
 from rlsteps.launch.base import LaunchPlan, Submission, get_launcher
 from rlsteps.launch.job import Job, Mode
 from rlsteps.plan.compile import compile_job
 from rlsteps.plan.job_dir import create_job_dir, planned_job_dir, write_job_files
 from rlsteps.plan.profiles import resolve_profile
 
+INTERRUPTED_EXIT = 130  # what an attached job's exit code is after Ctrl-C
 TINY_WORLD_EXECUTORS = ("local", "slurm")  # launchers that share this machine's filesystem: the world is built here
 
 
@@ -136,6 +137,8 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     record = launcher.record(job, submission)
     for directory in dict.fromkeys([job_dir, submission.job_dir]):  # the launcher may run it from a shared job dir
         record.save(directory)
+    if submission.exit_code == INTERRUPTED_EXIT:
+        raise Interrupted(f"{job.step_id} was interrupted", fix="rerun the same command to resume from its checkpoint")
     if submission.exit_code not in (None, 0):
         raise RunFailed(
             f"{job.step_id} failed with exit code {submission.exit_code}", fix=f"see the log above and {job_dir}"
