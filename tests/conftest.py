@@ -33,3 +33,12 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def slurm_cluster():
+    """A Slurm cluster that must be up (RLSTEPS_REQUIRE_SLURM=1): its absence fails the test, with the reason."""
+    from test_launch_slurm import CLUSTER_PROBLEM
+
+    if CLUSTER_PROBLEM is not None:
+        pytest.fail(f"no Slurm cluster here: {CLUSTER_PROBLEM} (RLSTEPS_REQUIRE_SLURM=1; CI runs .ci/slurm.sh up)")

@@ -49,7 +49,7 @@ def test_the_wheel_holds_the_package_and_is_the_same_bytes_each_time(tmp_path):
 
 def test_the_task_runs_with_the_jobs_wheel_first_on_the_path_unless_the_profile_says_installed(project):  # noqa: F811
     job = compiled("ci")
-    wheel = compiled("ci").job_dir / code.wheel_name()
+    wheel = job.job_dir / code.wheel_name()
     last = job.plan.files["sbatch.sh"].rstrip().splitlines()[-1]
     assert last.startswith(f"srun --nodes=1 --ntasks-per-node=1 /bin/sh -c '{code.ON_PATH}' {wheel} ")
     assert last.endswith("-m rlsteps.engine.worker " + str(job.job_dir / "config.yaml"))

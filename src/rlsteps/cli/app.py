@@ -12,7 +12,7 @@ from rlsteps.cli.artifacts import artifacts_app
 from rlsteps.cli.jobs import jobs_app
 from rlsteps.cli.pipelines import pipeline_app
 from rlsteps.cli.serve import serve_app
-from rlsteps.errors import RlstepsError, UsageError
+from rlsteps.errors import Interrupted, RlstepsError, UsageError
 
 out = Console()
 err = Console(stderr=True)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         raise
     if isinstance(returned, int) and returned:  # Ctrl-C inside a command: typer returns its exit code, 130
-        err.print("interrupted" if returned == 130 else f"exit code {returned}")
+        err.print("interrupted" if returned == Interrupted.exit_code else f"exit code {returned}")
         return returned
     return 0
 

@@ -52,10 +52,9 @@ def run_pipeline(
     catalog = load_catalog()
     if dry_run:
         spec = pipeline.load_pipeline(path)
-        previous = pipeline.chain_states(spec.name)
-        for line in pipeline.unknown_notes(previous):
+        notes, live = pipeline.previous_chain(spec.name)
+        for line in notes:
             err.print(f"[bold]rlsteps[/] {escape(line)}", highlight=False, soft_wrap=True)
-        live = pipeline.live_chain_error(spec.name, previous)
         if live is not None:
             err.print(
                 f"[bold yellow]warning:[/] {escape(live.message)}; running it now is refused "

@@ -130,13 +130,14 @@ def train(
             progress.update(counters.step, step_metrics)
             step_log.info("step %d/%d %s", counters.step, total_steps, _step_line(step_metrics))
             run.stop_if_not_learning(step_metrics)
-            if counters.step == total_steps or (
-                cfg.checkpoint.interval and counters.step % cfg.checkpoint.interval == 0
+            requested = signals.checkpoint_requested()  # read once: the signal may arrive at any moment
+            if (
+                requested
+                or counters.step == total_steps
+                or (cfg.checkpoint.interval and counters.step % cfg.checkpoint.interval == 0)
             ):
                 run.save(step_metrics)
-            elif signals.checkpoint_requested():
-                run.save(step_metrics)
-            if signals.checkpoint_requested() and counters.step < total_steps:
+            if requested and counters.step < total_steps:
                 raise signals.CheckpointRequested(
                     f"checkpoint written at step {counters.step} of {total_steps}, as asked (SIGUSR1: the job's "
                     "time limit is near); run again, or let the requeued job resume from it"

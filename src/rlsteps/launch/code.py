@@ -34,9 +34,6 @@ class CodeWheel:
     def sha256(self) -> str:
         return hashlib.sha256(self.content).hexdigest()
 
-    def describe(self) -> str:
-        return f"{self.name} ({self.files} files, {len(self.content) / 1024:.0f} KiB, sha256 {self.sha256[:12]})"
-
 
 def package_version() -> str:
     import rlsteps

@@ -62,9 +62,6 @@ class SlurmLauncher:
                 fix="set nodes: 1 and gpus_per_node: 1 (or 0 for CPU)",
             )
         _require("sbatch")
-        run_dir = place(job, profile, Path(job.name)).run_dir
-        if profile.job_dir and run_dir.exists():
-            raise UsageError(f"{run_dir} already exists", fix="submit again: the next job gets a new name")
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
         profile = load_profile(job)
@@ -116,6 +113,8 @@ class SlurmLauncher:
         self.check(job)
         where = place(job, load_profile(job), job_dir)
         if where.run_dir != job_dir:
+            if where.run_dir.exists():
+                raise UsageError(f"{where.run_dir} already exists", fix="submit again: the next job gets a new name")
             shutil.copytree(job_dir, where.run_dir)
         if (where.run_dir / containers.SQUASH_SCRIPT).exists():
             _require("srun")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -38,11 +37,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rlsteps.artifacts.inputs import Conversion, lookup, output_ref, produced_type, raise_for, required_here
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
 from rlsteps.engine.artifact import input_versions, read_artifact_metadata
-from rlsteps.errors import RlstepsError, RunFailed, UsageError
+from rlsteps.errors import RunFailed, UsageError
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, Submission, get_launcher
 from rlsteps.plan.compile import overrides_for, worker_config_hash
 from rlsteps.plan.runner import Compiled, RunRequest, compile_request, execute
-from rlsteps.plan.submitted_jobs import job_status
+from rlsteps.plan.submitted_jobs import job_status, unreadable
 from rlsteps.secrets import mask_argv
 
 STAGE_PREFIX = "stage:"
@@ -263,10 +262,9 @@ def freshness(plan: StagePlan) -> tuple[bool, str]:
 
 def run_pipeline(catalog: Catalog, request: PipelineRequest, say: Callable[[str], None] = print) -> list[StageOutcome]:
     spec = load_pipeline(request.path)
-    previous = chain_states(spec.name)
-    for line in unknown_notes(previous):
+    notes, live = previous_chain(spec.name)
+    for line in notes:
         say(line)
-    live = live_chain_error(spec.name, previous)
     if live is not None:
         raise live
     plans = plan_pipeline(catalog, spec, request)
@@ -382,12 +380,17 @@ def chain_states(pipeline: str) -> list[ChainJobState]:
             record = JobRecord(job.launcher, job.job_id, job.job_dir, step="", submitted=job.submitted)
         try:
             status = job_status(record)
-        except RlstepsError as error:
-            status = JobStatus(JobState.UNKNOWN, error.message)
-        except (OSError, subprocess.SubprocessError, KeyError) as error:
-            status = JobStatus(JobState.UNKNOWN, f"its state cannot be read: {error}")
+        except Exception as error:  # as `rlsteps jobs list` does: any backend failure, not Ctrl-C
+            status = unreadable(record, error)
         states.append(ChainJobState(job, status))
     return states
+
+
+def previous_chain(pipeline: str) -> tuple[list[str], UsageError | None]:
+    """What the last batch chain of the pipeline means for a new run: notes on jobs whose state is unknown, and
+    the refusal while one of its jobs is pending or running (None once all ended)."""
+    states = chain_states(pipeline)
+    return unknown_notes(states), live_chain_error(pipeline, states)
 
 
 def unknown_notes(states: list[ChainJobState]) -> list[str]:

@@ -24,7 +24,6 @@ from rlsteps.plan.compile import compile_job
 from rlsteps.plan.job_dir import create_job_dir, planned_job_dir, write_job_files
 from rlsteps.plan.profiles import resolve_profile
 
-INTERRUPTED_EXIT = 130  # what an attached job's exit code is after Ctrl-C
 TINY_WORLD_EXECUTORS = ("local", "slurm")  # launchers that share this machine's filesystem: the world is built here
 
 
@@ -137,7 +136,7 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     record = launcher.record(job, submission)
     for directory in dict.fromkeys([job_dir, submission.job_dir]):  # the launcher may run it from a shared job dir
         record.save(directory)
-    if submission.exit_code == INTERRUPTED_EXIT:
+    if submission.exit_code == Interrupted.exit_code:  # an attached worker stopped by Ctrl-C
         raise Interrupted(f"{job.step_id} was interrupted", fix="rerun the same command to resume from its checkpoint")
     if submission.exit_code not in (None, 0):
         raise RunFailed(

@@ -101,11 +101,16 @@ def list_jobs(roots: list[Path] | None = None) -> list[JobView]:
             try:
                 status = job_status(record)
             except Exception as error:  # any backend failure, the SDK's and the network's too; not Ctrl-C
-                status = JobStatus(JobState.UNKNOWN, f"{record.launcher} status unavailable: {_reason(error)}")
+                status = unreadable(record, error)
                 if backend:
                     failed[backend] = status.detail
         views.append(JobView(record, status))
     return views
+
+
+def unreadable(record: JobRecord, error: Exception) -> JobStatus:
+    """The status of a job whose launcher failed to report one: unknown, saying why."""
+    return JobStatus(JobState.UNKNOWN, f"{record.launcher} status unavailable: {_reason(error)}")
 
 
 def _reason(error: Exception) -> str:
