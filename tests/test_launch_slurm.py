@@ -272,11 +272,11 @@ def submitted_record(cwd: Path) -> JobRecord:
     return record
 
 
-def wait_until(record: JobRecord, done, timeout: float = 600) -> None:
+def wait_until(record: JobRecord, done, timeout: float = 600, poll_s: float = 1.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
         assert time.monotonic() < deadline, f"Slurm job {record.job_id}: {jobs.job_status(record)} after {timeout}s"
-        time.sleep(1)
+        time.sleep(poll_s)
 
 
 def ended(record: JobRecord):
