@@ -1,18 +1,25 @@
-"""What dynamic batching buys in the reward-model server, on the tiny world's reward model.
+"""The reward-model server under load: throughput at 64 and 256 clients, and one very large request.
 
-Two real servers (`python -m rlsteps.engine.rewards.rm`, LocalServer subprocesses on loopback,
-CPU, OMP_NUM_THREADS=1) serve the same model: one with --max-batch 1 (the baseline: every request
-is its own forward pass) and one with the defaults, --max-batch 64 --max-wait-ms 5. Each round,
-C client threads (one RewardClient each) send R requests of P (prompt, response) pairs one after
-another, all threads at once. The rounds alternate between the two servers so drifting load on a
-shared machine hits both alike. Prompts are the tiny world's train.jsonl rendered with its chat
-template; responses are short synthetic sentences from rlsteps.tiny.task.
+Each scenario starts a fresh real server (`python -m rlsteps.engine.rewards.rm`, a LocalServer subprocess on
+loopback, CPU, OMP_NUM_THREADS=1) on the tiny world's reward model and drives it with client threads in this
+process, each a RewardClient with the step config's defaults (rm.max_retries 5, rm.backoff_s 1.0, so a client
+gives up as a training run would) and one request of P pairs at a time.
 
-    python benchmarks/bench_reward_server.py                          # about a minute on 2 cores
-    python benchmarks/bench_reward_server.py --clients 64 --requests 16 --pairs 2 --rounds 5
+  load      C clients send requests of P pairs back to back for S seconds (after a warm-up); repeated R rounds.
+            useful pairs/s: pairs answered 200 within the window / S (median over rounds); answers: every
+            HTTP answer the clients got, 503s among them; latency: one score() call, retries included;
+            gave up: calls that raised after all their retries. Peak: the best of the client counts.
+  big       16 clients send requests of P pairs while one request of about B MB (500 pairs of long
+            prompts) is posted once, 1 s in. blocked: the longest call of the small clients that overlapped
+            the big request (their usual p50 beside it); RSS peak sampled every 20 ms.
 
-The client threads run in this process and share the machine with the server: on a 2-core
-machine the figures measure the whole loopback system, not the server alone.
+RSS is the server process's VmRSS: before the timed load (after the warm-up) and 2 s after it ended.
+
+    python benchmarks/bench_reward_server.py                     # about 2 minutes on 2 cores
+    python benchmarks/bench_reward_server.py --clients 16 64 256 --seconds 8 --rounds 3
+
+The client threads share the machine with the server: on a 2-core machine the figures are those of the
+whole loopback system, not of the server alone.
 """
 
 from __future__ import annotations
@@ -21,39 +28,48 @@ import argparse
 import json
 import os
 import random
+import shlex
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from contextlib import ExitStack
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from rlsteps.engine.rewards.process import LocalServer
-from rlsteps.engine.rewards.rm.client import RewardClient
+from rlsteps.engine.rewards.rm.client import RewardClient, RewardError
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.layout import TinyWorld, tiny_world_paths
 
 SERVER_MODULE = "rlsteps.engine.rewards.rm"
 SERVER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 BUILD_HINT = "python -c 'from rlsteps.tiny.build import ensure_tiny_world; ensure_tiny_world()'"
+CLIENT_OPTIONS = {"max_retries": 5, "backoff_s": 1.0, "timeout_s": 60}  # steps/rl/reward_model.yaml
+SETTLE_S = 2.0
+BIG_PAIRS = 500
+BIG_SMALL_CLIENTS = 16
+STOP = threading.Event()  # set at the end of a timed window: client threads send no new request
 
 Pairs = tuple[list[str], list[str]]  # (prompts, responses) of one request
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=int, default=32, help="concurrent client threads")
-    parser.add_argument("--requests", type=int, default=8, help="requests per client thread per round")
-    parser.add_argument("--pairs", type=int, default=4, help="(prompt, response) pairs per request")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per server, after one warm-up round")
-    parser.add_argument("--max-batch", type=int, default=64, help="the batched server's --max-batch")
-    parser.add_argument("--max-wait-ms", type=float, default=5.0, help="the batched server's --max-wait-ms")
+    parser.add_argument("--clients", type=int, nargs="+", default=[64, 256], help="client counts, one scenario each")
+    parser.add_argument("--pairs", type=int, default=16, help="(prompt, response) pairs per request")
+    parser.add_argument("--seconds", type=float, default=6.0, help="length of one timed window")
+    parser.add_argument("--rounds", type=int, default=2, help="timed windows per client count")
+    parser.add_argument("--big-mb", type=float, default=10.0, help="size of the big request's body (0: skip)")
+    parser.add_argument("--server-args", default="", help="extra server options for every scenario (one string)")
+    parser.add_argument("--big-server-args", default="", help="extra server options for the big-request scenario")
     parser.add_argument("--seed", type=int, default=0, help="the tiny world's seed")
     args = parser.parse_args()
-    if min(args.clients, args.requests, args.pairs) < 1 or args.rounds < 2:
-        parser.error("--clients, --requests and --pairs must be >= 1, --rounds >= 2 (for an interquartile range)")
+    if min(args.clients) < 1 or args.pairs < 1 or args.rounds < 1 or args.seconds <= 0:
+        parser.error("--clients, --pairs and --rounds must be >= 1 and --seconds > 0")
     return args
 
 
@@ -73,126 +89,222 @@ def rendered_prompts(world: TinyWorld) -> list[str]:
     return [tokenizer.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True) for r in records]
 
 
-def workload(prompts: list[str], args: argparse.Namespace) -> list[list[Pairs]]:
-    """workload[client][request] = (prompts, responses); the same for both servers."""
-    rng = random.Random(args.seed)
-    jobs = []
-    for _ in range(args.clients):
-        requests = []
-        for _ in range(args.requests):
-            chosen = rng.choices(prompts, k=args.pairs)
-            responses = [tiny_task.sample_response(rng, tiny_task.prompt_noun(p)) for p in chosen]
-            requests.append((chosen, responses))
-        jobs.append(requests)
-    return jobs
+def requests_for(prompts: list[str], pairs: int, count: int, rng: random.Random) -> list[Pairs]:
+    out = []
+    for _ in range(count):
+        chosen = rng.choices(prompts, k=pairs)
+        out.append((chosen, [tiny_task.sample_response(rng, tiny_task.prompt_noun(p)) for p in chosen]))
+    return out
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def counting_client(url: str, pairs: int, answers: Counter, lock: threading.Lock) -> RewardClient:
+    """A RewardClient that counts every HTTP answer it gets (retries included) by status."""
+    client = RewardClient(url, batch_size=pairs, concurrency=1, **CLIENT_OPTIONS)
+
+    def count(response: httpx.Response) -> None:
+        with lock:
+            answers[response.status_code] += 1
+
+    client._http.event_hooks = {"response": [count]}  # a benchmark may look inside
+    return client
 
 
 @dataclass
-class Setting:
-    name: str
-    server_args: list[str]
-    throughputs: list[float] = field(default_factory=list)  # pairs/s per round
-    latencies: list[float] = field(default_factory=list)  # seconds per request, all rounds
-    rewards: list[float] = field(default_factory=list)  # of the last round, in workload order
-    requests: int = 0  # /health counter deltas over the timed rounds
-    batches: int = 0
+class Calls:
+    """What client threads saw: (start, end, pairs, ok) per score() call, and every HTTP answer by status."""
 
+    spans: list[tuple[float, float, int, bool]] = field(default_factory=list)
+    answers: Counter = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
-def run_round(url: str, jobs: list[list[Pairs]], pairs: int) -> tuple[float, list[float], list[float]]:
-    """All client threads start together; returns (wall seconds, request latencies, rewards)."""
-    start_line = threading.Barrier(len(jobs) + 1)
-    latencies: list[list[float]] = [[] for _ in jobs]
-    rewards: list[list[float]] = [[] for _ in jobs]
-    errors: list[BaseException] = []
+    def run_clients(self, url: str, work: list[list[Pairs]], barrier: threading.Barrier) -> list[threading.Thread]:
+        """One thread per client, each sending its requests in turn from the barrier until STOP is set."""
 
-    def client_thread(i: int) -> None:
-        try:
-            with RewardClient(url, batch_size=pairs, concurrency=1, max_retries=2) as client:
-                start_line.wait()
-                for prompts, responses in jobs[i]:
+        def client_thread(requests: list[Pairs]) -> None:
+            with counting_client(url, len(requests[0][0]), self.answers, self.lock) as client:
+                barrier.wait()
+                i = 0
+                while not STOP.is_set():
+                    prompts, responses = requests[i % len(requests)]
+                    i += 1
                     sent = time.perf_counter()
-                    rewards[i] += client.score(prompts, responses)
-                    latencies[i].append(time.perf_counter() - sent)
-        except BaseException as error:  # reported by the main thread
-            errors.append(error)
-            start_line.abort()
+                    try:
+                        client.score(prompts, responses)
+                        ok = True
+                    except RewardError:
+                        ok = False
+                    with self.lock:
+                        self.spans.append((sent, time.perf_counter(), len(prompts), ok))
 
-    threads = [threading.Thread(target=client_thread, args=(i,), daemon=True) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    start_line.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - started
-    if errors:
-        raise RuntimeError(f"a client thread failed against {url}: {errors[0]!r}") from errors[0]
-    return wall, [x for per in latencies for x in per], [x for per in rewards for x in per]
+        threads = [threading.Thread(target=client_thread, args=(w,), daemon=True) for w in work]
+        for t in threads:
+            t.start()
+        return threads
 
 
-def health_counts(url: str) -> tuple[int, int]:
-    with RewardClient(url) as client:
-        health = client.health()
-    return int(health["requests"]), int(health["batches"])
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def percentile(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+def start_server(model: Path, logs: Path, name: str, extra: str) -> LocalServer:
+    server_args = ["--model", str(model), "--device", "cpu", *shlex.split(extra)]
+    server = LocalServer(SERVER_MODULE, server_args, log_path=logs / f"{name}.log", env=SERVER_ENV,
+                         startup_timeout_s=180)  # fmt: skip
+    server.start()
+    return server
 
 
-def measure(settings: list[Setting], urls: list[str], jobs: list[list[Pairs]], args: argparse.Namespace) -> None:
-    for url in urls:
-        run_round(url, jobs, args.pairs)  # warm-up: first forward passes, connection set-up
-    before = [health_counts(url) for url in urls]
-    for _ in range(args.rounds):
-        for setting, url in zip(settings, urls):  # alternate: drifting load hits both alike
-            wall, latencies, rewards = run_round(url, jobs, args.pairs)
-            setting.throughputs.append(args.clients * args.requests * args.pairs / wall)
-            setting.latencies += latencies
-            setting.rewards = rewards
-    for setting, url, (requests, batches) in zip(settings, urls, before):
-        now_requests, now_batches = health_counts(url)
-        setting.requests, setting.batches = now_requests - requests, now_batches - batches
+def warm_up(url: str, requests: list[Pairs]) -> None:
+    with RewardClient(url, batch_size=len(requests[0][0]), **CLIENT_OPTIONS) as client:
+        for prompts, responses in requests[:8]:
+            client.score(prompts, responses)
 
 
-def report(settings: list[Setting]) -> None:
-    baseline = statistics.median(settings[0].throughputs)
-    print(f"{'server':34s} {'pairs/s':>8s} {'IQR':>6s} {'p50 ms':>7s} {'p95 ms':>7s} "
-          f"{'requests':>8s} {'batches':>7s} {'req/batch':>9s} {'x unbatched':>11s}")  # fmt: skip
-    for s in settings:
-        q1, median, q3 = statistics.quantiles(s.throughputs, n=4, method="inclusive")
-        print(f"{s.name:34s} {median:8.0f} {q3 - q1:6.0f} {1000 * percentile(s.latencies, 50):7.1f} "
-              f"{1000 * percentile(s.latencies, 95):7.1f} {s.requests:8d} {s.batches:7d} "
-              f"{s.requests / max(s.batches, 1):9.1f} {median / baseline:11.2f}")  # fmt: skip
-    gap = max(abs(a - b) for a, b in zip(settings[0].rewards, settings[1].rewards))
-    print(f"\nsame rewards from both servers: max |difference| = {gap:.2e} over {len(settings[0].rewards)} pairs")
+def load_scenario(model: Path, logs: Path, prompts: list[str], clients: int, args: argparse.Namespace) -> dict:
+    rng = random.Random(args.seed)
+    work = [requests_for(prompts, args.pairs, 8, rng) for _ in range(clients)]
+    server = start_server(model, logs, f"load{clients}", args.server_args)
+    try:
+        warm_up(server.url, work[0])
+        pid = server.process.pid
+        rss_before = rss_mb(pid)
+        throughputs, latencies, answers, gave_up, calls = [], [], Counter(), 0, 0
+        for _ in range(args.rounds):
+            record = Calls()
+            barrier = threading.Barrier(clients + 1)
+            threads = record.run_clients(server.url, work, barrier)
+            barrier.wait()
+            until = time.perf_counter() + args.seconds
+            time.sleep(args.seconds)
+            STOP.set()
+            for t in threads:
+                t.join()
+            STOP.clear()
+            useful = sum(n for _, end, n, ok in record.spans if ok and end <= until)
+            throughputs.append(useful / args.seconds)
+            latencies += [end - sent for sent, end, _, ok in record.spans if ok]
+            answers += record.answers
+            gave_up += sum(not ok for *_, ok in record.spans)
+            calls += len(record.spans)
+            time.sleep(SETTLE_S)
+        rss_after = rss_mb(pid)
+    finally:
+        server.stop()
+    return {
+        "clients": clients, "pairs": args.pairs, "pairs_per_s": statistics.median(throughputs),
+        "rounds": throughputs, "503": answers[503], "answers": sum(answers.values()),
+        "other": {k: v for k, v in answers.items() if k not in (200, 503)}, "gave_up": gave_up, "calls": calls,
+        "p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
+        "rss_before": rss_before, "rss_after": rss_after,
+    }  # fmt: skip
+
+
+def big_body(prompts: list[str], megabytes: float, rng: random.Random) -> dict:
+    """About `megabytes` of JSON: BIG_PAIRS pairs, each prompt a chat-templated prompt repeated to length."""
+    per_pair = int(megabytes * 1e6 / BIG_PAIRS)
+    long_prompts, responses = [], []
+    for _ in range(BIG_PAIRS):
+        base = rng.choice(prompts)
+        long_prompts.append((base * (per_pair // len(base) + 1))[:per_pair])
+        responses.append(tiny_task.sample_response(rng, tiny_task.prompt_noun(base)))
+    return {"prompts": long_prompts, "responses": responses}
+
+
+def big_scenario(model: Path, logs: Path, prompts: list[str], args: argparse.Namespace) -> dict:
+    rng = random.Random(args.seed)
+    work = [requests_for(prompts, args.pairs, 8, rng) for _ in range(BIG_SMALL_CLIENTS)]
+    payload = json.dumps(big_body(prompts, args.big_mb, rng)).encode()
+    extra = f"{args.server_args} {args.big_server_args}".strip()
+    server = start_server(model, logs, "big", extra)
+    try:
+        warm_up(server.url, work[0])
+        pid = server.process.pid
+        rss_before = rss_mb(pid)
+        peak = [rss_before]
+        sampling = threading.Event()
+
+        def sample_rss() -> None:
+            while not sampling.wait(0.02):
+                peak[0] = max(peak[0], rss_mb(pid))
+
+        sampler = threading.Thread(target=sample_rss, daemon=True)
+        sampler.start()
+        record = Calls()
+        barrier = threading.Barrier(BIG_SMALL_CLIENTS + 1)
+        threads = record.run_clients(server.url, work, barrier)
+        barrier.wait()
+        time.sleep(1.0)
+        big_sent = time.perf_counter()
+        try:
+            answer = httpx.post(f"{server.url}/v1/rewards", content=payload,
+                                headers={"Content-Type": "application/json"}, timeout=300)  # fmt: skip
+            big_status = str(answer.status_code)
+        except httpx.HTTPError as error:  # a server may close the connection on an oversize body
+            big_status = type(error).__name__
+        big_done = time.perf_counter()
+        time.sleep(max(0.0, args.seconds - (big_done - big_sent) - 1.0))
+        STOP.set()
+        for t in threads:
+            t.join()
+        STOP.clear()
+        time.sleep(SETTLE_S)
+        sampling.set()
+        sampler.join()
+        rss_after = rss_mb(pid)
+    finally:
+        server.stop()
+    overlapping = [end - sent for sent, end, _, ok in record.spans if ok and sent < big_done and end > big_sent]
+    alone = [end - sent for sent, end, _, ok in record.spans if ok and (end < big_sent or sent > big_done)]
+    return {
+        "mb": len(payload) / 1e6, "status": big_status, "big_s": big_done - big_sent,
+        "blocked": max(overlapping, default=0.0), "small_p50": percentile(alone, 50),
+        "gave_up": sum(not ok for *_, ok in record.spans), "calls": len(record.spans),
+        "rss_before": rss_before, "rss_peak": peak[0], "rss_after": rss_after,
+    }  # fmt: skip
+
+
+def report(loads: list[dict], big: dict | None) -> None:
+    peak = max(r["pairs_per_s"] for r in loads)
+    print(f"{'clients':>7s} {'pairs/req':>9s} {'useful pairs/s':>14s} {'of peak':>7s} {'503 / answers':>16s} "
+          f"{'gave up':>9s} {'p50 s':>6s} {'p99 s':>6s} {'RSS MB before/after':>20s}  rounds")  # fmt: skip
+    for r in loads:
+        other = f" (+{r['other']})" if r["other"] else ""
+        print(f"{r['clients']:7d} {r['pairs']:9d} {r['pairs_per_s']:14.0f} {r['pairs_per_s'] / peak:7.0%} "
+              f"{r['503']:>7d} / {r['answers']:<6d} {r['gave_up']:>4d}/{r['calls']:<4d} {r['p50']:6.2f} "
+              f"{r['p99']:6.2f} {r['rss_before']:9.0f} / {r['rss_after']:<8.0f}  "
+              f"{' '.join(f'{x:.0f}' for x in r['rounds'])}{other}")  # fmt: skip
+    if big:
+        print(
+            f"\nbig request: {big['mb']:.1f} MB, {BIG_PAIRS} pairs, answered {big['status']} in {big['big_s']:.2f} s; "
+            f"{BIG_SMALL_CLIENTS} small clients blocked up to {big['blocked']:.2f} s (their p50 otherwise "
+            f"{big['small_p50']:.2f} s, {big['gave_up']} of {big['calls']} calls gave up); server RSS "
+            f"{big['rss_before']:.0f} MB before, {big['rss_peak']:.0f} MB peak, {big['rss_after']:.0f} MB after"
+        )
 
 
 def main() -> None:
     args = parse_args()
     world = find_world(args.seed)
     print(f"cores={os.cpu_count()} load average (1/5/15 min)={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    jobs = workload(rendered_prompts(world), args)
-    common = ["--model", str(world.reward_model), "--device", "cpu"]
-    settings = [
-        Setting("unbatched (max_batch=1)", [*common, "--max-batch", "1"]),
-        Setting(f"batched (max_batch={args.max_batch}, wait={args.max_wait_ms:g}ms)",
-                [*common, "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms)]),
-    ]  # fmt: skip
-    print(f"reward model {world.reward_model} on cpu; server env {' '.join(f'{k}={v}' for k, v in SERVER_ENV.items())}")
-    print(
-        f"workload per round: {args.clients} client threads x {args.requests} requests x {args.pairs} pairs "
-        f"= {args.clients * args.requests * args.pairs} pairs; {args.rounds} timed rounds per server, alternating\n"
-    )
-
-    with tempfile.TemporaryDirectory(prefix="bench-rm-") as logs, ExitStack() as servers:
-        urls = []
-        for i, setting in enumerate(settings):
-            server = LocalServer(SERVER_MODULE, setting.server_args, log_path=Path(logs) / f"server{i}.log",
-                                 env=SERVER_ENV, startup_timeout_s=180)  # fmt: skip
-            urls.append(servers.enter_context(server).url)
-        measure(settings, urls, jobs, args)
-    report(settings)
+    print(f"reward model {world.reward_model} on cpu; server env {' '.join(f'{k}={v}' for k, v in SERVER_ENV.items())}"
+          f"; server args {args.server_args or '(defaults)'}; big request server args "
+          f"{args.big_server_args or '(the same)'}")  # fmt: skip
+    prompts = rendered_prompts(world)
+    with tempfile.TemporaryDirectory(prefix="bench-rm-") as tmp:
+        logs = Path(tmp)
+        loads = [load_scenario(world.reward_model, logs, prompts, c, args) for c in args.clients]
+        big = big_scenario(world.reward_model, logs, prompts, args) if args.big_mb > 0 else None
+    report(loads, big)
     print(f"load average at the end={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -1,96 +1,18 @@
-"""What an artifact reference holds: the concrete types whose detectors accept a path or fsspec URL.
-
-Detection reads only small metadata files (config.json, metadata.json, the name of a JSONL file),
-never weights.
-"""
+"""What an artifact reference holds, by the catalog's types (the detectors are rlsteps.engine.detect)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from typing import Any
-
-from fsspec.core import url_to_fs
-
 from rlsteps.catalog import Catalog
-from rlsteps.engine.artifact import METADATA_FILE
-from rlsteps.engine.megatron import find_checkpoint_dir
+from rlsteps.engine.detect import detect, exists
 
-CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
-WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+__all__ = ["detect_types", "detectors_of", "exists"]
 
 
-def exists(ref: str) -> bool:
-    fs, path = url_to_fs(ref)
-    return fs.exists(path)
-
-
-def _read_json(ref: str, name: str) -> dict[str, Any] | None:
-    fs, path = url_to_fs(ref)
-    target = f"{path.rstrip('/')}/{name}"
-    if not fs.isfile(target):
-        return None
-    try:
-        with fs.open(target, "rt") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _has_weights(ref: str) -> bool:
-    fs, path = url_to_fs(ref)
-    return any(fs.glob(f"{path.rstrip('/')}/{pattern}") for pattern in WEIGHT_PATTERNS)
-
-
-def _architectures(ref: str) -> list[str]:
-    config = _read_json(ref, "config.json") or {}
-    return [str(a) for a in config.get("architectures") or []]
-
-
-def _is_jsonl(ref: str) -> bool:
-    fs, path = url_to_fs(ref)
-    return fs.isfile(path) and path.endswith((".jsonl", ".json"))
-
-
-def _is_hf_causal_lm(ref: str) -> bool:
-    return any(a.endswith(CAUSAL_LM_SUFFIXES) for a in _architectures(ref)) and _has_weights(ref)
-
-
-def _is_hf_reward_model(ref: str) -> bool:
-    config = _read_json(ref, "config.json") or {}
-    archs = _architectures(ref)
-    return (
-        any(a.endswith("ForSequenceClassification") for a in archs)
-        and config.get("num_labels", len(config.get("id2label") or {1: 0})) == 1
-        and _has_weights(ref)
-    )
-
-
-def _is_hf_any_model(ref: str) -> bool:
-    return bool(_architectures(ref)) and _has_weights(ref)
-
-
-def _is_megatron_dist(ref: str) -> bool:
-    """A torch_dist checkpoint folder, or a Megatron checkpoint root whose tracker file (or newest iter_*) holds one."""
-    fs, path = url_to_fs(ref)
-    return find_checkpoint_dir(fs, path)[0] is not None
-
-
-DETECTORS: dict[str, Callable[[str], bool]] = {
-    "jsonl": _is_jsonl,
-    "hf_causal_lm": _is_hf_causal_lm,
-    "hf_reward_model": _is_hf_reward_model,
-    "hf_any_model": _is_hf_any_model,
-    "megatron_dist": _is_megatron_dist,
-}
+def detectors_of(catalog: Catalog) -> dict[str, str | None]:
+    """Every type of the catalog -> the name of its detector (None: known by its metadata file alone)."""
+    return {t.name: t.detect for t in catalog.types.values()}
 
 
 def detect_types(catalog: Catalog, ref: str) -> list[str]:
     """Every concrete type whose detector accepts the reference; a metadata file's declared type first."""
-    declared = (_read_json(ref, METADATA_FILE) or {}).get("type")
-    found = [declared] if declared in catalog.types else []
-    for t in catalog.types.values():
-        if t.detect and t.name not in found and DETECTORS[t.detect](ref):
-            found.append(t.name)
-    return found
+    return detect(ref, detectors_of(catalog))
