@@ -1,4 +1,5 @@
-"""A step's inputs against its manifest: present, of the required type, pending, or convertible.
+"""A step's inputs against its manifest: present, of the required type, pending, convertible, or for the job
+to check (on a path only its cluster sees).
 
 A reference is a local path or any fsspec URL; what it holds is decided by rlsteps.artifacts.detect.
 """
@@ -9,9 +10,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from rlsteps.artifacts.detect import detect_types, exists
+from rlsteps.artifacts.detect import detect_types, detectors_of, exists
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
+from rlsteps.engine.input_check import InputInJob, missing, wrong_type
 from rlsteps.errors import ArtifactError
+
+PUBLISH_FIX = "or publish it to the artifact store (rlsteps artifacts publish) and pass {key}=artifact:NAME"
 
 
 @dataclass(frozen=True)
@@ -21,19 +25,55 @@ class ResolvedInput:
     ref: str | None
     required_type: str
     detected: list[str]
-    status: str  # ok | absent | missing | wrong_type | pending (an earlier stage, or the run itself, writes it first)
+    # ok | absent | missing | wrong_type | pending (an earlier stage, or the run itself, writes it first)
+    # | in_job (on a cluster path: the job checks it) | unreachable (on this machine, which the job cannot see)
+    status: str
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Which input paths a job sees: the submitting machine's files or not, and the paths only its cluster has."""
+
+    launcher: str = "local"
+    sees_local_files: bool = True
+    cluster_paths: tuple[str, ...] = ()  # absolute folders: inputs under them are checked in the job
+
+    def on_cluster(self, ref: str) -> bool:
+        return _is_local(ref) and any(_under(ref, folder) for folder in self.cluster_paths)
+
+    def unreachable(self, ref: str) -> bool:
+        return _is_local(ref) and not self.sees_local_files and not self.on_cluster(ref)
+
+    def describe(self) -> str:
+        where = ", ".join(self.cluster_paths) or "none declared"
+        return f"the {self.launcher} job sees remote URLs and its cluster paths ({where})"
+
+
+def _is_local(ref: str) -> bool:
+    return "://" not in ref or ref.startswith("file://")
+
+
+def _under(ref: str, folder: str) -> bool:
+    path, folder = ref.removeprefix("file://").rstrip("/"), folder.rstrip("/")
+    return path == folder or path.startswith(folder + "/")
 
 
 def satisfies(catalog: Catalog, detected: list[str], required: str) -> bool:
     return any(catalog.is_a(t, required) for t in detected)
 
 
-def check_input(catalog: Catalog, spec_name: str, key: str, ref: str | None, required_type: str) -> ResolvedInput:
+def check_input(
+    catalog: Catalog, spec_name: str, key: str, ref: str | None, required_type: str, reach: Reach = Reach()
+) -> ResolvedInput:
     if ref is None:
         return ResolvedInput(spec_name, key, None, required_type, [], "absent")
+    if reach.on_cluster(ref):
+        return ResolvedInput(spec_name, key, ref, required_type, [], "in_job")
+    if reach.unreachable(ref):
+        return ResolvedInput(spec_name, key, ref, required_type, [], "unreachable")
     try:
         present = exists(ref)
     except (ValueError, ImportError, OSError) as err:
@@ -81,11 +121,13 @@ def check_inputs(
     config: dict[str, Any],
     promised: Mapping[str, str] = {},
     built_before_run: str | None = None,
+    reach: Reach = Reach(),
 ) -> list[ResolvedInput]:
     """The state of every input the manifest declares, raising nothing.
 
     promised: input name -> the type an earlier pipeline stage will write there (not on disk yet).
     built_before_run: a folder the run fills before it starts (the tiny world): missing inputs in it are pending.
+    reach: which paths the job sees (inputs on cluster paths are the job's to check).
     """
     resolved = []
     for s in step.consumes:
@@ -93,7 +135,7 @@ def check_inputs(
         item = (
             promised_input(catalog, s.name, s.key, ref, s.type, promised[s.name])
             if s.name in promised
-            else check_input(catalog, s.name, s.key, ref, s.type)
+            else check_input(catalog, s.name, s.key, ref, s.type, reach)
         )
         if item.status == "missing" and built_before_run and str(ref).startswith(built_before_run):
             item = replace(item, status="pending")
@@ -102,13 +144,36 @@ def check_inputs(
 
 
 def resolve_inputs(
-    catalog: Catalog, step: Step, config: dict[str, Any], promised: Mapping[str, str] = {}
+    catalog: Catalog, step: Step, config: dict[str, Any], promised: Mapping[str, str] = {}, reach: Reach = Reach()
 ) -> list[ResolvedInput]:
     """Check every input the manifest declares; raise ArtifactError (exit 3) naming the first problem."""
-    resolved = check_inputs(catalog, step, config, promised)
+    resolved = check_inputs(catalog, step, config, promised, reach=reach)
     for spec, item in zip(step.consumes, resolved):
+        if item.status == "unreachable":
+            raise ArtifactError(
+                f"input '{item.name}': {item.ref} is on this machine; {reach.describe()}",
+                fix=f"copy it under a cluster path and pass {item.key}=THAT_PATH, " + PUBLISH_FIX.format(key=item.key),
+            )
         raise_for(catalog, required_here(spec, config), item)
     return resolved
+
+
+def inputs_in_job(catalog: Catalog, resolved: list[ResolvedInput]) -> list[InputInJob]:
+    """What the job needs to check its inputs on cluster paths itself (recorded in its job.yaml)."""
+    detectors = detectors_of(catalog)
+    return [
+        InputInJob(
+            name=item.name,
+            key=item.key,
+            ref=str(item.ref),
+            required_type=item.required_type,
+            wanted=type_phrase(catalog, item.required_type),
+            accepted=catalog.subtypes(item.required_type),
+            detectors=detectors,
+        )
+        for item in resolved
+        if item.status == "in_job"
+    ]
 
 
 def type_phrase(catalog: Catalog, name: str) -> str:
@@ -123,13 +188,11 @@ def raise_for(catalog: Catalog, required: bool, item: ResolvedInput, allow_conve
     if item.status == "absent" and required:
         raise ArtifactError(f"input '{item.name}' ({wanted}) is required", fix=f"pass {item.key}=PATH")
     if item.status == "missing":
-        raise ArtifactError(
-            f"input '{item.name}': {item.ref} does not exist", fix=f"pass {item.key}=PATH to a {wanted}"
-        )
+        problem = missing(item.name, item.key, str(item.ref), wanted)
+        raise ArtifactError(problem.message, fix=problem.fix)
     if item.status != "wrong_type":
         return None
-    what = " or ".join(item.detected) if item.detected else "not a recognised artifact"
-    problem = f"input '{item.name}': {item.ref} is {what}, but a {wanted} is required"
+    problem = wrong_type(item.name, str(item.ref), item.detected, wanted)
     conversion = conversion_for(catalog, item.detected, item.required_type)
     if conversion is None:
         raise ArtifactError(problem, fix=f"point {item.key} at a {wanted}")

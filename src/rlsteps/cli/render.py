@@ -94,6 +94,8 @@ def dry_run(compiled: Compiled) -> Group:
             "pending": "[cyan]written before the run[/]",
             "missing": "[yellow]missing[/]",
             "wrong_type": "[red]wrong type[/]",
+            "in_job": "[cyan]on a cluster path: checked in the job[/]",
+            "unreachable": "[red]on this machine: the job cannot see it[/]",
         }[item.status]
         inputs.add_row(item.name, item.key, item.ref or "-", item.required_type, status)
     parts = [Panel(summary, title="[bold]dry run[/]: nothing was written, started or sent")]

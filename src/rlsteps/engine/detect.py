@@ -1,18 +1,18 @@
 """What an artifact reference holds: the concrete types whose detectors accept a path or fsspec URL.
 
 Detection reads only small metadata files (config.json, metadata.json, the name of a JSONL file),
-never weights.
+never weights. It is torch-free and needs no catalog: the catalog names each type's detector, and a
+job that checks its own inputs (on paths only the cluster sees) carries those names in its job.yaml.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fsspec.core import url_to_fs
 
-from rlsteps.catalog import Catalog
 from rlsteps.engine.artifact import METADATA_FILE
 from rlsteps.engine.megatron import find_checkpoint_dir
 
@@ -86,11 +86,13 @@ DETECTORS: dict[str, Callable[[str], bool]] = {
 }
 
 
-def detect_types(catalog: Catalog, ref: str) -> list[str]:
-    """Every concrete type whose detector accepts the reference; a metadata file's declared type first."""
+def detect(ref: str, detectors: Mapping[str, str | None]) -> list[str]:
+    """Every type whose detector accepts the reference; a metadata file's declared type first.
+
+    detectors: every known type -> the name of its detector in DETECTORS (None: known by metadata alone)."""
     declared = (_read_json(ref, METADATA_FILE) or {}).get("type")
-    found = [declared] if declared in catalog.types else []
-    for t in catalog.types.values():
-        if t.detect and t.name not in found and DETECTORS[t.detect](ref):
-            found.append(t.name)
+    found = [declared] if declared in detectors else []
+    for name, detector in detectors.items():
+        if detector and name not in found and DETECTORS[detector](ref):
+            found.append(name)
     return found

@@ -3,6 +3,9 @@
 It reads the compiled config (secrets arrive through the environment). A recipe serves or reaches
 the reward source, runs the shared loop, and writes the typed output artifact and a metrics plot;
 a convert step reads the checkpoint and writes it in the other form.
+
+Before anything else it asks whether its Python can run the engine (engine.preflight), so the module
+imports only the standard library at the top: a missing dependency is one line, not an import traceback.
 """
 
 from __future__ import annotations
@@ -12,14 +15,15 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
-
-from omegaconf import OmegaConf
+from typing import TYPE_CHECKING, Any
 
 import rlsteps
-from rlsteps.engine import signals
-from rlsteps.engine.artifact import config_hash, input_versions, write_artifact
-from rlsteps.engine.config import STEP_SCHEMAS, ConvertConfig, RecipeConfig
+from rlsteps.engine import preflight
+
+if TYPE_CHECKING:
+    from rlsteps.engine.config import ConvertConfig, RecipeConfig
+
+    StepConfig = RecipeConfig | ConvertConfig
 
 log = logging.getLogger("rlsteps")
 PLOTTED = ["train/reward", "val/reward_mean", "train/loss", "train/response_length"]  # and val/<reward function>
@@ -28,10 +32,13 @@ STEP_LOGGER = "rlsteps.steps"  # the loop's one line per step: train.log only
 
 
 OUTPUT_NAME = "policy"  # the output artifact is <output.dir>/policy, as every manifest names it
-StepConfig = RecipeConfig | ConvertConfig
 
 
 def load_config(path: Path) -> StepConfig:
+    from omegaconf import OmegaConf
+
+    from rlsteps.engine.config import STEP_SCHEMAS
+
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     schema = STEP_SCHEMAS[raw["algorithm"]]
     return schema.model_validate(raw)
@@ -41,6 +48,10 @@ def run(config_path: Path, log_level: str = "info") -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
+    from rlsteps.engine import signals
+    from rlsteps.engine.artifact import input_versions
+    from rlsteps.engine.config import ConvertConfig
+    from rlsteps.engine.input_check import check_inputs_in_job
     from rlsteps.engine.loop import RunStopped
     from rlsteps.engine.run_identity import RunDirectoryInUse
 
@@ -49,11 +60,13 @@ def run(config_path: Path, log_level: str = "info") -> int:
     run_dir = Path(cfg.output.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     _log_to(run_dir / "train.log", log_level)
+    job = _job_record(config_path)
+    for checked in check_inputs_in_job(job.get("inputs_in_job") or []):  # on cluster paths: first, before any load
+        log.info("input '%s': %s is a %s (checked in the job)", checked.name, checked.ref, checked.required_type)
     if cfg.run.num_threads:
         torch.set_num_threads(cfg.run.num_threads)
     if cfg.output.type == "checkpoint_megatron":
         _check_megatron_output(cfg)
-    job = _job_record(config_path)
     versions = input_versions(cfg.inputs.model_dump())  # before the step: what this run actually reads
     log.info("%s: run directory %s", cfg.algorithm, run_dir)
     log.info("code: rlsteps %s from %s", rlsteps.__version__, Path(rlsteps.__file__).parent)
@@ -74,6 +87,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
 def _check_megatron_output(cfg: StepConfig) -> None:
     """A run that could not write its Megatron output fails now, not after training: no megatron-core,
     or a Hugging Face policy whose architecture has no Megatron GPT layout."""
+    from rlsteps.engine.config import ConvertConfig
     from rlsteps.engine.megatron.compat import import_megatron
     from rlsteps.engine.megatron.layout import LayoutError, gpt_shape
 
@@ -129,6 +143,7 @@ def _write_output(
     job: dict[str, Any],
     versions: dict[str, str],
 ) -> None:
+    from rlsteps.engine.artifact import config_hash, write_artifact
     from rlsteps.engine.policy.model import save_policy
 
     form = cfg.output.type
@@ -170,6 +185,8 @@ def _summarise(run_dir: Path, extra_keys: list[str]) -> None:
 
 
 def _job_record(config_path: Path) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
     job_file = config_path.parent / "job.yaml"
     return OmegaConf.to_container(OmegaConf.load(job_file)) if job_file.is_file() else {}
 
@@ -213,9 +230,19 @@ def unknown_worker_arguments(passthrough: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    unable = preflight.problem()
+    if unable:
+        print(f"ERROR {unable}", file=sys.stderr)
+        sys.exit(1)
+    from rlsteps.engine import signals
+    from rlsteps.engine.input_check import EXIT_INPUT, InputProblem
+
     signals.install()
     try:
         sys.exit(run(args.config, args.log_level))
+    except InputProblem as problem:
+        log.error("%s", problem)
+        sys.exit(EXIT_INPUT)
     except KeyboardInterrupt:
         log.error("interrupted: the last checkpoint is intact; rerun the same command to resume")
         sys.exit(130)

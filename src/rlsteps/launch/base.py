@@ -110,9 +110,13 @@ class Launcher(Protocol):
     """One backend. plan() is pure (--dry-run prints it); submit() carries it out."""
 
     name: str
+    sees_local_files: bool  # the job reads this machine's files (here, or a filesystem shared with the cluster)
 
     def check(self, job: Job) -> None:
         """Refuse a job this launcher cannot run (UsageError), before anything is written or sent."""
+
+    def cluster_paths(self, job: Job) -> tuple[str, ...]:
+        """Folders only the job's machines see (the profile's mounts): inputs there are checked in the job."""
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan: ...
 

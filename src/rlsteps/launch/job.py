@@ -38,6 +38,7 @@ class Job(BaseModel):
     created: str
     depends_on: list[str] = []  # batch job ids that must succeed first (pipeline stages on Slurm)
     unset_keys: list[str] = []  # required keys without a value: only a dry run compiles such a job
+    inputs_in_job: list[dict[str, Any]] = []  # inputs on cluster paths, checked by the job itself (InputInJob)
 
     def public_config(self) -> dict[str, Any]:
         return secrets.mask(self.config)

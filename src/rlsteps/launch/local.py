@@ -35,9 +35,13 @@ EXIT_CODE_WRAPPER = (
 
 class LocalLauncher:
     name = "local"
+    sees_local_files = True
 
     def check(self, job: Job) -> None:
         """Anything this machine can compile, it can run."""
+
+    def cluster_paths(self, job: Job) -> tuple[str, ...]:
+        return ()
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
         worker = worker_command(sys.executable, job_dir, job.passthrough)

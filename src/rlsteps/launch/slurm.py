@@ -51,6 +51,7 @@ STATES = {
 class SlurmLauncher:
     name = "slurm"
     supports_dependencies = True  # a job may wait for others: #SBATCH --dependency=afterok:ID[:ID...]
+    sees_local_files = True  # the submitting machine shares the cluster's filesystem (the job dir lives there)
 
     def check(self, job: Job) -> None:
         """What refuses the job before anything is written: a world size the engine cannot run, no sbatch here."""
@@ -62,6 +63,9 @@ class SlurmLauncher:
                 fix="set nodes: 1 and gpus_per_node: 1 (or 0 for CPU)",
             )
         _require("sbatch")
+
+    def cluster_paths(self, job: Job) -> tuple[str, ...]:
+        return tuple(load_profile(job).cluster_paths)
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
         profile = load_profile(job)

@@ -60,6 +60,15 @@ class SlurmProfile(BaseModel):
     checkpoint_before_limit_s: int | None = Field(300, ge=60)  # USR1 this long before `time` ends: checkpoint, stop
     requeue: bool = False  # requeue the job after that checkpoint (and on node failure): it resumes by itself
     squash_time: str | int = 60  # the time limit of the srun that squashes the image
+    cluster_paths: list[str] = []  # folders only the compute nodes see: inputs there are checked in the job
+
+    @field_validator("cluster_paths")
+    @classmethod
+    def _absolute(cls, value: list[str]) -> list[str]:
+        relative = [path for path in value if not path.startswith("/")]
+        if relative:
+            raise ValueError(f"must be absolute folders, not {', '.join(relative)}")
+        return value
 
     @field_validator("ntasks_per_node")
     @classmethod

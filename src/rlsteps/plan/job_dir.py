@@ -90,6 +90,7 @@ def provenance(job: Job, plan: LaunchPlan, inputs: list[ResolvedInput], job_dir:
         "profile": {"name": job.profile_name, "source": job.profile_source, "settings": job.public_launcher_settings()},
         "launch": {"launcher": plan.launcher, "summary": plan.summary, "command": mask_argv(plan.command)},
         "inputs": [i.as_dict() for i in inputs],
+        "inputs_in_job": job.inputs_in_job,  # on cluster paths: the worker checks these before it starts
         "config": job.public_config(),
         "versions": package_versions(),
         "git": {"rlsteps": git_state(Path(__file__).resolve().parent), "cwd": git_state(Path.cwd())},

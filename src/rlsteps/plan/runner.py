@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlsteps.artifacts.inputs import (
+    Reach,
     ResolvedInput,
     check_inputs,
+    inputs_in_job,
     lookup,
     required_here,
     resolve_inputs,
@@ -18,13 +20,11 @@ from rlsteps.artifacts.inputs import (
 from rlsteps.artifacts.store import SCHEME, resolve_reference
 from rlsteps.catalog import Catalog, Step
 from rlsteps.errors import ArtifactError, Interrupted, RunFailed, UsageError
-from rlsteps.launch.base import LaunchPlan, Submission, get_launcher
+from rlsteps.launch.base import Launcher, LaunchPlan, Submission, get_launcher
 from rlsteps.launch.job import Job, Mode
 from rlsteps.plan.compile import compile_job
 from rlsteps.plan.job_dir import create_job_dir, planned_job_dir, write_job_files
 from rlsteps.plan.profiles import resolve_profile
-
-TINY_WORLD_EXECUTORS = ("local", "slurm")  # launchers that share this machine's filesystem: the world is built here
 
 
 @dataclass(frozen=True)
@@ -75,14 +75,22 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
         allow_unset=request.dry_run,
     )
     job = _with_store_references(step, job)
-    job_dir = planned_job_dir(job)
-    plan = get_launcher(job.executor).plan(job, job_dir)
+    launcher = get_launcher(job.executor)
     config = job.config
     for key in job.unset_keys:  # an unset input is "not set" in the dry run's table, not a path named ???
         config = with_value(config, key, None)
-    inputs = check_inputs(catalog, step, config, dict(request.promised), built_before_run=_tiny_world_built_by(job))
+    built_before_run = _tiny_world_built_by(job)
+    reach = reach_of(launcher, job)
+    inputs = check_inputs(catalog, step, config, dict(request.promised), built_before_run, reach)
+    job = job.model_copy(update={"inputs_in_job": [i.as_dict() for i in inputs_in_job(catalog, inputs)]})
+    job_dir = planned_job_dir(job)
+    plan = launcher.plan(job, job_dir)
     needs = _needs(catalog, step, config, inputs, job.unset_keys)
     return Compiled(job=job, plan=plan, job_dir=job_dir, inputs=inputs, needs=needs)
+
+
+def reach_of(launcher: Launcher, job: Job) -> Reach:
+    return Reach(launcher.name, launcher.sees_local_files, launcher.cluster_paths(job))
 
 
 def _needs(catalog: Catalog, step: Step, config: dict, inputs: list[ResolvedInput], unset: list[str]) -> list[str]:
@@ -101,7 +109,7 @@ def _tiny_world_built_by(job: Job) -> str | None:
     from rlsteps.tiny.layout import tiny_world_dir  # torch-free
 
     world = job.config.get("tiny_world")
-    if world is None or job.executor not in TINY_WORLD_EXECUTORS:
+    if world is None or not get_launcher(job.executor).sees_local_files:  # built here, where the job can see it
         return None
     return str(tiny_world_dir(int(world.get("seed", 0))))
 
@@ -125,8 +133,8 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     step = catalog.find(job.step_id)
     if _tiny_world_built_by(job) is not None:
         _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
-    inputs = resolve_inputs(catalog, step, job.config, promised=dict(request.promised))
-    if job.executor in TINY_WORLD_EXECUTORS:  # the job reads this machine's files: check them before it starts
+    inputs = resolve_inputs(catalog, step, job.config, dict(request.promised), reach_of(launcher, job))
+    if launcher.sees_local_files:  # the job reads this machine's files: check them before it starts
         _check_prompt_files(inputs)
     job_dir = create_job_dir(job)
     plan = launcher.plan(job, job_dir)
@@ -139,7 +147,8 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     if submission.exit_code == Interrupted.exit_code:  # an attached worker stopped by Ctrl-C
         raise Interrupted(f"{job.step_id} was interrupted", fix="rerun the same command to resume from its checkpoint")
     if submission.exit_code not in (None, 0):
-        raise RunFailed(
+        failed = ArtifactError if submission.exit_code == ArtifactError.exit_code else RunFailed  # an input, in the job
+        raise failed(
             f"{job.step_id} failed with exit code {submission.exit_code}", fix=f"see the log above and {job_dir}"
         )
     return submission
@@ -149,16 +158,14 @@ def _check_prompt_files(inputs: list[ResolvedInput]) -> None:
     """Every line of every prompt file given, parsed now: a bad line fails in seconds with exit 3 and its file:line,
     not after the worker has started its servers and loaded its policy."""
     from rlsteps.engine.data import PromptFileError, check_prompt_file  # torch-free
+    from rlsteps.engine.input_check import PROMPT_FILE_FIX
 
     for item in inputs:
         if item.required_type == "prompt_jsonl" and item.status == "ok":
             try:
                 check_prompt_file(str(item.ref))
             except PromptFileError as error:
-                raise ArtifactError(
-                    f"input '{item.name}': {error}",
-                    fix='each line must be {"prompt": "..."} or {"messages": [{"role", "content"}, ...]}',
-                ) from None
+                raise ArtifactError(f"input '{item.name}': {error}", fix=PROMPT_FILE_FIX) from None
 
 
 def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:

@@ -1,0 +1,80 @@
+"""What an unusable input says, and the check a job makes of the inputs only its cluster can see.
+
+The submitting machine checks every input it can see (rlsteps.artifacts.inputs). An input on a path the
+profile declares as the cluster's (a Lepton mount, a Slurm `cluster_paths` entry) cannot be checked there:
+the job checks it itself, before it starts a server or loads a policy, with the same messages and exit 3.
+What it needs travels in job.yaml as `inputs_in_job`, one InputInJob each; the job needs no catalog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rlsteps.engine.detect import detect, exists
+
+EXIT_INPUT = 3  # as rlsteps.errors.ArtifactError: a missing or mistyped input artifact
+PROMPT_FILE_FIX = 'each line must be {"prompt": "..."} or {"messages": [{"role", "content"}, ...]}'
+
+
+class InputProblem(Exception):
+    """An input the job cannot use: what is wrong, and the fix."""
+
+    def __init__(self, message: str, fix: str):
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.message} (fix: {self.fix})"
+
+
+def missing(name: str, key: str, ref: str, wanted: str) -> InputProblem:
+    return InputProblem(f"input '{name}': {ref} does not exist", fix=f"pass {key}=PATH to a {wanted}")
+
+
+def wrong_type(name: str, ref: str, detected: Iterable[str], wanted: str) -> str:
+    what = " or ".join(detected) or "not a recognised artifact"
+    return f"input '{name}': {ref} is {what}, but a {wanted} is required"
+
+
+@dataclass(frozen=True)
+class InputInJob:
+    """One input the job checks itself, with all the catalog knows that the check needs."""
+
+    name: str
+    key: str
+    ref: str
+    required_type: str
+    wanted: str  # the required type as messages name it, e.g. "policy (checkpoint_hf or checkpoint_megatron)"
+    accepted: list[str]  # every type that is a required_type
+    detectors: dict[str, str | None] = field(default_factory=dict)  # every known type -> its detector
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def check(self) -> None:
+        """Raise InputProblem when the input is absent or of no accepted type; parse a prompt file whole."""
+        if not exists(self.ref):
+            raise missing(self.name, self.key, self.ref, self.wanted)
+        detected = detect(self.ref, self.detectors)
+        if not set(detected) & set(self.accepted):
+            raise InputProblem(
+                wrong_type(self.name, self.ref, detected, self.wanted), fix=f"point {self.key} at a {self.wanted}"
+            )
+        if self.required_type == "prompt_jsonl":
+            from rlsteps.engine.data import PromptFileError, check_prompt_file
+
+            try:
+                check_prompt_file(self.ref)
+            except PromptFileError as error:
+                raise InputProblem(f"input '{self.name}': {error}", fix=PROMPT_FILE_FIX) from None
+
+
+def check_inputs_in_job(records: Iterable[dict[str, Any]]) -> list[InputInJob]:
+    """Check every input job.yaml lists under inputs_in_job; raise InputProblem for the first unusable one."""
+    inputs = [InputInJob(**record) for record in records]
+    for item in inputs:
+        item.check()
+    return inputs
