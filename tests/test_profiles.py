@@ -1,7 +1,13 @@
+from pathlib import Path
+
 import pytest
 
+from rlsteps.catalog import load_catalog
 from rlsteps.errors import UsageError
 from rlsteps.plan.profiles import profile_files, resolve_profile
+from rlsteps.plan.runner import RunRequest, compile_request
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "profiles"
 
 
 def test_lookup_order_cwd_then_env_then_home(tmp_path, monkeypatch):
@@ -47,3 +53,15 @@ def test_local_is_built_in_and_a_file_may_redefine_it(tmp_path):
     f.write_text("profiles:\n  local: {executor: local, env_vars: {A: '1'}}\n  mine: {extends: local}\n")
     assert resolve_profile("mine", [f]).settings == {"executor": "local", "env_vars": {"A": "1"}}
     assert resolve_profile("local", [f]).source == str(f)
+
+
+@pytest.mark.parametrize(
+    ("example", "name"), [("local.yaml", "local_gpu"), ("slurm.yaml", "my_slurm"), ("lepton.yaml", "my_lepton")]
+)
+def test_the_example_profiles_compile(example, name, tmp_path, monkeypatch):
+    """Each key in profiles/ is one its launcher knows (a typo there would be copied by every user)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSTEPS_PROFILES", str(EXAMPLES / example))
+    request = RunRequest(step="rs", config="default", batch_profile=name, dry_run=True)
+    compiled = compile_request(load_catalog(), request)
+    assert compiled.job.profile_name == name and compiled.plan.summary
