@@ -169,8 +169,12 @@ def _check_prompt_files(inputs: list[ResolvedInput]) -> None:
 
 
 def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:
+    from rlsteps.tiny.layout import load_tiny_world  # torch-free: a built world costs no torch import here
+
+    if load_tiny_world(seed) is not None:
+        return
     try:
-        from rlsteps.tiny.build import ensure_tiny_world  # imports torch (and megatron-core): only for real runs
+        from rlsteps.tiny.build import ensure_tiny_world  # imports torch (and megatron-core): only to build it
     except ImportError as missing:
         raise RunFailed(
             f"the tiny world cannot be built: {missing}",

@@ -35,21 +35,11 @@ from transformers.utils import logging as hf_logging
 from rlsteps.engine.megatron.format import save_megatron_checkpoint
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.evaluate import evaluate_world
-from rlsteps.tiny.layout import TINY_WORLD_VERSION, TinyWorld, tiny_world_dir, tiny_world_paths
+from rlsteps.tiny.layout import TINY_WORLD_VERSION, TinyWorld, load_tiny_world, tiny_world_dir, tiny_world_paths
 from rlsteps.tiny.models import build_random_causal_lm, reward_model_from_policy
 from rlsteps.tiny.recipe import BUILD_THREADS, POLICY_SIZE, PROMPTS, RM, SFT
 from rlsteps.tiny.tokenizer import save_tokenizer, train_tokenizer
 from rlsteps.tiny.training import Log, train_reward_model, train_sft
-
-
-def load_tiny_world(seed: int = 0, home: Path | None = None) -> TinyWorld | None:
-    """The built world, or None. Only a finished build has world.json (it is renamed into place whole)."""
-    world = tiny_world_paths(seed, home)
-    if (world.root / "world.json").is_file():
-        return world
-    if world.root.exists():
-        raise RuntimeError(f"{world.root} exists but is not a finished tiny world (no world.json): delete it and retry")
-    return None
 
 
 def ensure_tiny_world(seed: int = 0, home: Path | None = None, log: Log | None = None) -> TinyWorld:

@@ -42,3 +42,13 @@ def tiny_world_paths(seed: int = 0, home: Path | None = None) -> TinyWorld:
         train_prompts=root / "train.jsonl",
         val_prompts=root / "val.jsonl",
     )
+
+
+def load_tiny_world(seed: int = 0, home: Path | None = None) -> TinyWorld | None:
+    """The built world, or None. Only a finished build has world.json (it is renamed into place whole)."""
+    world = tiny_world_paths(seed, home)
+    if (world.root / "world.json").is_file():
+        return world
+    if world.root.exists():
+        raise RuntimeError(f"{world.root} exists but is not a finished tiny world (no world.json): delete it and retry")
+    return None

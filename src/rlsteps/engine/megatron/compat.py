@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import logging
 import warnings
 from collections.abc import Iterator
@@ -42,6 +43,13 @@ def import_megatron(module: str = "megatron.core.dist_checkpointing") -> ModuleT
             return importlib.import_module(module)
     except ImportError as error:
         raise MegatronUnavailable(f"Megatron checkpoints need megatron-core: {INSTALL_HINT} ({error})") from error
+
+
+def require_megatron() -> None:
+    """MegatronUnavailable unless megatron-core and psutil are installed; imports neither (that takes seconds)."""
+    missing = [name for name in ("megatron.core", "psutil") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MegatronUnavailable(f"Megatron checkpoints need megatron-core: {INSTALL_HINT} (no {', '.join(missing)})")
 
 
 @contextlib.contextmanager
