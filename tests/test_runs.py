@@ -97,6 +97,15 @@ def test_rerun_resumes_and_a_sigkilled_run_ends_with_the_same_weights(tiny_world
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
     assert artifact_metadata(run_dir(interrupted, "rl_rs"))["counters"]["step"] == 4
 
+    written, server_log = artifact_metadata(run_dir(straight, "rl_rs")), run_dir(straight, "rl_rs") / "rm_server.log"
+    served = server_log.read_text()
+    again = rlsteps("run", "rs", "-c", "tiny", *short, cwd=straight)  # finished: says so, starts and writes nothing
+    assert again.returncode == 0 and "already done: " in again.stderr and "after 4 steps" in again.stderr
+    assert server_log.read_text() == served and artifact_metadata(run_dir(straight, "rl_rs")) == written
+    longer = rlsteps("run", "rs", "-c", "tiny", *short[1:], "train.max_steps=5", cwd=straight)  # a changed config
+    assert longer.returncode == 0 and "already done" not in longer.stderr, longer.stderr[-3000:]
+    assert artifact_metadata(run_dir(straight, "rl_rs"))["counters"]["step"] == 5
+
 
 def test_reward_server_down_mid_run_stops_after_a_checkpoint_and_the_rerun_resumes(tiny_world, tmp_path):
     from rlsteps.engine.rewards.process import LocalServer

@@ -45,17 +45,11 @@ def load_config(path: Path) -> StepConfig:
 
 
 def run(config_path: Path, log_level: str = "info") -> int:
-    import torch
-    from transformers.utils import logging as hf_logging
-
     from rlsteps.engine import signals
     from rlsteps.engine.artifact import input_versions
     from rlsteps.engine.config import ConvertConfig
     from rlsteps.engine.input_check import check_inputs_in_job
-    from rlsteps.engine.loop import RunStopped
-    from rlsteps.engine.run_identity import RunDirectoryInUse
 
-    hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
     cfg = load_config(config_path)
     run_dir = Path(cfg.output.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -63,12 +57,23 @@ def run(config_path: Path, log_level: str = "info") -> int:
     job = _job_record(config_path)
     for checked in check_inputs_in_job(job.get("inputs_in_job") or []):  # on cluster paths: first, before any load
         log.info("input '%s': %s is a %s (checked in the job)", checked.name, checked.ref, checked.required_type)
+    versions = input_versions(cfg.inputs.model_dump())  # before the step: what this run actually reads
+    log.info("%s: run directory %s", cfg.algorithm, run_dir)
+    done = _finished_output(cfg, run_dir, versions)
+    if done:  # a rerun of a finished run: no server, no policy load, no torch import
+        log.info("already done: %s", done)
+        return 0
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from rlsteps.engine.loop import RunStopped
+    from rlsteps.engine.run_identity import RunDirectoryInUse
+
+    hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
     if cfg.run.num_threads:
         torch.set_num_threads(cfg.run.num_threads)
     if cfg.output.type == "checkpoint_megatron":
         _check_megatron_output(cfg)
-    versions = input_versions(cfg.inputs.model_dump())  # before the step: what this run actually reads
-    log.info("%s: run directory %s", cfg.algorithm, run_dir)
     log.info("code: rlsteps %s from %s", rlsteps.__version__, Path(rlsteps.__file__).parent)
     try:
         model, tokenizer, counters = _convert(cfg) if isinstance(cfg, ConvertConfig) else _train(cfg, run_dir)
@@ -82,6 +87,22 @@ def run(config_path: Path, log_level: str = "info") -> int:
     if not isinstance(cfg, ConvertConfig):
         _summarise(run_dir, [f"val/{name}" for name in cfg.validation.reward_functions])
     return 0
+
+
+def _finished_output(cfg: StepConfig, run_dir: Path, versions: dict[str, str]) -> str | None:
+    """What the run produced, when its output was written from this very config and these input versions."""
+    from rlsteps.engine.artifact import config_hash, read_artifact_metadata
+
+    target = run_dir / OUTPUT_NAME
+    written = read_artifact_metadata(target) or {}
+    if (
+        written.get("config_hash") != config_hash(cfg.model_dump(mode="json"))
+        or written.get("input_versions") != versions
+    ):
+        return None
+    steps = (written.get("counters") or {}).get("step")
+    at = f" after {steps} steps" if steps is not None else ""
+    return f"{target} holds the {written.get('type')} this config wrote{at} ({written.get('created')}); nothing to do"
 
 
 def _check_megatron_output(cfg: StepConfig) -> None:

@@ -1,0 +1,120 @@
+"""The first minute of a tiny run: where the time goes from the command to the first step, and a rerun.
+
+Each round runs `rlsteps run rl/<step> -c tiny train.max_steps=STEPS` in a fresh folder (the tiny world
+already built and cached), then the same command again there (a rerun of a finished run). It reads the
+command's output as it arrives and the run's train.log, and prints the phases:
+
+    job line      the CLI has compiled, checked the inputs and started the worker (its `job ...` line)
+    worker up     the worker has read its config and checked its inputs (`run directory ...`)
+    first step    train.log's `step 1/` line
+    last step     train.log's last step line
+    output        the output artifact is written
+    end           the command exits
+
+with a floor measured in the same rounds: `python -c "import torch, transformers"`, what any process
+that trains pays before it can start.
+
+    python benchmarks/bench_startup.py                     # rl/rs, 3 rounds, about two minutes on 2 cores
+    python benchmarks/bench_startup.py --step rl/reinforce --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+PHASES = ("job line", "worker up", "first step", "last step", "output", "end")
+MARKERS = {"job line": "job ", "worker up": "run directory", "output": "output artifact"}
+FLOOR = [sys.executable, "-c", "import torch, transformers"]
+
+
+def timed_lines(command: list[str], cwd: Path) -> tuple[float, list[tuple[float, str]], int]:
+    """(wall-clock start, [(seconds since start, line)] of stdout and stderr as they arrive, exit code)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    wall, start = time.time(), time.monotonic()
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[tuple[float, str]] = []
+
+    def read(stream) -> None:
+        for line in stream:
+            lines.append((time.monotonic() - start, line.rstrip()))
+
+    readers = [threading.Thread(target=read, args=(s,)) for s in (process.stdout, process.stderr)]
+    for reader in readers:
+        reader.start()
+    code = process.wait()
+    for reader in readers:
+        reader.join()
+    lines.append((time.monotonic() - start, "<exit>"))
+    return wall, sorted(lines), code
+
+
+def step_times(train_log: Path, wall_start: float) -> list[float]:
+    """Seconds from the command's start to each `step N/` line of train.log (its timestamps are wall-clock)."""
+    found = []
+    for line in train_log.read_text().splitlines() if train_log.exists() else []:
+        if " INFO rlsteps.steps: step " in line:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            found.append(stamp - wall_start)
+    return found
+
+
+def one_run(step: str, steps: int, cwd: Path) -> dict[str, float]:
+    command = [sys.executable, "-m", "rlsteps.cli", "run", step, "-c", "tiny", f"train.max_steps={steps}"]
+    wall, lines, code = timed_lines(command, cwd)
+    if code != 0:
+        raise SystemExit(f"{' '.join(command)} exited {code}:\n" + "\n".join(text for _, text in lines[-20:]))
+    phases = {name: next((t for t, text in lines if marker in text), float("nan")) for name, marker in MARKERS.items()}
+    run_dir = next((cwd / ".rlsteps" / "runs").iterdir())
+    steps_at = step_times(run_dir / "train.log", wall)
+    phases["first step"] = steps_at[0] if steps_at else float("nan")
+    phases["last step"] = steps_at[-1] if steps_at else float("nan")
+    phases["end"] = lines[-1][0]
+    return phases
+
+
+def rerun(step: str, steps: int, cwd: Path) -> tuple[float, str]:
+    command = [sys.executable, "-m", "rlsteps.cli", "run", step, "-c", "tiny", f"train.max_steps={steps}"]
+    _, lines, code = timed_lines(command, cwd)
+    if code != 0:
+        raise SystemExit(f"the rerun exited {code}:\n" + "\n".join(text for _, text in lines[-20:]))
+    said = [text for _, text in lines if text and text != "<exit>"]
+    return lines[-1][0], said[-1] if said else ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--step", default="rl/rs")
+    parser.add_argument("--steps", type=int, default=2, help="train.max_steps of each run")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    runs, reruns, floors, last_said = [], [], [], ""
+    for _ in range(args.rounds):
+        start = time.monotonic()
+        subprocess.run(FLOOR, check=True, capture_output=True)
+        floors.append(time.monotonic() - start)
+        with tempfile.TemporaryDirectory(prefix="bench-startup-") as folder:
+            runs.append(one_run(args.step, args.steps, Path(folder)))
+            seconds, last_said = rerun(args.step, args.steps, Path(folder))
+            reruns.append(seconds)
+    print(f"{args.step} -c tiny train.max_steps={args.steps}: median of {args.rounds} rounds, seconds from the command")
+    for phase in PHASES:
+        values = [run[phase] for run in runs]
+        print(f"  {phase:<11} {statistics.median(values):6.2f}   ({', '.join(f'{v:.2f}' for v in values)})")
+    floor = statistics.median(floors)
+    print(f"  floor: python -c 'import torch, transformers' {floor:.2f}")
+    rerun_median = statistics.median(reruns)
+    print(f"  rerun of the finished run: {rerun_median:.2f}   ({', '.join(f'{v:.2f}' for v in reruns)})")
+    print(f"    its last line: {last_said}")
+
+
+if __name__ == "__main__":
+    main()
