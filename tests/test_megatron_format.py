@@ -495,6 +495,20 @@ def test_a_model_built_from_its_config_saves_and_loads(tokenizer, tmp_path, toke
     assert torch.equal(hf_logits(load_policy(tmp_path / "ckpt")[0], tokens), hf_logits(model, tokens))
 
 
+def test_a_save_starts_no_process_and_leaves_megatron_core_as_it_was(tokenizer, tmp_path, monkeypatch):
+    """megatron-core would spawn a multiprocessing Manager (a new Python) for the write results of every
+    process's first save; a synchronous save keeps them in this process."""
+    import multiprocessing
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    monkeypatch.setattr(filesystem_async, "_results_queue", None)  # as in a fresh process (other tests save too)
+    model = randomized(LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), **decoder_shape())), seed=4)
+    before = set(multiprocessing.active_children())
+    save_policy(model, tokenizer, tmp_path / "ckpt", form="checkpoint_megatron")
+    assert set(multiprocessing.active_children()) == before and filesystem_async._results_queue is None
+
+
 def test_llama3_rope_scaling_is_kept_for_gpt_model_and_for_a_checkpoint_without_hf_config(tokenizer, tmp_path, tokens):
     rope = {
         "rope_type": "llama3",

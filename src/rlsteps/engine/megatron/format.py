@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from rlsteps.engine.megatron import TRACKER_FILE, find_checkpoint_dir, iteration_folder
-from rlsteps.engine.megatron.compat import import_megatron, megatron_runtime
+from rlsteps.engine.megatron.compat import import_megatron, in_process_write_results, megatron_runtime
 from rlsteps.engine.megatron.layout import (
     EXTRA_STATE_KEYS,
     LAYER_PREFIX,
@@ -111,7 +111,7 @@ def _dist_save(state: dict[str, Any], target: Path) -> None:
     extra = {}
     if "content_metadata" in inspect.signature(dist_checkpointing.save).parameters:
         extra["content_metadata"] = {"singleton_local_shards": False}  # as GPTModel's sharded_state_dict lays it out
-    with megatron_runtime():
+    with megatron_runtime(), in_process_write_results():
         dist_checkpointing.save(state, str(target), **extra)
 
 
