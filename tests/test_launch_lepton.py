@@ -24,7 +24,7 @@ from cli_helpers import invoke, run_cli  # noqa: E402
 from lepton_stub_server import LeptonStub  # noqa: E402
 from rlsteps.catalog import load_catalog  # noqa: E402
 from rlsteps.errors import RunFailed, UsageError  # noqa: E402
-from rlsteps.launch import lepton, lepton_api, lepton_spec  # noqa: E402
+from rlsteps.launch import code, lepton, lepton_api, lepton_spec  # noqa: E402
 from rlsteps.launch.base import JobRecord, JobState  # noqa: E402
 from rlsteps.launch.lepton_spec import secret_name  # noqa: E402
 from rlsteps.plan.compile import compile_job  # noqa: E402
@@ -64,6 +64,14 @@ profiles:
     gpus_per_node: 8
     node_reservation: res-42
 """
+
+
+ON_MOUNT = [  # the tiny world's inputs, as if copied to the profile's mount: the job checks them, not this machine
+    "inputs.prompts=/data/tiny/train.jsonl",
+    "inputs.val_prompts=/data/tiny/val.jsonl",
+    "inputs.policy=/data/tiny/policy",
+    "inputs.reward_model=/data/tiny/reward_model",
+]
 
 
 @pytest.fixture
@@ -107,11 +115,13 @@ def test_single_node_spec_carries_every_profile_key(rs, profiles, tmp_path):
     assert [(m.path, m.mount_path, m.from_) for m in s.mounts] == [("/shared/rl", "/data", "node-nfs:lepton-shared-fs")]
     assert s.image_pull_secrets == ["ngc-secret"] and s.shared_memory_size == 65536 and s.reservation_config is None
     plain = {e.name: e.value for e in s.envs if e.value_from is None}
-    assert (
-        plain
-        == {"PYTHONUNBUFFERED": "1", "HF_HOME": "/data/hf", "NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "4"}
-        == plan.env
-    )
+    assert plain == plan.env
+    assert {k: v for k, v in plain.items() if not k.startswith("RLSTEPS_CODE_")} == {
+        "PYTHONUNBUFFERED": "1",
+        "HF_HOME": "/data/hf",
+        "NCCL_DEBUG": "WARN",
+        "OMP_NUM_THREADS": "4",
+    }
     refs = {e.name: e.value_from.secret_name_ref for e in s.envs if e.value_from is not None}
     job_id = spec.metadata.id_
     assert refs == {
@@ -124,6 +134,11 @@ def test_single_node_spec_carries_every_profile_key(rs, profiles, tmp_path):
     config_path = f"{lepton_spec.CONTAINER_JOBS_DIR}/{job.name}/config.yaml"
     assert script.splitlines()[-1] == f"exec python -m rlsteps.engine.worker {config_path}"
     assert "pip install -q /data/wheels/rlsteps.whl\nmkdir -p /data && cd /data\n" in script
+    wheel = f"{lepton_spec.CONTAINER_JOBS_DIR}/{job.name}/{code.wheel_name()}"
+    assert f'export PYTHONPATH={wheel}"${{PYTHONPATH:+:$PYTHONPATH}}"\n' in script  # before the profile's setup
+    assert script.index("export PYTHONPATH=") < script.index("pip install")
+    assert plan.code == code.wheel_name()
+    assert "code: the job's own wheel of rlsteps, first on PYTHONPATH" in plan.summary
 
 
 def test_the_config_in_the_command_is_the_worker_config_without_secret_values(rs, profiles, tmp_path):
@@ -153,7 +168,8 @@ def run_script(script: str, tmp_path: Path, env: dict[str, str]) -> dict:
     bin_dir.mkdir()
     recorder = (
         f"#!{sys.executable}\nimport json, os, sys\n"
-        "json.dump({'argv': sys.argv, 'cwd': os.getcwd()}, open(os.environ['RECORD'], 'w'))\n"
+        "json.dump({'argv': sys.argv, 'cwd': os.getcwd(), 'path': os.environ.get('PYTHONPATH'),"
+        " 'chunks': sorted(k for k in os.environ if k.startswith('RLSTEPS_CODE_'))}, open(os.environ['RECORD'], 'w'))\n"
     )
     for name in ("python", "torchrun"):
         (bin_dir / name).write_text(recorder)
@@ -177,9 +193,12 @@ def test_the_script_runs_the_worker_with_exact_words(rs, profiles, tmp_path, mon
     job = job.model_copy(update={"launcher_settings": settings})
     script = lepton.LAUNCHER.plan(job, tmp_path / job.name).command[2]
     lepton_env = {"LEPTON_JOB_NAME": "j-1", "LEPTON_JOB_WORKER_INDEX": "1", "LEPTON_WORKSPACE_ID": "test-ws"}
-    seen = run_script(script, tmp_path, lepton_env)
+    shipped = code.env_chunks(code.build_wheel().content)
+    seen = run_script(script, tmp_path, lepton_env | shipped)
     config = tmp_path / "jobs" / job.name / "config.yaml"
     assert seen["cwd"] == str(data)
+    assert seen["path"] == str(config.parent / code.wheel_name())  # the job's wheel, for torchrun's children too
+    assert seen["chunks"] == ["RLSTEPS_CODE_CHUNKS", "RLSTEPS_CODE_SHA256"]  # the chunks dropped once unpacked
     assert OmegaConf.to_container(OmegaConf.load(config)) == job.worker_config()
     assert OmegaConf.load(config.parent / "job.yaml").job.step == "rl/rs"
     worker = ["-m", "rlsteps.engine.worker", str(config), "--note", "it's $HOME; a b", '"q"']
@@ -262,7 +281,10 @@ def test_submit_status_logs_and_cancel_through_the_sdk(rs, profiles, tmp_path, s
     assert posted.spec.affinity.allowed_dedicated_node_groups == ["ng-0a1b2c"]  # the name became the group's id
     expected = json.loads(plan.files[lepton.SPEC_FILE])
     expected["spec"]["affinity"]["allowed_dedicated_node_groups"] = ["ng-0a1b2c"]
-    assert stub.jobs[submission.job_id] == expected  # exactly what the dry run showed, but for the id
+    shipped = code.env_chunks((job_dir / plan.code).read_bytes())
+    for env in expected["spec"]["envs"]:
+        env.update({"value": shipped[env["name"]]} if env["name"] in shipped else {})
+    assert stub.jobs[submission.job_id] == expected  # exactly what the dry run showed, but for the id and the code
     own = {secret_name(job_id, "RLSTEPS_SECRET_RM_TOKEN"): RM_TOKEN, secret_name(job_id, "WANDB_API_KEY"): WANDB_KEY}
     assert stub.secrets == {"RLSTEPS_SECRET_RM_TOKEN": "another job's value", **own}
     assert not any(secret in json.dumps(stub.jobs) for secret in CREDENTIALS)
@@ -285,7 +307,7 @@ def test_submit_status_logs_and_cancel_through_the_sdk(rs, profiles, tmp_path, s
     assert [c for c in stub.calls if c[1].startswith("/usersecrets/")] == [("DELETE", f"/usersecrets/{n}") for n in own]
 
     printed = "".join(capfd.readouterr())
-    written = "".join(p.read_text() for p in job_dir.iterdir())
+    written = "".join(p.read_bytes().decode(errors="replace") for p in job_dir.iterdir())
     assert not any(secret in printed + written for secret in CREDENTIALS)
 
 
@@ -354,14 +376,14 @@ def test_without_the_sdk_the_error_names_the_extra(rs, profiles, tmp_path, monke
 def test_rlsteps_run_submits_a_batch_job_and_writes_no_secret(tiny_world, profiles, tmp_path, stub, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RLSTEPS_PROFILES", str(profiles))
-    result = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep", f"rm.token={RM_TOKEN}")
+    result = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep", f"rm.token={RM_TOKEN}", *ON_MOUNT)
     out = result.output + "".join(capfd.readouterr())
     assert result.exit_code == 0, out
     ((job_id, body),) = stub.jobs.items()
     assert job_id in out and body["spec"]["affinity"]["allowed_dedicated_node_groups"] == ["ng-0a1b2c"]
     (job_dir,) = (tmp_path / ".rlsteps" / "jobs").iterdir()
     assert {"config.yaml", "job.yaml", lepton.SPEC_FILE} <= {p.name for p in job_dir.iterdir()}
-    written = "".join(p.read_text() for p in job_dir.iterdir())
+    written = "".join(p.read_bytes().decode(errors="replace") for p in job_dir.iterdir())
     assert not any(secret in out + written for secret in CREDENTIALS)
 
 
@@ -425,7 +447,9 @@ def test_missing_or_unreadable_credentials_are_one_line_not_a_traceback(
         (home / ".cache" / "lepton").mkdir(parents=True)
         (home / ".cache" / "lepton" / "workspace_info.yaml").write_text(login_record)
     env = {"HOME": str(home), "RLSTEPS_HOME": str(rlsteps_home()), "RLSTEPS_PROFILES": str(profiles)}
-    result = run_cli("run", "rl/rs", "-c", "tiny", "-b", "lep", f"rm.token={RM_TOKEN}", cwd=tmp_path, env=env)
+    result = run_cli(
+        "run", "rl/rs", "-c", "tiny", "-b", "lep", f"rm.token={RM_TOKEN}", *ON_MOUNT, cwd=tmp_path, env=env
+    )
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and message in " ".join(result.stderr.split())
     assert "lep login" in result.stderr
@@ -525,7 +549,7 @@ def test_each_job_keeps_its_own_secrets_until_it_ends(tiny_world, profiles, tmp_
     stub.secrets["RLSTEPS_SECRET_RM_TOKEN"] = "a shared value"  # a name older releases stored for every job
     tokens = ["rm-token-first-A1", "rm-token-second-B2"]
     for token in tokens:
-        result = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep", f"rm.token={token}")
+        result = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep", f"rm.token={token}", *ON_MOUNT)
         assert result.exit_code == 0, result.output + "".join(capfd.readouterr())
     first, second = stub.jobs  # in the order submitted
     assert first != second
@@ -582,3 +606,223 @@ def test_a_refused_submission_leaves_no_secret_and_touches_no_other_jobs(rs, pro
     with pytest.raises(RunFailed, match="409"):  # the same job id: its secret names are taken, not replaced
         lepton.LAUNCHER.submit(again, lepton.LAUNCHER.plan(again, tmp_path / job.name), tmp_path / job.name)
     assert stub.secrets == kept and len(stub.jobs) == 1
+
+
+# The job carries its code: the wheel of rlsteps in the job's environment, rebuilt in the container.
+
+
+def posted_env(body: dict) -> dict[str, str]:
+    """The plain environment variables of a posted job body, as the container gets them."""
+    return {e["name"]: e["value"] for e in body["spec"]["envs"] if "value" in e}
+
+
+def wheel_in(env: dict[str, str]) -> bytes:
+    count = int(env["RLSTEPS_CODE_CHUNKS"])
+    return base64.b64decode("".join(env[f"RLSTEPS_CODE_{i}"] for i in range(count)), validate=True)
+
+
+def submit_to_stub(job, tmp_path: Path, stub: LeptonStub) -> tuple[Path, dict]:
+    """Plan, write the job dir and submit, as `rlsteps run -b` does; the job dir and the body the API got."""
+    job_dir = tmp_path / job.name
+    job_dir.mkdir()
+    plan = lepton.LAUNCHER.plan(job, job_dir)
+    write_job_files(job_dir, job, plan, inputs=[])
+    return job_dir, stub.jobs[lepton.LAUNCHER.submit(job, plan, job_dir).job_id]
+
+
+def in_container(job, tmp_path: Path, **settings):
+    """The job with its container paths under tmp_path: the mount is the run dir, no setup lines."""
+    mounts = [{"path": "/p", "mount_path": str(tmp_path / "data"), "from": "node-nfs:fs"}]
+    return job.model_copy(
+        update={"launcher_settings": {**job.launcher_settings, "mounts": mounts, "pre_launch_commands": [], **settings}}
+    )
+
+
+@pytest.fixture(scope="module")
+def python_without_rlsteps(tmp_path_factory) -> Path:
+    """A virtual environment with torch and the engine's dependencies (this one's site-packages on its path,
+    without their .pth files, so the editable rlsteps is not found) but no rlsteps: a stock image."""
+    import site
+
+    root = tmp_path_factory.mktemp("image") / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    [site_packages] = [p for p in site.getsitepackages() if p.endswith("site-packages")]
+    [own] = list(root.glob("lib/python*/site-packages"))
+    (own / "engine-dependencies.pth").write_text(site_packages + "\n")
+    probe = subprocess.run(
+        [str(root / "bin" / "python"), "-c", "import omegaconf, rlsteps"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+    )
+    assert b"No module named 'rlsteps'" in probe.stderr, probe.stderr
+    return root / "bin"
+
+
+def run_in_image(script: str, env: dict[str, str], image_bin: Path, **kwargs) -> subprocess.CompletedProcess:
+    """Run a container script here with `python` and `python3` the image's: no rlsteps of their own."""
+    full = {"PATH": f"{image_bin}:/usr/bin:/bin", "HOME": str(image_bin.parent), **env}
+    return subprocess.run(["/bin/bash", "-c", script], env=full, capture_output=True, text=True, **kwargs)
+
+
+IMPORT_PROBE = 'python -c "import os, rlsteps; print(rlsteps.__file__, \\"RLSTEPS_CODE_0\\" in os.environ)"'
+
+
+def up_to_the_worker(body: dict) -> str:
+    """The posted entry script without its last line (exec the worker), and a probe of what python imports."""
+    script = body["spec"]["container"]["command"][2]
+    head, last = script.rstrip("\n").rsplit("\n", 1)
+    assert last.startswith("exec python -m rlsteps.engine.worker ")
+    return f"{head}\n{IMPORT_PROBE}\n"
+
+
+def test_the_posted_spec_carries_the_jobs_wheel_in_chunks_that_linux_passes(rs, profiles, tmp_path, stub):
+    job = make_job(rs, profiles)
+    job_dir, body = submit_to_stub(job, tmp_path, stub)
+    env = posted_env(body)
+    built = code.build_wheel()
+    assert wheel_in(env) == built.content == (job_dir / built.name).read_bytes()
+    assert env["RLSTEPS_CODE_SHA256"] == built.sha256 and int(env["RLSTEPS_CODE_CHUNKS"]) >= 2
+    chunks = [v for k, v in env.items() if code.is_chunk(k)]
+    assert len(chunks) == int(env["RLSTEPS_CODE_CHUNKS"]) and max(map(len, chunks)) <= code.ENV_CHUNK
+    assert all(len(f"{k}={v}".encode()) < code.ARG_STRLEN for k, v in env.items())
+    assert len(body["spec"]["container"]["command"][2].encode()) < code.ARG_STRLEN
+    recorded = OmegaConf.to_container(OmegaConf.load(job_dir / "job.yaml"))["code"]  # as for Slurm
+    assert recorded == {"wheel": built.name, "sha256": built.sha256, "files": built.files}
+    shown = (job_dir / lepton.SPEC_FILE).read_text()  # the job dir keeps the wheel once, not its base64 as well
+    assert "of the job's wheel, elided" in shown and len(shown) < 32 * 1024
+
+
+def test_the_entry_script_rebuilds_the_wheel_and_a_bare_python_imports_rlsteps_from_it(
+    rs, profiles, tmp_path, stub, monkeypatch, python_without_rlsteps
+):
+    monkeypatch.setattr(lepton_spec, "CONTAINER_JOBS_DIR", str(tmp_path / "container"))
+    job = in_container(make_job(rs, profiles), tmp_path)
+    _, body = submit_to_stub(job, tmp_path, stub)
+    done = run_in_image(up_to_the_worker(body), posted_env(body), python_without_rlsteps, timeout=60)
+    assert done.returncode == 0, done.stderr
+    wheel = tmp_path / "container" / job.name / code.wheel_name()
+    assert done.stdout.split() == [f"{wheel}/rlsteps/__init__.py", "False"]  # from the wheel; chunks dropped
+    assert wheel.read_bytes() == code.build_wheel().content
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("a changed character", "rlsteps: the code of this job arrived damaged: sha256 "),
+        ("a missing chunk", "rlsteps: cannot rebuild the code of this job: 'RLSTEPS_CODE_1' is not set"),
+        ("a stray character", "rlsteps: cannot rebuild the code of this job from RLSTEPS_CODE_*: Only base64 data"),
+    ],
+)
+def test_damaged_code_stops_the_job_with_one_line_before_anything_runs(
+    rs, profiles, tmp_path, stub, monkeypatch, python_without_rlsteps, damage, message
+):
+    monkeypatch.setattr(lepton_spec, "CONTAINER_JOBS_DIR", str(tmp_path / "container"))
+    job = in_container(make_job(rs, profiles), tmp_path)
+    _, body = submit_to_stub(job, tmp_path, stub)
+    env = posted_env(body)
+    chunk = env["RLSTEPS_CODE_1"]
+    if damage == "a changed character":
+        env["RLSTEPS_CODE_1"] = chunk[:100] + ("A" if chunk[100] != "A" else "B") + chunk[101:]
+    elif damage == "a missing chunk":
+        del env["RLSTEPS_CODE_1"]
+    else:
+        env["RLSTEPS_CODE_1"] = chunk[:100] + "!" + chunk[101:]
+    done = run_in_image(up_to_the_worker(body), env, python_without_rlsteps, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""  # the probe, standing for the worker, never ran
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith(message), done.stderr
+    assert not list((tmp_path / "container" / job.name).glob("*.whl*"))
+
+
+def test_code_installed_sends_no_wheel(rs, profiles, tmp_path, stub):
+    job = make_job(rs, profiles)
+    job = job.model_copy(update={"launcher_settings": {**job.launcher_settings, "code": "installed"}})
+    plan = lepton.LAUNCHER.plan(job, tmp_path / job.name)
+    assert plan.code is None and "code: rlsteps as installed in the image (code: installed)" in plan.summary
+    job_dir, body = submit_to_stub(job, tmp_path, stub)
+    assert not any(name.startswith("RLSTEPS_CODE") for name in posted_env(body))
+    script = body["spec"]["container"]["command"][2]
+    assert "PYTHONPATH" not in script and "python3" not in script
+    assert not list(job_dir.glob("*.whl")) and "code" not in OmegaConf.load(job_dir / "job.yaml")
+
+
+def test_the_dry_run_shows_the_code_chunks_elided(rs, profiles, tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSTEPS_PROFILES", str(profiles))
+    result = invoke("run", "rl/rs", "-c", "default", "-b", "lep", "--dry-run", *INPUTS, f"rm.token={RM_TOKEN}")
+    out = result.output + "".join(capfd.readouterr())
+    assert result.exit_code == 0, out
+    assert re.search(r'"name": "RLSTEPS_CODE_0",\s+"value": "<96 KiB of the job\'s wheel, elided>"', out)
+    assert "RLSTEPS_CODE_0=<96 KiB of the job's wheel, elided>" in out  # the environment panel
+    assert f'"value": "{code.build_wheel().sha256}"' in out and "carried in the job's environment as" in out
+    assert len(out) < 64 * 1024 and not re.search(r"[A-Za-z0-9+/]{2000}", out)
+
+
+def test_a_wheel_that_is_not_the_one_planned_is_not_sent(rs, profiles, tmp_path, stub):
+    job = make_job(rs, profiles)
+    job_dir = tmp_path / job.name
+    job_dir.mkdir()
+    plan = lepton.LAUNCHER.plan(job, job_dir)
+    write_job_files(job_dir, job, plan, inputs=[])
+    (job_dir / plan.code).write_bytes(b"another build")
+    with pytest.raises(RunFailed, match="is not the one planned"):
+        lepton.LAUNCHER.submit(job, plan, job_dir)
+    assert not stub.jobs and not stub.secrets
+
+
+def test_a_command_and_environment_linux_would_refuse_are_refused_at_planning(rs, profiles, tmp_path, monkeypatch):
+    monkeypatch.setattr(lepton_spec, "MAX_EXEC", 128 * 1024)  # as if the wheel had grown past what a job can carry
+    job = make_job(rs, profiles)
+    with pytest.raises(UsageError) as err:
+        lepton.LAUNCHER.plan(job, tmp_path / job.name)
+    assert "the job's command and environment take" in err.value.message and "code: installed" in err.value.fix
+
+
+@pytest.mark.slow
+def test_a_stock_image_runs_the_jobs_own_wheel_to_the_end_of_a_tiny_run(
+    tiny_world, rs, profiles, tmp_path, stub, monkeypatch, python_without_rlsteps
+):
+    """The whole posted entry script, its worker included, in a python without rlsteps."""
+    monkeypatch.setattr(lepton_spec, "CONTAINER_JOBS_DIR", str(tmp_path / "container"))
+    job = compile_job(
+        rs,
+        "tiny",
+        mode="batch",
+        profile=resolve_profile("lep", [profiles]),
+        overrides=["validation.interval=0", "run.num_threads=1", "train.max_steps=1", "checkpoint.interval=1"],
+    )
+    job = in_container(job, tmp_path, env_vars={})
+    _, body = submit_to_stub(job, tmp_path, stub)
+    env = posted_env(body) | job.secret_env()  # what Lepton sets from the job's secret references
+    script = body["spec"]["container"]["command"][2]
+    done = run_in_image(script, env, python_without_rlsteps, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    wheel = tmp_path / "container" / job.name / code.wheel_name()
+    assert f"code: rlsteps {code.package_version()} from {wheel}/rlsteps" in done.stdout + done.stderr
+    assert (tmp_path / "data" / ".rlsteps" / "runs" / "rl_rs-tiny" / "policy").is_dir()
+
+
+def test_a_local_input_the_container_cannot_see_is_refused_at_submission_with_the_fix(
+    tiny_world, profiles, tmp_path, stub, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSTEPS_PROFILES", str(profiles))
+    result = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep", f"rm.token={RM_TOKEN}")
+    assert result.exit_code == 3 and not stub.jobs and not (tmp_path / ".rlsteps" / "jobs").exists()
+    message = " ".join(result.stderr.split())  # unwrapped
+    assert f"input 'prompts': {tiny_world.train_prompts} is on this machine" in message
+    assert "its cluster paths (/data)" in message and "copy it under a cluster path" in message
+    assert "rlsteps artifacts publish" in message
+
+
+def test_inputs_on_the_mount_are_left_to_the_job_which_carries_what_it_needs_to_check_them(
+    tiny_world, profiles, tmp_path, stub, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSTEPS_PROFILES", str(profiles))
+    result = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep", f"rm.token={RM_TOKEN}", *ON_MOUNT)
+    assert result.exit_code == 0, result.output
+    ((_, body),) = stub.jobs.items()
+    script = body["spec"]["container"]["command"][-1]
+    record = next(line for line in script.splitlines() if "/job.yaml" in line and "base64 -d" in line)
+    job_yaml = base64.b64decode(record.split()[1]).decode()
+    assert "inputs_in_job:" in job_yaml and "ref: /data/tiny/policy" in job_yaml and "hf_causal_lm" in job_yaml

@@ -5,6 +5,10 @@ environment with torch and the engine's dependencies): the job puts the wheel it
 (Python imports a pure-Python wheel as a zip archive), so it runs exactly the code that compiled it,
 whatever is installed there. The wheel is built from the imported package, from an installed copy or
 a source checkout alike, with no build backend and no network; the same files give the same bytes.
+
+Where no file can travel with the job (a job spec posted to an API), the wheel travels in its environment:
+env_chunks() cuts it, base64-encoded, into variables each well under Linux's limit on one environment string,
+and unpack_lines() is the shell that rebuilds it in the container, checks its sha256 and puts it on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import base64
 import hashlib
 import importlib.metadata
 import io
+import shlex
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +27,29 @@ FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # zip's earliest date: the wheel's bytes dep
 SKIPPED_PARTS = {"__pycache__"}
 SKIPPED_SUFFIXES = {".pyc", ".pyo"}
 ON_PATH = 'export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec "$@"'  # $0: the wheel; "$@": the command
+
+ARG_STRLEN = 32 * 4096  # Linux's MAX_ARG_STRLEN: the longest argument or NAME=value string a program can be given
+ENV_CHUNK = 96 * 1024  # base64 characters in one variable: well under ARG_STRLEN
+ENV_PREFIX = "RLSTEPS_CODE"  # RLSTEPS_CODE_0..N-1: the chunks; _CHUNKS: their count; _SHA256: the wheel's
+# Rebuilds the wheel at argv[1] from the chunks: the standard library only (base64, hashlib), in any image's python3.
+UNPACK = f"""\
+import base64, hashlib, os, sys
+path, env = sys.argv[1], os.environ
+try:
+    count = int(env["{ENV_PREFIX}_CHUNKS"])
+    data = base64.b64decode("".join(env["{ENV_PREFIX}_%d" % i] for i in range(count)), validate=True)
+except KeyError as err:
+    sys.exit("rlsteps: cannot rebuild the code of this job: %s is not set" % err)
+except ValueError as err:
+    sys.exit("rlsteps: cannot rebuild the code of this job from {ENV_PREFIX}_*: %s" % err)
+found, expected = hashlib.sha256(data).hexdigest(), env.get("{ENV_PREFIX}_SHA256")
+if found != expected:
+    sys.exit("rlsteps: the code of this job arrived damaged: sha256 %s, expected %s" % (found, expected))
+os.makedirs(os.path.dirname(path), exist_ok=True)
+with open(path + ".partial", "wb") as out:
+    out.write(data)
+os.replace(path + ".partial", path)
+"""
 
 
 @dataclass(frozen=True)
@@ -89,6 +117,37 @@ def write_wheel(directory: Path) -> CodeWheel:
 def on_path(wheel: str, command: list[str]) -> list[str]:
     """The command run with the wheel first on PYTHONPATH (kept for the processes it starts), in any image."""
     return ["/bin/sh", "-c", ON_PATH, wheel, *command]
+
+
+def env_chunks(wheel: bytes, chunk: int = ENV_CHUNK) -> dict[str, str]:
+    """A wheel as environment variables: its sha256, the count of chunks, then its base64 text in chunks.
+
+    The wheel's files are already deflated: compressing it again saves about 4%, not worth a decompressor.
+    """
+    text = base64.b64encode(wheel).decode()
+    chunks = [text[start : start + chunk] for start in range(0, len(text), chunk)]
+    head = {f"{ENV_PREFIX}_SHA256": hashlib.sha256(wheel).hexdigest(), f"{ENV_PREFIX}_CHUNKS": str(len(chunks))}
+    return head | {f"{ENV_PREFIX}_{i}": c for i, c in enumerate(chunks)}
+
+
+def is_chunk(name: str) -> bool:
+    return name.startswith(f"{ENV_PREFIX}_") and name[len(ENV_PREFIX) + 1 :].isdigit()
+
+
+def elided(name: str, value: str) -> str:
+    """A chunk's value as a dry run shows it: its size, not its text."""
+    return f"<{len(value) / 1024:.0f} KiB of the job's wheel, elided>" if is_chunk(name) else value
+
+
+def unpack_lines(path: str, env: dict[str, str]) -> list[str]:
+    """Shell lines that rebuild env_chunks' wheel at path (any damage stops the script with one line), put it
+    first on PYTHONPATH for everything started after them, and drop the chunks from the environment."""
+    chunks = [name for name in env if is_chunk(name)]
+    return [
+        f"python3 -c {shlex.quote(UNPACK)} {shlex.quote(path)}",
+        f'export PYTHONPATH={shlex.quote(path)}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+        f"unset {' '.join(chunks)}",
+    ]
 
 
 def _metadata() -> str:

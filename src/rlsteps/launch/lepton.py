@@ -4,6 +4,10 @@ plan() builds the job from the SDK's own types (lepton_spec) and shows it as lep
 that file through APIClient().job.create (lepton_api) after what plan() cannot do offline: look up the node
 group's id and store the secrets the job references.
 
+The job's wheel of rlsteps (`code: ship`) is built into the job directory, as for Slurm, and travels in the
+job's environment (RLSTEPS_CODE_*). lepton_job.json shows those chunks elided, with the wheel's sha256; submit()
+puts them back from the job directory's wheel, checked against that sha256, so the spec posted carries them whole.
+
 Each secret value rlsteps holds is stored under a name of its own job (lepton_spec.secret_name), listed in the
 job's record, and deleted once rlsteps sees the job end or go (`rlsteps jobs list/status/cancel`, or the end of
 an attached run); the record then notes it, so it is done once. A failure to delete is a warning.
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsteps.errors import RunFailed, UsageError
+from rlsteps.launch import code
 from rlsteps.launch import lepton_api as api
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission
 from rlsteps.launch.job import Job
@@ -41,9 +46,13 @@ SECRETS_DELETED = "secrets_deleted"  # record.extra: the job's own secrets are d
 class LeptonLauncher:
     name = "lepton"
     poll_seconds = POLL_SECONDS
+    sees_local_files = False  # the container sees its mounts and remote URLs, nothing of this machine
 
     def __init__(self) -> None:
         self._released: set[str] = set()  # job ids whose secrets this process deleted
+
+    def cluster_paths(self, job: Job) -> tuple[str, ...]:
+        return tuple(str(m["mount_path"]) for m in LeptonProfile.of(job).mounts if m.get("mount_path"))
 
     def check(self, job: Job) -> None:
         """Refuse what cannot run, before anything is written or sent."""
@@ -59,13 +68,18 @@ class LeptonLauncher:
         api.require_sdk()
         profile = LeptonProfile.of(job)
         lepton_job = build_spec(job, job_dir.name, profile)
+        for env in lepton_job.spec.envs:  # the wheel stays in the job dir; submit puts its chunks back
+            if env.value is not None:
+                env.value = code.elided(env.name, env.value)
         body = lepton_job.model_dump(by_alias=True, exclude_none=True, mode="json")  # as the SDK's job API sends it
+        plain = {e.name: e.value for e in lepton_job.spec.envs if e.value_from is None}
         return LaunchPlan(
             launcher=self.name,
-            summary=summary(job, profile, lepton_job.metadata.id_),
+            summary=summary(job, profile, lepton_job.metadata.id_, len([n for n in plain if code.is_chunk(n)])),
             command=list(lepton_job.spec.container.command),
-            env=profile.plain_env(held_secrets(job, profile)),
+            env=plain,
             files={SPEC_FILE: json.dumps(body, indent=2)},
+            code=code.wheel_name() if profile.code == "ship" else None,
         )
 
     def submit(self, job: Job, plan: LaunchPlan, job_dir: Path) -> Submission:
@@ -76,6 +90,7 @@ class LeptonLauncher:
         profile = LeptonProfile.of(job)
         client = api.client(profile.workspace)
         lepton_job = LeptonJob.model_validate(json.loads(plan.files[SPEC_FILE]))
+        _carry_code(lepton_job, job_dir / plan.code if plan.code else None)
         lepton_job.spec.affinity.allowed_dedicated_node_groups = [api.node_group_id(client, profile.node_group)]
         job_id = lepton_job.metadata.id_
         secrets = {secret_name(job_id, k): v for k, v in held_secrets(job, profile).items()}
@@ -180,6 +195,24 @@ class LeptonLauncher:
 
 
 LAUNCHER = LeptonLauncher()
+
+
+def _carry_code(lepton_job: Any, wheel: Path | None) -> None:
+    """The wheel's chunks in place of the spec file's elided values: the job dir's wheel (the same build again
+    when the dir has none), refused unless it is the wheel planned."""
+    envs = {e.name: e for e in lepton_job.spec.envs or []}
+    planned = envs.get(f"{code.ENV_PREFIX}_SHA256")
+    if wheel is None or planned is None:
+        return
+    content = wheel.read_bytes() if wheel.is_file() else code.build_wheel().content
+    carried = code.env_chunks(content)
+    if carried[planned.name] != planned.value:  # the same sha256: the same chunks, as many as planned
+        raise RunFailed(
+            f"the wheel of rlsteps for this job ({wheel}) is not the one planned (sha256 {planned.value})",
+            fix="submit again: the job is planned with the code as it is now",
+        )
+    for name, value in carried.items():
+        envs[name].value = value
 
 
 def _drop_unused_secrets(client: Any, job_id: str, names: list[str]) -> None:

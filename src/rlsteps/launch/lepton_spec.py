@@ -5,6 +5,11 @@ the API. The compiled config travels in the job's command, base64-encoded, and i
 directory: nothing is copied to shared storage first, each replica gets its own copy, and the config holds no
 secret values (secrets are `${oc.env:...}` interpolations).
 
+Code (`code: ship`, the default): the job's own wheel of rlsteps travels in the job's environment, base64 in
+chunks (code.env_chunks: the SDK uploads no file, and one environment string is capped at 128 KiB); the entry
+script rebuilds it next to the config, checks its sha256 and puts it first on PYTHONPATH, so a stock image runs
+the code that compiled the job. `code: installed` sends none: the image's own rlsteps runs.
+
 Secrets: each value rlsteps holds (job.secret_env()) is stored as a private workspace secret of its own job,
 named after the job id and the variable (secret_name), and the job references it by name. A profile can also
 reference an existing secret: `env_vars: {HF_TOKEN: {secret: NAME}}`.
@@ -17,12 +22,13 @@ import difflib
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlsteps.errors import UsageError
+from rlsteps.launch import code
 from rlsteps.launch.base import worker_command
 from rlsteps.launch.job import Job
 
@@ -32,6 +38,7 @@ CONTAINER_JOBS_DIR = "/tmp/rlsteps/jobs"  # container-local: each replica writes
 MAX_JOB_NAME = 36  # the SDK's limit for a job id
 MASTER_PORT = 29400
 SECRET_PREFIX = "rlsteps_"  # a secret name may not start with LEPTON_; this one says whose it is
+MAX_EXEC = 1024 * 1024  # the command and environment together: half of Linux's usual 2 MiB, half left to the platform
 
 # Lepton sets these in every replica; the rank-0 replica's address is how the platform's own scripts find it.
 RENDEZVOUS = """\
@@ -67,6 +74,7 @@ class LeptonProfile(BaseModel):
     node_reservation: str | None = None
     pre_launch_commands: list[str] = []  # shell lines run before the worker, as written
     workdir: str | None = None  # where relative output paths land; default the first mount
+    code: Literal["ship", "installed"] = "ship"  # ship: the job runs its own wheel of rlsteps; installed: image has it
 
     @classmethod
     def of(cls, job: Job) -> LeptonProfile:
@@ -135,8 +143,14 @@ def lepton_job_name(job_dir_name: str) -> str:
     return name[:MAX_JOB_NAME].rstrip("-")
 
 
-def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile) -> str:
-    """The container's bash script: write the config, run the profile's setup, start the worker."""
+def shipped_code(profile: LeptonProfile) -> dict[str, str]:
+    """The environment that carries the job's wheel of rlsteps (code.env_chunks), or none with `code: installed`."""
+    return code.env_chunks(code.build_wheel().content) if profile.code == "ship" else {}
+
+
+def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile, shipped: dict[str, str] | None = None) -> str:
+    """The container's bash script: write the config, rebuild the shipped wheel, run the profile's setup, start
+    the worker."""
     config_dir = f"{CONTAINER_JOBS_DIR}/{job_dir_name}"
     record = {
         "job": {
@@ -146,13 +160,15 @@ def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile) -> str:
             "mode": job.mode,
             "created": job.created,
             "launcher": "lepton",
-        }
+        },
+        "inputs_in_job": job.inputs_in_job,  # on the mounts: the worker checks these before it starts
     }
     lines = [
         "set -euo pipefail",
         f"mkdir -p {shlex.quote(config_dir)}",
         _decode_into(f"{config_dir}/config.yaml", job.worker_config()),
         _decode_into(f"{config_dir}/job.yaml", record),
+        *(code.unpack_lines(f"{config_dir}/{code.wheel_name()}", shipped) if shipped else []),
         *profile.pre_launch_commands,
     ]
     if profile.run_dir:
@@ -190,15 +206,17 @@ def build_spec(job: Job, job_dir_name: str, profile: LeptonProfile) -> Any:
     name = lepton_job_name(job_dir_name)
     held = held_secrets(job, profile)
     references = {**{k: secret_name(name, k) for k in held}, **profile.secret_refs()}
-    envs = [EnvVar(name=k, value=v) for k, v in profile.plain_env(held).items()]
+    shipped = shipped_code(profile)
+    plain = profile.plain_env(held) | shipped
+    script = entry_script(job, job_dir_name, profile, shipped)
+    _check_size(job, script, plain)
+    envs = [EnvVar(name=k, value=v) for k, v in plain.items()]
     envs += [EnvVar(name=k, value_from=EnvValue(secret_name_ref=ref)) for k, ref in sorted(references.items())]
     try:
         spec = LeptonJobUserSpec(
             resource_shape=profile.resource_shape,
             affinity=LeptonResourceAffinity(allowed_dedicated_node_groups=[profile.node_group]),
-            container=LeptonContainer(
-                image=profile.container_image, command=["/bin/bash", "-c", entry_script(job, job_dir_name, profile)]
-            ),
+            container=LeptonContainer(image=profile.container_image, command=["/bin/bash", "-c", script]),
             completions=profile.nodes,
             parallelism=profile.nodes,
             intra_job_communication=True if profile.nodes > 1 else None,
@@ -229,7 +247,7 @@ def build_spec(job: Job, job_dir_name: str, profile: LeptonProfile) -> Any:
     return lepton_job
 
 
-def summary(job: Job, profile: LeptonProfile, job_id: str) -> str:
+def summary(job: Job, profile: LeptonProfile, job_id: str, chunks: int) -> str:
     where = f"workspace {profile.workspace}" if profile.workspace else "the logged-in workspace"
     outputs = (
         f"relative outputs under {profile.run_dir}"
@@ -244,7 +262,13 @@ def summary(job: Job, profile: LeptonProfile, job_id: str) -> str:
     text = (
         f"submit {job.step_id} to DGX Cloud Lepton ({where}) as job {job_id}: "
         f"{profile.nodes} x {profile.resource_shape} in "
-        f"node group {profile.node_group} (id looked up at submission), {profile.container_image}; {outputs}; {how}"
+        f"node group {profile.node_group} (id looked up at submission), {profile.container_image}; {outputs}; {how}; "
+        + (
+            f"code: the job's own wheel of rlsteps, first on PYTHONPATH ({code.wheel_name()}, carried in the job's "
+            f"environment as {chunks} chunks)"
+            if profile.code == "ship"
+            else "code: rlsteps as installed in the image (code: installed)"
+        )
     )
     if profile.world_size > 1:
         text += (
@@ -252,6 +276,19 @@ def summary(job: Job, profile: LeptonProfile, job_id: str) -> str:
             f"x {profile.nprocs} process(es)"
         )
     return text
+
+
+def _check_size(job: Job, script: str, env: dict[str, str]) -> None:
+    """Refuse a command or environment that Linux would not start the container's program with (execve: E2BIG)."""
+    strings = [script, *(f"{k}={v}" for k, v in env.items())]
+    sizes = [len(s.encode()) + 1 for s in strings]  # each with its terminating NUL
+    if max(sizes) > code.ARG_STRLEN or sum(sizes) > MAX_EXEC:
+        raise UsageError(
+            f"profile {job.profile_name}: the job's command and environment take {sum(sizes) / 1024:.0f} KiB, their "
+            f"longest string {max(sizes) / 1024:.0f} KiB: more than a container is sure to start with (Linux takes "
+            f"{code.ARG_STRLEN // 1024} KiB a string; rlsteps keeps the whole under {MAX_EXEC // 1024} KiB)",
+            fix="make the config smaller (it travels in the command), or set code: installed with rlsteps in the image",
+        )
 
 
 def _decode_into(path: str, data: dict[str, Any]) -> str:
