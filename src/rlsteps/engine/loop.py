@@ -410,6 +410,7 @@ def _no_update_cause(metrics: dict[str, float]) -> str:
 
 def _is_reward_failure(error: Exception) -> bool:
     from rlsteps.engine.rewards.judge.client import JudgeUnavailable
+    from rlsteps.engine.rewards.process import ServerStartError  # a local server that never came up
     from rlsteps.engine.rewards.rm.client import RewardError
 
-    return isinstance(error, RewardError | JudgeUnavailable)
+    return isinstance(error, RewardError | JudgeUnavailable | ServerStartError)

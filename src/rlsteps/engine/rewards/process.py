@@ -68,6 +68,7 @@ class LocalServer:
         self.host = "127.0.0.1"
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
+        self.ready = False  # it has answered its health check
 
     @property
     def url(self) -> str:
@@ -86,7 +87,8 @@ class LocalServer:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()  # also on KeyboardInterrupt: the server never outlives the block
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Start the server; with wait, return once it answers (else call wait_until_ready before using it)."""
         self.port = free_port(self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
@@ -97,11 +99,21 @@ class LocalServer:
                 env={**os.environ, **self.env}, start_new_session=True, preexec_fn=server_preexec(),
             )  # fmt: skip
         atexit.register(self.stop)
+        self.ready = False
+        if wait:
+            self.wait_until_ready()
+
+    def wait_until_ready(self) -> None:
+        """Return once the server answers its health check (at once after the first time); if it exits or does
+        not answer in time, stop it and raise ServerStartError with the end of its log."""
+        if self.ready:
+            return
         try:
             self._wait_until_healthy()
         except BaseException:
             self.stop()
             raise
+        self.ready = True
 
     def _wait_until_healthy(self) -> None:
         assert self.process is not None

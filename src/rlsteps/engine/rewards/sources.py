@@ -2,13 +2,14 @@
 
 Each source scores a RolloutBatch into per-row rewards and a validity mask (False: no trustworthy
 reward, the row leaves the loss). Without a URL in the config, a source starts its own server on
-loopback for the run's lifetime (the tiny configs do this).
+loopback for the run's lifetime (the tiny configs do this). It starts it and goes on: the server loads
+while the worker loads its policy and generates, and the first score waits until it answers.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -43,15 +44,21 @@ class RewardSource(Protocol):
     def score(self, batch: RolloutBatch) -> Scores: ...
 
 
+def _nothing_to_wait_for() -> None:
+    return None
+
+
 class RewardModelSource:
     """A scalar reward model behind `rlsteps serve rm` (or any server of the same protocol)."""
 
     validation_samples_per_prompt = 1
 
-    def __init__(self, client) -> None:
+    def __init__(self, client, ready: Callable[[], None] = _nothing_to_wait_for) -> None:
         self.client = client
+        self.ready = ready  # returns once the server answers (a local server still loading)
 
     def score(self, batch: RolloutBatch) -> Scores:
+        self.ready()
         rewards = torch.tensor(self.client.score(batch.prompt_texts, batch.response_texts), dtype=torch.float32)
         return Scores(rewards=rewards, valid=torch.ones(len(batch), dtype=torch.bool))
 
@@ -63,9 +70,15 @@ class JudgeSource:
     shown_answers = 3  # unparsable answers quoted when they stop the run
 
     def __init__(
-        self, client, length_penalty: float = 0.0, on_failure: str = "mask", max_parse_failure_rate: float = 0.5
+        self,
+        client,
+        length_penalty: float = 0.0,
+        on_failure: str = "mask",
+        max_parse_failure_rate: float = 0.5,
+        ready: Callable[[], None] = _nothing_to_wait_for,
     ) -> None:
         self.client = client
+        self.ready = ready  # returns once the server answers (a local server still loading)
         self.length_penalty = length_penalty
         self.on_failure = on_failure  # mask: failed comparisons leave the loss; stop: any failure stops the run
         self.max_parse_failure_rate = max_parse_failure_rate
@@ -73,6 +86,7 @@ class JudgeSource:
     def score(self, batch: RolloutBatch) -> Scores:
         from rlsteps.engine.rewards.judge.scoring import length_penalty
 
+        self.ready()
         group, num_groups = batch.group_index()
         rows = [torch.nonzero(group == g).flatten().tolist() for g in range(num_groups)]
         requests = [(batch.conversation(r[0]), [batch.response_texts[i] for i in r]) for r in rows]
@@ -136,10 +150,10 @@ def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
 
     rm, model = cfg.rm, cfg.inputs.model_extra.get("reward_model")
     batching = ["--max-batch", str(rm.server.max_batch), "--max-wait-ms", str(rm.server.max_wait_ms)]
-    with _served(RM_SERVER, rm.url, model, run_dir / "rm_server.log", batching, rm.token) as url:
+    with _served(RM_SERVER, rm.url, model, run_dir / "rm_server.log", batching, rm.token) as (url, ready):
         client = RewardClient(url, **rm.model_dump(include=RM_CLIENT_OPTIONS))
         with contextlib.closing(client):
-            yield RewardModelSource(client)
+            yield RewardModelSource(client, ready)
 
 
 @contextlib.contextmanager
@@ -149,7 +163,7 @@ def _judge_source(cfg: GRPOConfig, run_dir: Path) -> Iterator[JudgeSource]:
     j, model = cfg.judge, cfg.inputs.model_extra.get("judge_model")
     model_name = j.model or "judge"
     naming = ["--model-name", model_name]
-    with _served(JUDGE_SERVER, j.url, model, run_dir / "judge_server.log", naming, j.api_key) as url:
+    with _served(JUDGE_SERVER, j.url, model, run_dir / "judge_server.log", naming, j.api_key) as (url, ready):
         client = JudgeClient(url if j.url else f"{url}/v1", model_name, **j.model_dump(include=JUDGE_CLIENT_OPTIONS))
         with contextlib.closing(client):
             yield JudgeSource(
@@ -157,20 +171,26 @@ def _judge_source(cfg: GRPOConfig, run_dir: Path) -> Iterator[JudgeSource]:
                 length_penalty=j.length_penalty,
                 on_failure=j.on_failure,
                 max_parse_failure_rate=j.max_parse_failure_rate,
+                ready=ready,
             )
 
 
 @contextlib.contextmanager
 def _served(
     module: str, url: str | None, model: str | None, log_path: Path, args: list[str], token: str | None
-) -> Iterator[str]:
-    """The given URL, or a server started on loopback for the model (stopped when the block ends)."""
+) -> Iterator[tuple[str, Callable[[], None]]]:
+    """(URL, wait until it answers): the given URL, or a server started on loopback for the model, loading while
+    the block goes on (stopped when the block ends)."""
     if url:
-        yield url.rstrip("/")
+        yield url.rstrip("/"), _nothing_to_wait_for
         return
     if not model:
         raise ValueError(f"no server URL and no model to serve for {module}: set the URL or the model input")
     env = {TOKEN_ENV: token} if token else {}
     token_args = ["--token-env", TOKEN_ENV] if token else []
-    with LocalServer(module, ["--model", str(model), *args, *token_args], log_path=log_path, env=env or None) as server:
-        yield server.url
+    server = LocalServer(module, ["--model", str(model), *args, *token_args], log_path=log_path, env=env or None)
+    try:
+        server.start(wait=False)
+        yield server.url, server.wait_until_ready
+    finally:
+        server.stop()
