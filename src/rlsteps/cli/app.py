@@ -114,7 +114,7 @@ def run_step(
         out.print(render.dry_run(compiled))
         sys.stdout.write(render.job_files(compiled))
         return
-    submission = execute(catalog, request, say=lambda line: err.print(f"[bold]rlsteps[/] {line}"))
+    submission = execute(catalog, request, say=render.sayer(err))
     if submission.exit_code is None:
         out.print(f"submitted job {submission.job_id} ({submission.job_dir})")
 

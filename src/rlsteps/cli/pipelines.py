@@ -53,8 +53,10 @@ def run_pipeline(
     if dry_run:
         spec = pipeline.load_pipeline(path)
         notes, live = pipeline.previous_chain(spec.name)
+        from rlsteps.cli import render
+
         for line in notes:
-            err.print(f"[bold]rlsteps[/] {escape(line)}", highlight=False, soft_wrap=True)
+            render.sayer(err)(line)
         if live is not None:
             err.print(
                 f"[bold yellow]warning:[/] {escape(live.message)}; running it now is refused "
@@ -68,7 +70,9 @@ def run_pipeline(
         else:
             _print_stages(rows)
         return
-    outcomes = pipeline.run_pipeline(catalog, request, say=lambda line: err.print(f"[bold]rlsteps[/] {line}"))
+    from rlsteps.cli import render
+
+    outcomes = pipeline.run_pipeline(catalog, request, say=render.sayer(err))
     for o in outcomes:
         out.print(
             f"{o.name}: {o.action}"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from rich.console import Group
+from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
@@ -123,3 +124,12 @@ def job_files(compiled: Compiled) -> str:
         for name, content in compiled.plan.files.items()
     ]
     return "\n".join(blocks)
+
+
+def sayer(console: Console):
+    """How the CLI says a progress line: one line, never wrapped (an id or path stays whole when piped)."""
+
+    def say(line: str) -> None:
+        console.print(f"[bold]rlsteps[/] {escape(line)}", highlight=False, soft_wrap=True)
+
+    return say
