@@ -71,3 +71,20 @@ def weights(model_dir: Path) -> dict:
 
 def artifact_metadata(run: Path) -> dict:
     return json.loads((run / "policy" / "rlsteps_artifact.json").read_text())
+
+
+def python_without_rlsteps(root: Path) -> Path:
+    """A virtual environment with torch and the engine's dependencies (this one's site-packages on its path,
+    without their .pth files, so the editable rlsteps is not found) but no rlsteps: a stock image's python."""
+    import site
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    [site_packages] = [p for p in site.getsitepackages() if p.endswith("site-packages")]
+    [own] = list(root.glob("lib/python*/site-packages"))
+    (own / "engine-dependencies.pth").write_text(site_packages + "\n")
+    python = root / "bin" / "python"
+    probe = subprocess.run(
+        [str(python), "-c", "import torch, omegaconf, rlsteps"], env={"PATH": "/usr/bin:/bin"}, capture_output=True
+    )
+    assert b"No module named 'rlsteps'" in probe.stderr, probe.stderr
+    return python

@@ -16,9 +16,8 @@ from rlsteps.engine import preflight
 from rlsteps.engine.input_check import InputProblem, check_inputs_in_job
 from rlsteps.errors import ArtifactError, UsageError
 from rlsteps.launch import code
-from run_helpers import rlsteps
+from run_helpers import python_without_rlsteps, rlsteps
 from test_launch_slurm import TINY_RUN, add_profile, compiled, needs_cluster, project  # noqa: F401 - a fixture
-from test_slurm_code_and_requeue import python_without_rlsteps
 
 ROOT = Path(__file__).resolve().parents[1]
 

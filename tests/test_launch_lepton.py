@@ -20,6 +20,7 @@ pytest.importorskip(
 
 from leptonai.api.v2.types.job import LeptonJob, LeptonJobState  # noqa: E402
 
+import run_helpers  # noqa: E402
 from cli_helpers import invoke, run_cli  # noqa: E402
 from lepton_stub_server import LeptonStub  # noqa: E402
 from rlsteps.catalog import load_catalog  # noqa: E402
@@ -640,22 +641,8 @@ def in_container(job, tmp_path: Path, **settings):
 
 @pytest.fixture(scope="module")
 def python_without_rlsteps(tmp_path_factory) -> Path:
-    """A virtual environment with torch and the engine's dependencies (this one's site-packages on its path,
-    without their .pth files, so the editable rlsteps is not found) but no rlsteps: a stock image."""
-    import site
-
-    root = tmp_path_factory.mktemp("image") / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    [site_packages] = [p for p in site.getsitepackages() if p.endswith("site-packages")]
-    [own] = list(root.glob("lib/python*/site-packages"))
-    (own / "engine-dependencies.pth").write_text(site_packages + "\n")
-    probe = subprocess.run(
-        [str(root / "bin" / "python"), "-c", "import omegaconf, rlsteps"],
-        env={"PATH": "/usr/bin:/bin"},
-        capture_output=True,
-    )
-    assert b"No module named 'rlsteps'" in probe.stderr, probe.stderr
-    return root / "bin"
+    """The bin folder of a stock image's python: torch and the engine's dependencies, no rlsteps."""
+    return run_helpers.python_without_rlsteps(tmp_path_factory.mktemp("image") / "env").parent
 
 
 def run_in_image(script: str, env: dict[str, str], image_bin: Path, **kwargs) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ from rlsteps.engine.signals import EXIT_CHECKPOINTED
 from rlsteps.launch import code, containers
 from rlsteps.launch.base import JobState
 from rlsteps.plan import submitted_jobs as jobs
-from run_helpers import artifact_metadata, rlsteps, run_dir
+from run_helpers import artifact_metadata, python_without_rlsteps, rlsteps, run_dir
 from test_launch_slurm import (
     TINY_RUN,
     add_profile,
@@ -95,21 +95,6 @@ def test_the_squash_srun_asks_for_a_time_limit_and_the_jobs_gpus(project):  # no
 
 
 # ----- the real cluster -------------------------------------------------------------------------------------------
-
-
-def python_without_rlsteps(root: Path) -> Path:
-    """A virtual environment with torch and the engine's dependencies (this one's site-packages on its path,
-    without their .pth files, so the editable rlsteps is not found) but no rlsteps."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    import site
-
-    [site_packages] = [p for p in site.getsitepackages() if p.endswith("site-packages")]
-    [own] = list(root.glob("lib/python*/site-packages"))
-    (own / "engine-dependencies.pth").write_text(site_packages + "\n")
-    python = root / "bin" / "python"
-    probe = subprocess.run([str(python), "-c", "import torch, omegaconf, rlsteps"], capture_output=True, text=True)
-    assert "No module named 'rlsteps'" in probe.stderr, probe.stderr
-    return python
 
 
 @needs_cluster
