@@ -383,14 +383,14 @@ def test_a_cancelled_job_is_cancelled_and_keeps_its_log(tiny_world, project):
 
 @needs_cluster
 @pytest.mark.slow
-def test_an_attached_job_that_fails_at_run_time_streams_its_log_and_exits_1(tiny_world, project):
+def test_an_attached_job_that_fails_its_input_check_streams_its_log_and_exits_3(tiny_world, project):
     long = project / "long.jsonl"  # well formed, so it is submitted; only the job's tokenizer finds it too long
     long.write_text(json.dumps({"prompt": "Describe the cat. " * 40}) + "\n")
     done = rlsteps("run", "rs", *TINY_RUN, "-r", "ci", f"inputs.prompts={long}", cwd=project, timeout=600)
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 3, done.stderr  # the job's own input check: before any server or policy load
     assert f"{long}:1: the prompt has" in done.stdout and "max_prompt_tokens=64" in done.stdout  # the log, streamed
-    assert "rl/rs failed with exit code 1" in done.stderr
+    assert "rl/rs failed with exit code 3" in done.stderr
     record = submitted_record(project)
     status = jobs.job_status(record)
-    assert status.state is JobState.FAILED and "exit code 1" in status.detail
+    assert status.state is JobState.FAILED and "exit code 3" in status.detail
     assert "max_prompt_tokens=64" in jobs_cli("logs", record.job_id)

@@ -155,6 +155,22 @@ def test_malformed_prompt_file_fails_before_training_with_file_and_line(tiny_wor
     assert not (tmp_path / ".rlsteps" / "jobs").exists() and not run_dir(tmp_path, "rl_rs").exists()
 
 
+def test_inputs_only_the_policys_tokenizer_can_judge_fail_the_job_before_it_starts_a_server(tiny_world, tmp_path):
+    import shutil
+
+    policy = tmp_path / "policy"  # a Hugging Face causal LM without its tokenizer files
+    shutil.copytree(tiny_world.policy, policy, ignore=shutil.ignore_patterns("tokenizer*", "chat_template*"))
+    runs = tmp_path / ".rlsteps" / "runs"
+    done = rlsteps("run", "rs", "-c", "tiny", f"inputs.policy={policy}", f"output.dir={runs}/a", *FAST, cwd=tmp_path)
+    assert done.returncode == 3 and f"input 'policy': cannot load the tokenizer of {policy}" in done.stderr
+    long = tmp_path / "long.jsonl"
+    long.write_text('{"prompt": "Describe the cat in many words."}\n')
+    too_long = ["data.max_prompt_tokens=4", f"output.dir={runs}/b", f"inputs.prompts={long}"]
+    done = rlsteps("run", "rs", "-c", "tiny", *too_long, *FAST, cwd=tmp_path)
+    assert done.returncode == 3 and f"input 'prompts': {long}:1: the prompt has" in done.stderr
+    assert "Traceback" not in done.stderr and not list(runs.glob("*/rm_server.log"))  # no server was started
+
+
 @pytest.mark.parametrize("arch, output", [("qwen2", "checkpoint_megatron"), ("gpt2", "checkpoint_hf")])
 def test_a_differently_configured_architecture_trains(tiny_world, tmp_path, arch, output):
     from transformers import AutoTokenizer

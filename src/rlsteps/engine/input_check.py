@@ -21,13 +21,13 @@ PROMPT_FILE_FIX = 'each line must be {"prompt": "..."} or {"messages": [{"role",
 class InputProblem(Exception):
     """An input the job cannot use: what is wrong, and the fix."""
 
-    def __init__(self, message: str, fix: str):
+    def __init__(self, message: str, fix: str | None = None):
         super().__init__(message)
         self.message = message
         self.fix = fix
 
     def __str__(self) -> str:
-        return f"{self.message} (fix: {self.fix})"
+        return f"{self.message} (fix: {self.fix})" if self.fix else self.message
 
 
 def missing(name: str, key: str, ref: str, wanted: str) -> InputProblem:

@@ -133,9 +133,31 @@ def _train(cfg: RecipeConfig, run_dir: Path) -> tuple[Any, Any, dict[str, int]]:
 
     has_checkpoints = CheckpointManager(run_dir / CHECKPOINTS_DIR).latest() is not None
     claim_run_directory(run_dir, cfg.model_dump(mode="json"), has_checkpoints)
+    _check_prompts_fit(cfg)
     with open_reward_source(cfg, run_dir) as rewards:
         result = train(cfg, RECIPES[cfg.algorithm](cfg), rewards, run_dir, say=log.info)
     return result.model, result.tokenizer, result.counters.as_dict()
+
+
+def _check_prompts_fit(cfg: RecipeConfig) -> None:
+    """Every prompt the run reads, rendered with the policy's tokenizer and measured against max_prompt_tokens,
+    before a server starts or the policy loads: a bad line is exit 3 with its file:line in seconds."""
+    from rlsteps.engine.data import PromptFileError, load_prompts
+    from rlsteps.engine.input_check import InputProblem
+    from rlsteps.engine.policy.model import load_policy_tokenizer
+
+    try:
+        tokenizer = load_policy_tokenizer(cfg.inputs.policy)
+    except (ValueError, OSError) as error:
+        raise InputProblem(f"input 'policy': {error}") from None
+    files = {"prompts": cfg.inputs.prompts}
+    if cfg.inputs.val_prompts and cfg.validation.interval:
+        files["val_prompts"] = cfg.inputs.val_prompts
+    for name, path in files.items():
+        try:
+            load_prompts(path, tokenizer, cfg.data.max_prompt_tokens)
+        except PromptFileError as error:
+            raise InputProblem(f"input '{name}': {error}") from None
 
 
 def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:

@@ -45,6 +45,16 @@ def load_policy(
     return model, tokenizer
 
 
+def load_policy_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The policy's tokenizer alone (no weights read): what a run checks its prompts with before it loads anything."""
+    path = Path(path)
+    if is_megatron_checkpoint(path):
+        from rlsteps.engine.megatron.format import TOKENIZER_DIR, resolve_checkpoint_dir
+
+        return load_tokenizer(resolve_checkpoint_dir(path) / TOKENIZER_DIR)
+    return load_tokenizer(path)
+
+
 def is_megatron_checkpoint(path: Path) -> bool:
     """A checkpoint root or iter folder (a tracker file that points nowhere counts, so its error is the one shown)."""
     from fsspec.implementations.local import LocalFileSystem
