@@ -234,9 +234,22 @@ def _job_record(config_path: Path) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(job_file)) if job_file.is_file() else {}
 
 
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is at each record: while the progress bar is live, rich's proxy, which prints
+    the line above the bar (a handler holding the original stream would glue it to the bar's line)."""
+
+    @property
+    def stream(self):  # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def _log_to(path: Path, level: str = "info") -> None:
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stream = logging.StreamHandler(sys.stderr)
+    stream = _CurrentStderrHandler()
     stream.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     stream.addFilter(lambda record: record.name != STEP_LOGGER)  # the terminal has the progress bar instead
     file = logging.FileHandler(path)
