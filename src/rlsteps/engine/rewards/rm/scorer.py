@@ -3,29 +3,47 @@
 The reward is the model's output at the last non-pad token. Rows are right-padded, so under
 causal attention the padding never reaches the tokens that are read: a reward does not depend
 on the batch it was scored in.
+
+A pair is read as one of two texts: the policy's rendered prompt, the response and the reward
+tokenizer's EOS (`encode`, the text the tiny reward model is trained on), or the conversation and
+the response through the reward model's own chat template (`encode_conversations`). Each keeps at
+most `max_length` tokens, cut from `truncation_side`; both have defaults that a call may override.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlsteps.engine.device import resolve_device
-from rlsteps.engine.rewards.text import reward_input_text
+from rlsteps.engine.rewards.text import TRUNCATION_SIDES, TruncationSide, reward_input_text, truncate
 
 
 class RewardScorer:
     def __init__(
-        self, model_path: str | Path, device: str = "cpu", max_length: int = 512, batch_size: int = 32
+        self,
+        model_path: str | Path,
+        device: str = "cpu",
+        max_length: int = 512,
+        batch_size: int = 32,
+        truncation_side: TruncationSide = "left",
     ) -> None:
         if max_length < 1 or batch_size < 1:
             raise ValueError(f"max_length and batch_size must be >= 1, got {max_length} and {batch_size}")
+        if truncation_side not in TRUNCATION_SIDES:
+            raise ValueError(f"truncation_side must be left or right, got {truncation_side!r}")
         self.name = str(model_path)
         self.device = resolve_device(device)
         self.max_length = max_length
         self.batch_size = batch_size
+        # Left by default: the reward is read at the last token, and the end holds the response and its EOS.
+        # Cutting the end would score an unfinished response.
+        self.truncation_side = truncation_side
+        self._tokenizer_lock = threading.Lock()  # the truncation side is the tokenizer's state
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if self.tokenizer.pad_token_id is None:
@@ -33,9 +51,6 @@ class RewardScorer:
                 f"the tokenizer of the reward model {model_path} has no pad token: "
                 "set one (tokenizer.pad_token = ...) and save it with the model"
             )
-        # Keep the end of an over-long input: the reward is read at the last token, and the end
-        # holds the response and its EOS. Cutting the end would score an unfinished response.
-        self.tokenizer.truncation_side = "left"
 
         self.model = AutoModelForSequenceClassification.from_pretrained(model_path)
         if self.model.config.num_labels != 1:
@@ -65,21 +80,80 @@ class RewardScorer:
             return self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
         return "\n\n".join(message["content"] for message in conversation)
 
-    def encode(self, prompts: list[str], responses: list[str]) -> list[list[int]]:
-        """Token ids of `reward_input_text` per pair, truncated from the left to max_length."""
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(
+        self,
+        prompts: list[str],
+        responses: list[str],
+        *,
+        max_length: int | None = None,
+        truncation_side: TruncationSide | None = None,
+    ) -> list[list[int]]:
+        """Token ids of `reward_input_text` per pair (the policy's rendered prompt), truncated to max_length."""
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses: give one response per prompt")
         eos = self.tokenizer.eos_token
         texts = [reward_input_text(p, r, eos) for p, r in zip(prompts, responses)]
-        return self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"] if texts else []
+        return self._tokenize(texts, max_length, truncation_side)
+
+    def encode_conversations(
+        self,
+        conversations: list[list[dict[str, Any]]],
+        responses: list[str],
+        *,
+        max_length: int | None = None,
+        truncation_side: TruncationSide | None = None,
+    ) -> list[list[int]]:
+        """Token ids of each conversation followed by the response as the assistant's turn, rendered with this
+        model's own chat template (which writes its special tokens: none are added), truncated to max_length."""
+        if len(conversations) != len(responses):
+            raise ValueError(
+                f"{len(conversations)} conversations but {len(responses)} responses: give one response per conversation"
+            )
+        if not self.has_chat_template:
+            raise ValueError(f"the tokenizer of the reward model {self.name} has no chat template")
+        texts = [self.conversation_text(c, r) for c, r in zip(conversations, responses)]
+        return self._tokenize(texts, max_length, truncation_side, add_special_tokens=False)
+
+    def conversation_text(self, conversation: list[dict[str, Any]], response: str) -> str:
+        """The conversation and the response as the assistant's last turn, in this model's chat template."""
+        return self.tokenizer.apply_chat_template(
+            [*conversation, {"role": "assistant", "content": response}], tokenize=False
+        )
+
+    def _tokenize(
+        self, texts: list[str], max_length: int | None, side: TruncationSide | None, add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        if not texts:
+            return []
+        side = side or self.truncation_side
+        if side not in TRUNCATION_SIDES:
+            raise ValueError(f"truncation_side must be left or right, got {side!r}")
+        with self._tokenizer_lock:
+            self.tokenizer.truncation_side = side
+            encoded = self.tokenizer(
+                texts, truncation=True, max_length=max_length or self.max_length, add_special_tokens=add_special_tokens
+            )
+        return encoded["input_ids"]
 
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
         return self.score_tokens(self.encode(prompts, responses))
 
     @torch.no_grad()
-    def score_tokens(self, token_ids: list[list[int]]) -> list[float]:
-        """One reward per row; rows are sorted by length into sub-batches to waste little padding."""
-        rows = [ids[-self.max_length :] for ids in token_ids]
+    def score_tokens(
+        self,
+        token_ids: list[list[int]],
+        *,
+        max_length: int | None = None,
+        truncation_side: TruncationSide | None = None,
+    ) -> list[float]:
+        """One reward per row, each truncated to max_length; rows are sorted by length into sub-batches to waste
+        little padding."""
+        length, side = max_length or self.max_length, truncation_side or self.truncation_side
+        rows = [truncate(list(ids), length, side) for ids in token_ids]
         if any(len(ids) == 0 for ids in rows):
             raise ValueError("an empty token sequence cannot be scored: every row needs at least one token")
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
