@@ -18,10 +18,13 @@ import pytest
 from rlsteps.engine.rewards.process import LocalServer, ServerStartError, free_port
 from rlsteps.engine.rewards.rm.client import (
     INVALID_ANSWER_RETRIES,
+    MAX_DELAY_S,
+    RETRY_AFTER_JITTER_S,
     RewardClient,
     RewardError,
     RewardServerError,
     RewardServerUnavailable,
+    _Retry,
 )
 from rlsteps.engine.rewards.rm.scorer import RewardScorer
 
@@ -33,11 +36,12 @@ class StandIn:
 
     def __init__(self, answers: list[Answer], delay_s: float = 0.0) -> None:
         self.answers, self.delay_s, self.hits = answers, delay_s, 0
+        self.bodies: list[dict] = []
         stand_in = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", 0)))
+                stand_in.bodies.append(json.loads(self.rfile.read(int(self.headers.get("content-length", 0)))))
                 status, body, headers = stand_in.answers[min(stand_in.hits, len(stand_in.answers) - 1)]
                 stand_in.hits += 1
                 time.sleep(stand_in.delay_s)
@@ -116,6 +120,34 @@ def test_5xx_is_retried_and_retry_after_is_honoured() -> None:
     assert rewards == [0.5, -2.0]
     assert stand_in.hits == 3
     assert time.monotonic() - started >= 1.0
+
+
+def test_waits_follow_retry_after_with_jitter_else_an_exponential_backoff_all_capped() -> None:
+    client = RewardClient("http://127.0.0.1:1", backoff_s=0.5)
+    told = [client._delay_s(_Retry("busy", unavailable=True, wait_s=2), attempts=4) for _ in range(200)]
+    assert 2.0 <= min(told) and max(told) <= 2.0 + RETRY_AFTER_JITTER_S  # never sooner than the server said
+    assert max(told) - min(told) > 0.5 * RETRY_AFTER_JITTER_S  # spread, so refused clients do not come back together
+    assert client._delay_s(_Retry("busy", unavailable=True, wait_s=600), attempts=1) == MAX_DELAY_S
+    guessed = [client._delay_s(_Retry("down", unavailable=True), attempts=3) for _ in range(200)]
+    assert 0.5 * 2 * 2 * 0.5 <= min(guessed) and max(guessed) <= 0.5 * 2 * 2 * 1.5  # backoff_s * 2^(attempts-1)
+    assert client._delay_s(_Retry("down", unavailable=True), attempts=20) == MAX_DELAY_S
+
+
+def test_requests_carry_the_truncation_options_and_conversations() -> None:
+    conversation = [{"role": "user", "content": "hi"}]
+    with StandIn([ok([1.0, 2.0]), ok([3.0])]).running() as stand_in:
+        with RewardClient(stand_in.url, batch_size=2, concurrency=1, max_length=128, truncation_side="right") as c:
+            assert c.score_conversations([conversation] * 3, ["a", "b", "c"]) == [1.0, 2.0, 3.0]
+        with RewardClient(stand_in.url) as plain:
+            plain.score_tokens([[1, 2]])
+    options = {"max_length": 128, "truncation_side": "right"}
+    assert stand_in.bodies[:2] == [
+        {"conversations": [conversation] * 2, "responses": ["a", "b"], **options},
+        {"conversations": [conversation], "responses": ["c"], **options},
+    ]
+    assert stand_in.bodies[2] == {"tokens": [[1, 2]]}  # none given: the server's own
+    with pytest.raises(ValueError, match="truncation_side"):
+        RewardClient(stand_in.url, truncation_side="middle")  # type: ignore[arg-type]
 
 
 def test_4xx_is_not_retried() -> None:

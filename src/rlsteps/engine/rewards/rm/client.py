@@ -2,6 +2,11 @@
 
 It never returns partial or made-up rewards: every input gets the server's finite reward, or
 `score` raises a `RewardError` that says what went wrong and how to fix it.
+
+Retries: an overloaded server answers 503 with Retry-After, its own estimate of when it will have room
+(whole seconds); the client waits that long plus up to RETRY_AFTER_JITTER_S more, at random, so that the
+clients told the same second do not all come back at the same instant; at most MAX_DELAY_S. A failure
+without Retry-After (no connection, a 5xx, a timeout) waits an exponential backoff with jitter, also capped.
 """
 
 from __future__ import annotations
@@ -13,11 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
-MAX_DELAY_S = 30.0  # cap on one backoff sleep, Retry-After included
+MAX_DELAY_S = 30.0  # cap on one wait between attempts, Retry-After included
+RETRY_AFTER_JITTER_S = 1.0  # a Retry-After of s seconds is waited as s to s + this
 INVALID_ANSWER_RETRIES = 2  # a server that answers garbage is usually the wrong server: give up soon
 RETRIED_STATUS = {429, 500, 502, 503, 504}
 UNAVAILABLE_STATUS = {429, 502, 503, 504}  # the server is busy or not there, rather than broken
@@ -57,17 +63,24 @@ class RewardClient:
         backoff_s: float = 0.5,
         batch_size: int = 64,
         concurrency: int = 4,
+        max_length: int | None = None,
+        truncation_side: Literal["left", "right"] | None = None,
     ) -> None:
-        if batch_size < 1 or concurrency < 1 or max_retries < 0:
+        """max_length and truncation_side go with every request (the server's own options when None)."""
+        if batch_size < 1 or concurrency < 1 or max_retries < 0 or (max_length is not None and max_length < 1):
             raise ValueError(
-                f"need batch_size >= 1, concurrency >= 1, max_retries >= 0; "
-                f"got {batch_size}, {concurrency}, {max_retries}"
+                f"need batch_size >= 1, concurrency >= 1, max_retries >= 0, max_length >= 1 or None; "
+                f"got {batch_size}, {concurrency}, {max_retries}, {max_length}"
             )
+        if truncation_side not in (None, "left", "right"):
+            raise ValueError(f"truncation_side must be left, right or None, got {truncation_side!r}")
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"reward server url {url!r} needs a scheme: write http://{url}")
         self.url = url.rstrip("/")
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.batch_size, self.concurrency = batch_size, concurrency
+        options = {"max_length": max_length, "truncation_side": truncation_side}
+        self.request_options = {k: v for k, v in options.items() if v is not None}
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
             headers=headers,
@@ -85,18 +98,29 @@ class RewardClient:
         self._http.close()
 
     def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+        """Rewards of (prompt, response) pairs; each prompt rendered as the policy saw it."""
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses: give one response per prompt")
-        n = self.batch_size
-        bodies = [
-            {"prompts": list(prompts[i : i + n]), "responses": list(responses[i : i + n])}
-            for i in range(0, len(prompts), n)
-        ]
-        return self._score_bodies(bodies)
+        return self._score_bodies(self._bodies(prompts=list(prompts), responses=list(responses)))
+
+    def score_conversations(
+        self, conversations: Sequence[Sequence[dict[str, Any]]], responses: Sequence[str]
+    ) -> list[float]:
+        """Rewards of (conversation, response) pairs, rendered by the server with the reward model's chat template."""
+        if len(conversations) != len(responses):
+            raise ValueError(
+                f"{len(conversations)} conversations but {len(responses)} responses: give one response per conversation"
+            )
+        rows = [[dict(message) for message in conversation] for conversation in conversations]
+        return self._score_bodies(self._bodies(conversations=rows, responses=list(responses)))
 
     def score_tokens(self, token_ids: Sequence[Sequence[int]]) -> list[float]:
-        rows, n = [list(map(int, ids)) for ids in token_ids], self.batch_size
-        return self._score_bodies([{"tokens": rows[i : i + n]} for i in range(0, len(rows), n)])
+        return self._score_bodies(self._bodies(tokens=[list(map(int, ids)) for ids in token_ids]))
+
+    def _bodies(self, **columns: list) -> list[dict[str, Any]]:
+        """Request bodies of at most batch_size rows of the given columns, with the request options."""
+        rows, n = len(next(iter(columns.values()))), self.batch_size
+        return [{**{k: v[i : i + n] for k, v in columns.items()}, **self.request_options} for i in range(0, rows, n)]
 
     def health(self) -> dict[str, Any]:
         def check(response: httpx.Response) -> dict[str, Any]:
@@ -107,7 +131,7 @@ class RewardClient:
 
         return self._with_retries(lambda: self._http.get(f"{self.url}/health"), check, threading.Event())
 
-    def _score_bodies(self, bodies: list[dict[str, list]]) -> list[float]:
+    def _score_bodies(self, bodies: list[dict[str, Any]]) -> list[float]:
         """Send the batches concurrently; on the first failure stop the others and raise it."""
         if not bodies:
             return []
@@ -123,8 +147,8 @@ class RewardClient:
                 raise failed.exception()  # type: ignore[misc]
         return [reward for f in futures for reward in f.result()]
 
-    def _score_one(self, body: dict[str, list], abort: threading.Event) -> list[float]:
-        expected = len(next(iter(body.values())))
+    def _score_one(self, body: dict[str, Any], abort: threading.Event) -> list[float]:
+        expected = len(body["tokens"] if "tokens" in body else body["responses"])
         return self._with_retries(
             lambda: self._http.post(f"{self.url}/v1/rewards", json=body),
             lambda response: _rewards_of(response, expected),
@@ -134,8 +158,8 @@ class RewardClient:
     def _with_retries(
         self, send: Callable[[], httpx.Response], parse: Callable[[httpx.Response], Any], abort: threading.Event
     ) -> Any:
-        """Transport errors, timeouts, 429/5xx and invalid answers are retried with exponential
-        backoff and jitter (Retry-After honoured); other 4xx answers raise at once."""
+        """Transport errors, timeouts, 429/5xx and invalid answers are retried (see the module's docstring for
+        the waits); other 4xx answers raise at once."""
         started = time.monotonic()
         attempts = invalid_answers = 0
         while True:
@@ -152,9 +176,16 @@ class RewardClient:
             out_of_retries = attempts > self.max_retries or invalid_answers > INVALID_ANSWER_RETRIES
             if out_of_retries or abort.is_set():
                 raise self._give_up(retry, attempts, time.monotonic() - started)
-            delay = self.backoff_s * 2 ** (attempts - 1) * random.uniform(0.5, 1.5)
-            if abort.wait(min(max(delay, retry.wait_s), MAX_DELAY_S)):
+            if abort.wait(self._delay_s(retry, attempts)):
                 raise self._give_up(retry, attempts, time.monotonic() - started)
+
+    def _delay_s(self, retry: _Retry, attempts: int) -> float:
+        """Retry-After when the server gave one (it knows its queue), with jitter; else exponential backoff."""
+        if retry.wait_s > 0:
+            delay = retry.wait_s + random.uniform(0.0, RETRY_AFTER_JITTER_S)
+        else:
+            delay = self.backoff_s * 2 ** (attempts - 1) * random.uniform(0.5, 1.5)
+        return min(delay, MAX_DELAY_S)
 
     def _give_up(self, retry: _Retry, attempts: int, elapsed_s: float) -> RewardError:
         tried = f"{attempts} attempt{'s' * (attempts != 1)} over {elapsed_s:.1f}s"
