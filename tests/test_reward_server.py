@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from model_fixtures import LINES, PROMPTS, RESPONSES, save_reward_model, serving
-from rlsteps.engine.rewards.rm.client import RewardClient
+from rlsteps.engine.rewards.rm import server as rm_server
+from rlsteps.engine.rewards.rm.client import RewardClient, RewardServerError
 from rlsteps.engine.rewards.rm.scorer import RewardScorer
-from rlsteps.engine.rewards.rm.server import create_app
+from rlsteps.engine.rewards.rm.server import FairBatcher, RewardsRequest, _Job, create_app, estimated_tokens
 from rlsteps.engine.rewards.text import reward_input_text
+
+# a chat template in the fixture tokenizer's terms: each turn "<role>content</s>", then "<assistant>" to generate
+TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool turns') }}{% endif %}"
+    "<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,18 +37,62 @@ def scorer(model_dir: Path) -> RewardScorer:
     return RewardScorer(model_dir, max_length=64, batch_size=4)
 
 
+@pytest.fixture(scope="module")
+def templated(tmp_path_factory: pytest.TempPathFactory) -> RewardScorer:
+    """The same reward model, its tokenizer given a chat template."""
+    path = save_reward_model(tmp_path_factory.mktemp("templated_reward_model"))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(path)
+    return RewardScorer(path, max_length=64, batch_size=4)
+
+
 class SlowScorer:
     """The real scorer, slowed down so that requests pile up in the queue."""
 
     def __init__(self, scorer: RewardScorer, delay_s: float) -> None:
-        self.inner, self.delay_s, self.name, self.vocab_size = scorer, delay_s, scorer.name, scorer.vocab_size
+        self.inner, self.delay_s = scorer, delay_s
 
-    def encode(self, prompts: list[str], responses: list[str]) -> list[list[int]]:
-        return self.inner.encode(prompts, responses)
+    def __getattr__(self, name: str):  # name, vocab_size, max_length, encode, ...: the real scorer's
+        return getattr(self.inner, name)
 
     def score_tokens(self, token_ids: list[list[int]]) -> list[float]:
         time.sleep(self.delay_s)
         return self.inner.score_tokens(token_ids)
+
+
+class GatedScorer(SlowScorer):
+    """The real scorer, recording the rows of each batch and holding every forward pass until the gate opens."""
+
+    def __init__(self, scorer: RewardScorer, open_gate: bool = False) -> None:
+        super().__init__(scorer, delay_s=0.0)
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.batches: list[list[list[int]]] = []
+        if open_gate:
+            self.gate.set()
+
+    def score_tokens(self, token_ids: list[list[int]]) -> list[float]:
+        self.batches.append([list(row) for row in token_ids])
+        self.entered.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        return super().score_tokens(token_ids)
+
+
+def in_thread(target: Callable[..., object], *args: object, **kwargs: object) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, kwargs=kwargs, daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_for_health(url: str, ready: Callable[[dict], bool], timeout_s: float = 10) -> dict:
+    """Poll /health until `ready` holds of it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        health = httpx.get(f"{url}/health").json()
+        if ready(health):
+            return health
+        assert time.monotonic() < deadline, f"the server never reached the expected state: {health}"
+        time.sleep(0.02)
 
 
 # --- the scorer ---------------------------------------------------------------------------
@@ -117,29 +171,195 @@ def test_token_ids_are_scored_like_texts(scorer: RewardScorer) -> None:
     assert from_client == pytest.approx(want, abs=1e-5)
 
 
-def test_full_queue_answers_503_and_the_client_waits_its_turn(scorer: RewardScorer) -> None:
-    app = create_app(SlowScorer(scorer, delay_s=0.2), max_batch=1, max_wait_ms=0, max_queue=2)
-    with serving(app) as url:
-        responses: list[httpx.Response] = []
-        lock = threading.Lock()
+def test_overload_answers_503_with_retry_after_and_the_client_waits_that_long(scorer: RewardScorer) -> None:
+    gated = GatedScorer(scorer)
+    one = {"prompts": PROMPTS[:1], "responses": RESPONSES[:1]}
+    with serving(create_app(gated, max_batch=1, max_wait_ms=0, max_queue=1)) as url:
+        first = in_thread(httpx.post, f"{url}/v1/rewards", json=one, timeout=30)  # admitted, held at the gate
+        assert gated.entered.wait(10)
+        refused = httpx.post(f"{url}/v1/rewards", json=one)
+        waited: dict[str, object] = {}
 
-        def post(i: int) -> None:
-            answer = httpx.post(f"{url}/v1/rewards", json={"prompts": [PROMPTS[i % 7]], "responses": ["x"]}, timeout=30)
-            with lock:
-                responses.append(answer)
+        def client_call() -> None:
+            started = time.monotonic()
+            with RewardClient(url, backoff_s=0.01) as client:  # its own backoff alone would retry at once
+                waited["rewards"] = client.score(PROMPTS[:1], RESPONSES[:1])
+            waited["s"] = time.monotonic() - started
 
-        threads = [threading.Thread(target=post, args=(i,)) for i in range(10)]
-        for t in threads:
-            t.start()
+        calling = in_thread(client_call)
+        wait_for_health(url, lambda h: h["rejected"] == 2)  # the client's first attempt was refused
+        gated.gate.set()  # room again, long before the client comes back
+        calling.join(30)
+        first.join(30)
+        health = httpx.get(f"{url}/health").json()
+
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert "busy: 1 pairs waiting" in refused.json()["detail"]
+    assert waited["s"] >= 1.0, "the client came back before the server's Retry-After"
+    assert health["rejected"] == 2, "the client tried again before the Retry-After"
+    assert waited["rewards"] == pytest.approx(scorer.score(PROMPTS[:1], RESPONSES[:1]), abs=1e-5)
+
+
+def test_retry_after_spreads_refused_clients_over_the_seconds_their_work_needs() -> None:
+    batcher = FairBatcher(scorer=None, max_batch=4, max_wait_s=0, max_queue=8)  # type: ignore[arg-type]
+    assert batcher.refuse() == 1  # nothing measured yet
+    batcher.throughput, batcher.pending, batcher.requests, batcher.admitted_pairs = 100.0, 250, 10, 100
+    # 250 pairs queued, 10 pairs per request on average, 100 pairs/s: the 5th client refused has 300 pairs ahead
+    assert [batcher.refuse() for _ in range(6)] == [3, 3, 3, 3, 3, 4]
+    assert batcher.rejected == 7
+
+
+def test_a_full_queue_admits_again_only_once_drained_to_half() -> None:
+    batcher = FairBatcher(scorer=None, max_batch=4, max_wait_s=0, max_queue=8)  # type: ignore[arg-type]
+    admitted = []
+    for pending in (0, 7, 8, 7, 5, 4, 7, 8):
+        batcher.pending = pending
+        admitted.append(batcher.admits())
+    assert admitted == [True, True, False, False, False, True, True, False]
+
+
+def test_a_big_request_does_not_starve_small_ones(scorer: RewardScorer) -> None:
+    gated = GatedScorer(scorer)
+    big = [[10 + i, 2] for i in range(24)]  # 6 batches of 4
+    smalls = [[[200 + k, 7]] for k in range(3)]
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def post(url: str, name: str, rows: list[list[int]]) -> None:
+        answer = httpx.post(f"{url}/v1/rewards", json={"tokens": rows}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        with lock:
+            done.append(name)
+
+    with serving(create_app(gated, max_batch=4, max_wait_ms=0, max_queue=100)) as url:
+        threads = [in_thread(post, url, "big", big)]
+        assert gated.entered.wait(10)  # the big request's first 4 rows are being scored
+        threads += [in_thread(post, url, f"small{k}", rows) for k, rows in enumerate(smalls)]
+        wait_for_health(url, lambda h: h["requests"] == 4)
+        gated.delay_s = 0.2  # from here each batch takes 0.2 s: the big one needs 4 batches after the smalls'
+        gated.gate.set()
         for t in threads:
             t.join(30)
-        with RewardClient(url, batch_size=1, concurrency=6, backoff_s=0.05, max_retries=10) as client:
-            rewards = client.score(PROMPTS[:6], RESPONSES[:6])
 
-    codes = sorted(r.status_code for r in responses)
-    assert 503 in codes and 200 in codes and set(codes) == {200, 503}, codes
-    assert all(r.headers["retry-after"] == "1" for r in responses if r.status_code == 503)
-    assert rewards == pytest.approx(scorer.score(PROMPTS[:6], RESPONSES[:6]), abs=1e-5)
+    assert done[-1] == "big" and sorted(done[:3]) == ["small0", "small1", "small2"]
+    # round-robin: the big request's next piece, then the three small ones and one row of the big one, then the rest
+    assert gated.batches[:2] == [big[0:4], big[4:8]]
+    assert sorted(gated.batches[2][:3]) == [row for rows in smalls for row in rows] and gated.batches[2][3] == big[8]
+    assert [row for batch in gated.batches for row in batch if row[0] < 200] == big
+    assert len(gated.batches) == 7
+
+
+def test_a_batch_holds_at_most_its_token_budget_and_at_least_one_pair() -> None:
+    loop = asyncio.new_event_loop()
+    batcher = FairBatcher(scorer=None, max_batch=8, max_wait_s=0, max_queue=100, max_batch_tokens=10)  # type: ignore[arg-type]
+    for rows in ([[1] * 6] * 3, [[2]] * 3, [[3] * 20]):  # pairs of 6 tokens, of 1, and one over the budget alone
+        request = RewardsRequest(tokens=rows)
+        costs = estimated_tokens(request, max_length=64)
+        batcher.jobs.append(
+            _Job(request, loop.create_future(), 64, "left", len(rows), costs, rewards=[0.0] * len(rows))
+        )
+        batcher.untaken += len(rows)
+    batches = []
+    while batcher.jobs:
+        batches.append([(piece.job.request.tokens[0][0], piece.stop - piece.start) for piece in batcher._take()])
+    loop.close()
+    # (first token, pairs) per piece: 6 + 1 + 1 + 1 tokens; the 20-token pair alone; then 6 tokens at a time
+    assert batches == [[(1, 1), (2, 3)], [(3, 1)], [(1, 1)], [(1, 1)]]
+    text = RewardsRequest(prompts=["x" * 1000, "abcd"], responses=["y" * 3, ""])
+    assert estimated_tokens(text, max_length=512) == [251, 2]  # characters / 4 (+1), at most max_length
+    assert estimated_tokens(text, max_length=100) == [100, 2]
+
+
+def test_a_request_larger_than_a_batch_is_scored_in_pieces_as_if_alone(scorer: RewardScorer) -> None:
+    recorder = GatedScorer(scorer, open_gate=True)
+    with serving(create_app(recorder, max_batch=2, max_queue=4)) as url:
+        answer = httpx.post(f"{url}/v1/rewards", json={"prompts": PROMPTS, "responses": RESPONSES})
+    assert answer.status_code == 200
+    assert [len(batch) for batch in recorder.batches] == [2, 2, 2, 1]
+    assert answer.json()["rewards"] == pytest.approx(scorer.score(PROMPTS, RESPONSES), abs=1e-5)
+
+
+def test_an_oversize_body_gets_413_and_the_server_answers_the_next_request(scorer: RewardScorer) -> None:
+    oversize = {"prompts": ["x" * 20_000], "responses": ["y"]}
+
+    def streamed():  # no Content-Length: counted as it arrives
+        yield b'{"prompts": ["'
+        for _ in range(20):
+            yield b"x" * 1000
+        yield b'"], "responses": ["y"]}'
+
+    with serving(create_app(scorer, max_request_mb=0.01)) as url, httpx.Client() as http:
+        declared = http.post(f"{url}/v1/rewards", json=oversize)  # refused on its Content-Length, unread
+        chunked = http.post(f"{url}/v1/rewards", content=streamed(), headers={"Content-Type": "application/json"})
+        after = http.post(f"{url}/v1/rewards", json={"prompts": PROMPTS[:2], "responses": RESPONSES[:2]})
+        with RewardClient(url) as client, pytest.raises(RewardServerError, match="HTTP 413.*rm.batch_size"):
+            client.score(oversize["prompts"], oversize["responses"])
+
+    assert declared.status_code == 413 and "over the server's limit of 10000 bytes" in declared.json()["detail"]
+    assert chunked.status_code == 413
+    assert after.status_code == 200 and len(after.json()["rewards"]) == 2
+
+
+def test_truncation_from_the_request_reaches_the_scorer(scorer: RewardScorer) -> None:
+    recorder = GatedScorer(scorer, open_gate=True)
+    with serving(create_app(recorder)) as url:
+        with RewardClient(url, max_length=3, truncation_side="right") as right:
+            kept_start = right.score_tokens([[5, 6, 7, 8, 9]])
+        with RewardClient(url, max_length=3, truncation_side="left") as left:
+            kept_end = left.score_tokens([[5, 6, 7, 8, 9]])
+        with RewardClient(url, max_length=4, truncation_side="right") as texts:
+            texts.score(PROMPTS[4:5], RESPONSES[4:5])
+        with RewardClient(url) as defaults:  # the server's own: 64 tokens, cut on the left
+            defaults.score_tokens([list(range(1, 71))])
+        too_long = httpx.post(f"{url}/v1/rewards", json={"tokens": [[5]], "max_length": 65})
+
+    full = scorer.tokenizer(reward_input_text(PROMPTS[4], RESPONSES[4], scorer.tokenizer.eos_token))["input_ids"]
+    assert len(full) > 4
+    assert recorder.batches == [[[5, 6, 7]], [[7, 8, 9]], [full[:4]], [list(range(7, 71))]]
+    assert kept_start == pytest.approx(scorer.score_tokens([[5, 6, 7]]), abs=1e-6)
+    assert kept_end == pytest.approx(scorer.score_tokens([[7, 8, 9]]), abs=1e-6)
+    assert too_long.status_code == 422 and "--max-length 64" in too_long.json()["detail"]
+
+
+def test_conversations_are_read_through_the_reward_models_chat_template(
+    templated: RewardScorer, scorer: RewardScorer
+) -> None:
+    conversations = [
+        [{"role": "user", "content": "the cat"}],
+        [{"role": "system", "content": "count:"}, {"role": "user", "content": "1 2"}],
+    ]
+    responses = [" sat on the mat.", " 3 4"]
+    by_hand = ["<user>the cat</s><assistant> sat on the mat.</s>", "<system>count:</s><user>1 2</s><assistant> 3 4</s>"]
+    assert [templated.conversation_text(c, r) for c, r in zip(conversations, responses)] == by_hand
+    ids = templated.tokenizer(by_hand, add_special_tokens=False)["input_ids"]
+    assert templated.encode_conversations(conversations, responses) == ids
+    # here the policy's text (its rendered prompt + response + EOS) is the same string
+    rendered = [
+        templated.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations
+    ]
+    assert templated.encode(rendered, responses) == ids
+
+    tool_turn = {"conversations": [[{"role": "tool", "content": "{}"}]], "responses": ["x"]}
+    with serving(create_app(templated)) as url:
+        with RewardClient(url) as client:
+            rewards = client.score_conversations(conversations, responses)
+        refused = httpx.post(f"{url}/v1/rewards", json=tool_turn)
+    with serving(create_app(scorer)) as url:  # a tokenizer without a chat template
+        untemplated = httpx.post(f"{url}/v1/rewards", json={"conversations": conversations, "responses": responses})
+
+    assert rewards == pytest.approx(templated.score_tokens(ids), abs=1e-5)
+    assert refused.status_code == 422 and "no tool turns" in refused.json()["detail"]
+    assert untemplated.status_code == 422 and "rm.chat_template: policy" in untemplated.json()["detail"]
+
+
+def test_memory_is_given_back_once_the_queue_is_idle(scorer: RewardScorer, monkeypatch: pytest.MonkeyPatch) -> None:
+    trimmed = threading.Event()
+    monkeypatch.setattr(rm_server, "release_free_memory", trimmed.set)
+    with serving(create_app(scorer)) as url:
+        assert not trimmed.wait(rm_server.IDLE_BEFORE_TRIM_S + 0.3), "trimmed before any work"
+        answer = httpx.post(f"{url}/v1/rewards", json={"prompts": PROMPTS, "responses": RESPONSES})
+        assert trimmed.wait(10), "the memory was not given back after the burst"
+    assert answer.status_code == 200
 
 
 def test_bearer_token(scorer: RewardScorer) -> None:
@@ -173,9 +393,3 @@ def test_invalid_requests_get_422_naming_the_field(scorer: RewardScorer, body: d
         answer = httpx.post(f"{url}/v1/rewards", json=body)
     assert answer.status_code == 422
     assert named in answer.text
-
-
-def test_a_request_larger_than_the_queue_is_refused(scorer: RewardScorer) -> None:
-    with serving(create_app(scorer, max_queue=4)) as url:
-        answer = httpx.post(f"{url}/v1/rewards", json={"prompts": PROMPTS[:5], "responses": RESPONSES[:5]})
-    assert answer.status_code == 413 and "smaller requests" in answer.json()["detail"]
