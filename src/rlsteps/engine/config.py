@@ -132,6 +132,11 @@ class RewardModelClientConfig(Section):
     backoff_s: NonNegativeFloat = 1.0
     batch_size: PositiveInt = 64
     concurrency: PositiveInt = 4
+    max_length: PositiveInt | None = None  # tokens the reward model reads per pair; None: the server's --max-length
+    truncation_side: Literal["left", "right"] = "left"  # left keeps the end of a longer pair: the response
+    # policy: the prompt as the policy saw it (its chat template) + response + EOS; reward_model: the conversation's
+    # messages, rendered with the reward model's own chat template
+    chat_template: Literal["policy", "reward_model"] = "policy"
     server: RewardServerConfig = RewardServerConfig()
 
 

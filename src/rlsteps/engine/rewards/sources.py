@@ -12,18 +12,22 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
-
-from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import GRPOConfig, RecipeConfig
 from rlsteps.engine.rewards.process import LocalServer
+
+if TYPE_CHECKING:  # torch is imported where a score is made: a worker starts its server before it imports torch
+    import torch
+
+    from rlsteps.engine.batch import RolloutBatch
 
 TOKEN_ENV = "RLSTEPS_LOCAL_SERVER_TOKEN"
 RM_SERVER, JUDGE_SERVER = "rlsteps.engine.rewards.rm", "rlsteps.engine.rewards.judge"  # what `python -m` starts
 # config keys passed to the clients as they are (the sections name them as the clients do)
-RM_CLIENT_OPTIONS = {"token", "timeout_s", "max_retries", "backoff_s", "batch_size", "concurrency"}
+RM_CLIENT_OPTIONS = {
+    "token", "timeout_s", "max_retries", "backoff_s", "batch_size", "concurrency", "max_length", "truncation_side",
+}  # fmt: skip
 JUDGE_CLIENT_OPTIONS = {
     "api_key", "concurrency", "timeout_s", "max_retries", "temperature", "top_p", "max_tokens", "pairing", "principle",
     "structured_output", "extra_body",
@@ -49,18 +53,33 @@ def _nothing_to_wait_for() -> None:
 
 
 class RewardModelSource:
-    """A scalar reward model behind `rlsteps serve rm` (or any server of the same protocol)."""
+    """A scalar reward model behind `rlsteps serve rm` (or any server of the same protocol).
+
+    chat_template "policy" sends each prompt as the policy saw it (rendered with the policy's chat template);
+    "reward_model" sends the conversation's messages, for the server to render with the reward model's own
+    template (a reward model trained on another template than the policy's reads its own)."""
 
     validation_samples_per_prompt = 1
 
-    def __init__(self, client, ready: Callable[[], None] = _nothing_to_wait_for) -> None:
+    def __init__(self, client, ready: Callable[[], None] = _nothing_to_wait_for, chat_template: str = "policy") -> None:
+        if chat_template not in ("policy", "reward_model"):
+            raise ValueError(f"chat_template must be policy or reward_model, got {chat_template!r}")
         self.client = client
         self.ready = ready  # returns once the server answers (a local server still loading)
+        self.chat_template = chat_template
 
     def score(self, batch: RolloutBatch) -> Scores:
+        import torch
+
         self.ready()
-        rewards = torch.tensor(self.client.score(batch.prompt_texts, batch.response_texts), dtype=torch.float32)
-        return Scores(rewards=rewards, valid=torch.ones(len(batch), dtype=torch.bool))
+        if self.chat_template == "reward_model":
+            conversations = [batch.conversation(i) for i in range(len(batch))]
+            rewards = self.client.score_conversations(conversations, batch.response_texts)
+        else:
+            rewards = self.client.score(batch.prompt_texts, batch.response_texts)
+        return Scores(
+            rewards=torch.tensor(rewards, dtype=torch.float32), valid=torch.ones(len(batch), dtype=torch.bool)
+        )
 
 
 class JudgeSource:
@@ -84,6 +103,8 @@ class JudgeSource:
         self.max_parse_failure_rate = max_parse_failure_rate
 
     def score(self, batch: RolloutBatch) -> Scores:
+        import torch
+
         from rlsteps.engine.rewards.judge.scoring import length_penalty
 
         self.ready()
@@ -149,11 +170,19 @@ def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
     from rlsteps.engine.rewards.rm.client import RewardClient
 
     rm, model = cfg.rm, cfg.inputs.model_extra.get("reward_model")
-    batching = ["--max-batch", str(rm.server.max_batch), "--max-wait-ms", str(rm.server.max_wait_ms)]
-    with _served(RM_SERVER, rm.url, model, run_dir / "rm_server.log", batching, rm.token) as (url, ready):
+    server_args = local_rm_server_args(rm)
+    with _served(RM_SERVER, rm.url, model, run_dir / "rm_server.log", server_args, rm.token) as (url, ready):
         client = RewardClient(url, **rm.model_dump(include=RM_CLIENT_OPTIONS))
         with contextlib.closing(client):
-            yield RewardModelSource(client, ready)
+            yield RewardModelSource(client, ready, rm.chat_template)
+
+
+def local_rm_server_args(rm) -> list[str]:
+    """Options of the reward server a run starts for itself, from its rm section. The run's client is its only
+    client: a queue of all that it sends at once (concurrency x batch_size pairs) never answers it 503."""
+    args = ["--max-batch", str(rm.server.max_batch), "--max-wait-ms", str(rm.server.max_wait_ms)]
+    args += ["--max-queue", str(rm.concurrency * rm.batch_size), "--truncation-side", rm.truncation_side]
+    return args + (["--max-length", str(rm.max_length)] if rm.max_length is not None else [])
 
 
 @contextlib.contextmanager
