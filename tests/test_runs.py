@@ -155,7 +155,7 @@ def test_malformed_prompt_file_fails_before_training_with_file_and_line(tiny_wor
     assert not (tmp_path / ".rlsteps" / "jobs").exists() and not run_dir(tmp_path, "rl_rs").exists()
 
 
-def test_inputs_only_the_policys_tokenizer_can_judge_fail_the_job_before_it_starts_a_server(tiny_world, tmp_path):
+def test_inputs_only_the_policys_tokenizer_can_judge_fail_the_job_before_it_loads_the_policy(tiny_world, tmp_path):
     import shutil
 
     policy = tmp_path / "policy"  # a Hugging Face causal LM without its tokenizer files
@@ -168,7 +168,8 @@ def test_inputs_only_the_policys_tokenizer_can_judge_fail_the_job_before_it_star
     too_long = ["data.max_prompt_tokens=4", f"output.dir={runs}/b", f"inputs.prompts={long}"]
     done = rlsteps("run", "rs", "-c", "tiny", *too_long, *FAST, cwd=tmp_path)
     assert done.returncode == 3 and f"input 'prompts': {long}:1: the prompt has" in done.stderr
-    assert "Traceback" not in done.stderr and not list(runs.glob("*/rm_server.log"))  # no server was started
+    assert "Traceback" not in done.stderr and "code: rlsteps" in done.stderr  # the worker's own check
+    assert "2 steps" not in done.stderr and "epoch(s)" not in done.stderr  # before the policy and prompts load
 
 
 @pytest.mark.parametrize("arch, output", [("qwen2", "checkpoint_megatron"), ("gpt2", "checkpoint_hf")])

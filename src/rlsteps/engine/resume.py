@@ -32,9 +32,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from rlsteps.engine.metrics import to_json_number
 
 logger = logging.getLogger(__name__)
@@ -66,6 +63,9 @@ class LoadedCheckpoint:
 
 def capture_rng_state() -> dict:
     """Every RNG a training step draws from: python, numpy, torch CPU and (when present) CUDA."""
+    import numpy as np
+    import torch
+
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
@@ -75,6 +75,9 @@ def capture_rng_state() -> dict:
 
 
 def restore_rng_state(state: dict) -> None:
+    import numpy as np
+    import torch
+
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -139,6 +142,8 @@ class CheckpointManager:
         tmp = self.root / f"{TMP_PREFIX}step_{step}"
         tmp.mkdir()
         write_policy(tmp / POLICY_DIR)
+        import torch  # here, not at the top: finding checkpoints (list, latest) is torch-free
+
         torch.save({"rng": capture_rng_state(), **trainer_state}, tmp / TRAINER_STATE)
         (tmp / TRAINING_INFO).write_text(json.dumps(training_info, indent=2, allow_nan=False) + "\n")
         _fsync_tree(tmp)
@@ -190,6 +195,8 @@ class CheckpointManager:
             # weights_only=False: trainer_state.pt holds numpy RNG state and arbitrary optimizer and
             # scheduler state, which the weights-only unpickler rejects. It is safe only because we
             # wrote this file ourselves; never load a trainer_state.pt from an untrusted source.
+            import torch
+
             trainer_state = torch.load(state_file, map_location="cpu", weights_only=False)
         except Exception as error:
             raise CheckpointError(

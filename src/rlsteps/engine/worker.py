@@ -11,6 +11,7 @@ imports only the standard library at the top: a missing dependency is one line, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -63,26 +64,25 @@ def run(config_path: Path, log_level: str = "info") -> int:
     if done:  # a rerun of a finished run: no server, no policy load, no torch import
         log.info("already done: %s", done)
         return 0
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    from rlsteps.engine.loop import RunStopped
     from rlsteps.engine.run_identity import RunDirectoryInUse
 
-    hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
-    if cfg.run.num_threads:
-        torch.set_num_threads(cfg.run.num_threads)
-    if cfg.output.type == "checkpoint_megatron":
-        _check_megatron_output(cfg)
-    log.info("code: rlsteps %s from %s", rlsteps.__version__, Path(rlsteps.__file__).parent)
-    try:
-        model, tokenizer, counters = _convert(cfg) if isinstance(cfg, ConvertConfig) else _train(cfg, run_dir)
-    except (RunStopped, RunDirectoryInUse) as stopped:
-        log.error("%s", stopped)
-        return 1
-    except signals.CheckpointRequested as paused:
-        log.warning("%s", paused)
-        return signals.EXIT_CHECKPOINTED
+    with contextlib.ExitStack() as servers:  # stopped before the output is written
+        try:
+            rewards = None if isinstance(cfg, ConvertConfig) else _start_rewards(cfg, run_dir, servers)
+        except RunDirectoryInUse as refused:
+            log.error("%s", refused)
+            return 1
+        _prepare_torch(cfg)  # while a reward server loads
+        from rlsteps.engine.loop import RunStopped
+
+        try:
+            model, tokenizer, counters = _convert(cfg) if rewards is None else _train(cfg, run_dir, rewards)
+        except RunStopped as stopped:
+            log.error("%s", stopped)
+            return 1
+        except signals.CheckpointRequested as paused:
+            log.warning("%s", paused)
+            return signals.EXIT_CHECKPOINTED
     _write_output(cfg, model, tokenizer, counters, run_dir, job, versions)
     if not isinstance(cfg, ConvertConfig):
         _summarise(run_dir, [f"val/{name}" for name in cfg.validation.reward_functions])
@@ -124,24 +124,41 @@ def _check_megatron_output(cfg: StepConfig) -> None:
             ) from error
 
 
-def _train(cfg: RecipeConfig, run_dir: Path) -> tuple[Any, Any, dict[str, int]]:
-    from rlsteps.engine.algorithms import RECIPES
-    from rlsteps.engine.loop import train
+def _start_rewards(cfg: RecipeConfig, run_dir: Path, servers: contextlib.ExitStack) -> Any:
+    """Claim the run directory, then start the reward source (a local server loads while the worker goes on)."""
     from rlsteps.engine.resume import CHECKPOINTS_DIR, CheckpointManager
     from rlsteps.engine.rewards.sources import open_reward_source
     from rlsteps.engine.run_identity import claim_run_directory
 
     has_checkpoints = CheckpointManager(run_dir / CHECKPOINTS_DIR).latest() is not None
     claim_run_directory(run_dir, cfg.model_dump(mode="json"), has_checkpoints)
-    _check_prompts_fit(cfg)
-    with open_reward_source(cfg, run_dir) as rewards:
-        result = train(cfg, RECIPES[cfg.algorithm](cfg), rewards, run_dir, say=log.info)
+    return servers.enter_context(open_reward_source(cfg, run_dir))
+
+
+def _prepare_torch(cfg: StepConfig) -> None:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bar is the one to watch
+    if cfg.run.num_threads:
+        torch.set_num_threads(cfg.run.num_threads)
+    if cfg.output.type == "checkpoint_megatron":
+        _check_megatron_output(cfg)
+    log.info("code: rlsteps %s from %s", rlsteps.__version__, Path(rlsteps.__file__).parent)
+
+
+def _train(cfg: RecipeConfig, run_dir: Path, rewards: Any) -> tuple[Any, Any, dict[str, int]]:
+    from rlsteps.engine.algorithms import RECIPES
+    from rlsteps.engine.loop import train
+
+    _check_prompts_fit(cfg)  # a bad prompt stops the run in seconds, and the server with it
+    result = train(cfg, RECIPES[cfg.algorithm](cfg), rewards, run_dir, say=log.info)
     return result.model, result.tokenizer, result.counters.as_dict()
 
 
 def _check_prompts_fit(cfg: RecipeConfig) -> None:
     """Every prompt the run reads, rendered with the policy's tokenizer and measured against max_prompt_tokens,
-    before a server starts or the policy loads: a bad line is exit 3 with its file:line in seconds."""
+    before the policy loads (while its reward server starts): a bad line is exit 3 with its file:line in seconds."""
     from rlsteps.engine.data import PromptFileError, load_prompts
     from rlsteps.engine.input_check import InputProblem
     from rlsteps.engine.policy.model import load_policy_tokenizer
