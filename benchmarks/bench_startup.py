@@ -11,8 +11,9 @@ command's output as it arrives and the run's train.log, and prints the phases:
     output        the output artifact is written
     end           the command exits
 
-with a floor measured in the same rounds: `python -c "import torch, transformers"`, what any process
-that trains pays before it can start.
+with a floor measured in the same rounds: a Python that imports torch and transformers' causal-LM classes,
+what any process that trains a Hugging Face model pays before it can start (the worker pays it, and so
+does the reward server it starts, on the other core).
 
     python benchmarks/bench_startup.py                     # rl/rs, 3 rounds, about two minutes on 2 cores
     python benchmarks/bench_startup.py --step rl/reinforce --rounds 5
@@ -33,7 +34,7 @@ from pathlib import Path
 
 PHASES = ("job line", "worker up", "first step", "last step", "output", "end")
 MARKERS = {"job line": "job ", "worker up": "run directory", "output": "output artifact"}
-FLOOR = [sys.executable, "-c", "import torch, transformers"]
+FLOOR = [sys.executable, "-c", "import torch; from transformers import AutoModelForCausalLM"]
 
 
 def timed_lines(command: list[str], cwd: Path) -> tuple[float, list[tuple[float, str]], int]:
@@ -110,7 +111,7 @@ def main() -> None:
         values = [run[phase] for run in runs]
         print(f"  {phase:<11} {statistics.median(values):6.2f}   ({', '.join(f'{v:.2f}' for v in values)})")
     floor = statistics.median(floors)
-    print(f"  floor: python -c 'import torch, transformers' {floor:.2f}")
+    print(f"  floor: import torch; from transformers import AutoModelForCausalLM  {floor:.2f}")
     rerun_median = statistics.median(reruns)
     print(f"  rerun of the finished run: {rerun_median:.2f}   ({', '.join(f'{v:.2f}' for v in reruns)})")
     print(f"    its last line: {last_said}")

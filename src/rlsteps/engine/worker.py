@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -308,27 +309,45 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ERROR {unable}", file=sys.stderr)
         sys.exit(1)
     from rlsteps.engine import signals
-    from rlsteps.engine.input_check import EXIT_INPUT, InputProblem
 
     signals.install()
+    _exit(_run_to_an_exit_code(args, signals))
+
+
+def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
+    from rlsteps.engine.input_check import EXIT_INPUT, InputProblem
+
     try:
-        sys.exit(run(args.config, args.log_level))
+        return run(args.config, args.log_level)
     except InputProblem as problem:
         log.error("%s", problem)
-        sys.exit(EXIT_INPUT)
+        return EXIT_INPUT
     except KeyboardInterrupt:
         log.error("interrupted: the last checkpoint is intact; rerun the same command to resume")
-        sys.exit(130)
+        return 130
     except signals.Terminated:
         log.error("terminated (SIGTERM): servers stopped; the last checkpoint is intact; rerun to resume")
-        sys.exit(signals.EXIT_TERMINATED)
+        return signals.EXIT_TERMINATED
     except (
         ValueError,
         FileNotFoundError,
         ImportError,
     ) as error:  # bad data, paths or a missing extra: say what, no traceback
         log.error("%s", error)
-        sys.exit(1)
+        return 1
+
+
+def _exit(code: int) -> None:
+    """Exit once every exit handler has run and every log is flushed, without the interpreter's teardown of
+    torch, transformers and megatron-core (2.2 s of finalising modules and tensors on two cores, measured;
+    every file the run wrote is closed by then, each in its `with` block)."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
