@@ -68,11 +68,17 @@ def step_times(train_log: Path, wall_start: float) -> list[float]:
     return found
 
 
-def one_run(step: str, steps: int, cwd: Path) -> dict[str, float]:
+def run_tiny(step: str, steps: int, cwd: Path) -> tuple[float, list[tuple[float, str]]]:
+    """`rlsteps run STEP -c tiny train.max_steps=STEPS` in cwd: (wall-clock start, timed lines); exits on failure."""
     command = [sys.executable, "-m", "rlsteps.cli", "run", step, "-c", "tiny", f"train.max_steps={steps}"]
     wall, lines, code = timed_lines(command, cwd)
     if code != 0:
         raise SystemExit(f"{' '.join(command)} exited {code}:\n" + "\n".join(text for _, text in lines[-20:]))
+    return wall, lines
+
+
+def one_run(step: str, steps: int, cwd: Path) -> dict[str, float]:
+    wall, lines = run_tiny(step, steps, cwd)
     phases = {name: next((t for t, text in lines if marker in text), float("nan")) for name, marker in MARKERS.items()}
     run_dir = next((cwd / ".rlsteps" / "runs").iterdir())
     steps_at = step_times(run_dir / "train.log", wall)
@@ -83,10 +89,7 @@ def one_run(step: str, steps: int, cwd: Path) -> dict[str, float]:
 
 
 def rerun(step: str, steps: int, cwd: Path) -> tuple[float, str]:
-    command = [sys.executable, "-m", "rlsteps.cli", "run", step, "-c", "tiny", f"train.max_steps={steps}"]
-    _, lines, code = timed_lines(command, cwd)
-    if code != 0:
-        raise SystemExit(f"the rerun exited {code}:\n" + "\n".join(text for _, text in lines[-20:]))
+    _, lines = run_tiny(step, steps, cwd)
     said = [text for _, text in lines if text and text != "<exit>"]
     return lines[-1][0], said[-1] if said else ""
 
