@@ -177,27 +177,37 @@ def test_overload_answers_503_with_retry_after_and_the_client_waits_that_long(sc
     with serving(create_app(gated, max_batch=1, max_wait_ms=0, max_queue=1)) as url:
         first = in_thread(httpx.post, f"{url}/v1/rewards", json=one, timeout=30)  # admitted, held at the gate
         assert gated.entered.wait(10)
-        refused = httpx.post(f"{url}/v1/rewards", json=one)
-        waited: dict[str, object] = {}
+        started = time.monotonic()
+        refused = httpx.post(f"{url}/v1/rewards", json=one)  # waits at the door, finds no room, is refused
+        at_door_s = time.monotonic() - started
+        sent: list[float] = []  # when the client sent each attempt
+        refusals: list[tuple[float, str]] = []  # when it got each 503, and its Retry-After
+        rewards: list[float] = []
 
         def client_call() -> None:
-            started = time.monotonic()
             with RewardClient(url, backoff_s=0.01) as client:  # its own backoff alone would retry at once
-                waited["rewards"] = client.score(PROMPTS[:1], RESPONSES[:1])
-            waited["s"] = time.monotonic() - started
+                client._http.event_hooks = {
+                    "request": [lambda request: sent.append(time.monotonic())],
+                    "response": [
+                        lambda r: r.status_code == 503 and refusals.append((time.monotonic(), r.headers["retry-after"]))
+                    ],
+                }
+                rewards.extend(client.score(PROMPTS[:1], RESPONSES[:1]))
 
         calling = in_thread(client_call)
-        wait_for_health(url, lambda h: h["rejected"] == 2)  # the client's first attempt was refused
+        wait_for_health(url, lambda h: h["rejected"] == 2)  # the client's first attempt was refused too
         gated.gate.set()  # room again, long before the client comes back
         calling.join(30)
         first.join(30)
         health = httpx.get(f"{url}/health").json()
 
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert rm_server.DOOR_WAIT_S <= at_door_s < rm_server.DOOR_WAIT_S + 2
     assert "busy: 1 pairs waiting" in refused.json()["detail"]
-    assert waited["s"] >= 1.0, "the client came back before the server's Retry-After"
-    assert health["rejected"] == 2, "the client tried again before the Retry-After"
-    assert waited["rewards"] == pytest.approx(scorer.score(PROMPTS[:1], RESPONSES[:1]), abs=1e-5)
+    assert len(sent) == 2 and len(refusals) == 1 and health["rejected"] == 2  # one refusal, one retry
+    (refused_at, retry_after) = refusals[0]
+    assert sent[1] - refused_at >= float(retry_after), "the client came back before the server's Retry-After"
+    assert rewards == pytest.approx(scorer.score(PROMPTS[:1], RESPONSES[:1]), abs=1e-5)
 
 
 def test_retry_after_spreads_refused_clients_over_the_seconds_their_work_needs() -> None:
@@ -209,13 +219,28 @@ def test_retry_after_spreads_refused_clients_over_the_seconds_their_work_needs()
     assert batcher.rejected == 7
 
 
-def test_a_full_queue_admits_again_only_once_drained_to_half() -> None:
-    batcher = FairBatcher(scorer=None, max_batch=4, max_wait_s=0, max_queue=8)  # type: ignore[arg-type]
-    admitted = []
-    for pending in (0, 7, 8, 7, 5, 4, 7, 8):
-        batcher.pending = pending
-        admitted.append(batcher.admits())
-    assert admitted == [True, True, False, False, False, True, True, False]
+def test_a_request_finding_the_queue_full_waits_its_turn_at_the_door(scorer: RewardScorer) -> None:
+    gated = GatedScorer(scorer)
+    rows = {name: [[first, 3]] for name, first in (("a", 5), ("b", 6), ("c", 7))}
+    answers: dict[str, int] = {}
+
+    def post(url: str, name: str) -> None:
+        answers[name] = httpx.post(f"{url}/v1/rewards", json={"tokens": rows[name]}, timeout=30).status_code
+
+    with serving(create_app(gated, max_batch=1, max_wait_ms=0, max_queue=1)) as url:
+        threads = [in_thread(post, url, "a")]
+        assert gated.entered.wait(10)  # a is being scored: the queue is full
+        threads.append(in_thread(post, url, "b"))
+        wait_for_health(url, lambda h: h["waiting"] == 1)
+        threads.append(in_thread(post, url, "c"))
+        wait_for_health(url, lambda h: h["waiting"] == 2)
+        gated.gate.set()  # room again well within the door's wait: b, then c, are let in
+        for t in threads:
+            t.join(30)
+        health = httpx.get(f"{url}/health").json()
+    assert answers == {"a": 200, "b": 200, "c": 200} and health["rejected"] == 0
+    assert gated.batches == [rows["a"], rows["b"], rows["c"]]
+    assert health["waiting"] == 0 and health["queue"] == 0
 
 
 def test_a_big_request_does_not_starve_small_ones(scorer: RewardScorer) -> None:

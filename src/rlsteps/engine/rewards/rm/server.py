@@ -1,12 +1,13 @@
 """The reward-model HTTP server: POST /v1/rewards with fair dynamic batching, GET /health.
 
-Admission, decided before a body is parsed: 401 without the token; 413 when the body is over
-`max_request_mb` (by its Content-Length, or counted as it streams in: an oversize body is never held);
-503 with Retry-After once `max_queue` pairs wait to be scored, until the queue has drained to half (so
-the clients just answered, who send again at once, do not take every free place from the clients told
-to come back). Retry-After is the whole seconds until the queue and the clients refused before, who come
-back first, have been scored at the throughput measured over the last batches: refused clients are spread
-over the seconds their work needs instead of all coming back together.
+Admission, decided before a body is read: 401 without the token; 413 when the body is over
+`max_request_mb` (by its Content-Length, or counted as it streams in: an oversize body is never held).
+While `max_queue` pairs wait to be scored, a request waits at the door, its body unread, in arrival order
+(a client just answered, who sends again at once, queues behind those already waiting), and is let in as
+room is made; after DOOR_WAIT_S, or at once when the door already holds more than the server scores in
+that time, it gets 503 with Retry-After: the whole seconds until what is ahead of it (the queue, the door
+and the clients refused before it, who come back first) has been scored at the throughput measured over
+the last batches, so that refused clients are spread over the seconds their work needs.
 
 Scheduling: each admitted request waits in a round-robin with its pairs not yet scored. A batch takes the
 first request's next pairs, up to `max_batch` pairs and `max_batch_tokens` tokens, then the next request's,
@@ -59,6 +60,7 @@ CHARS_PER_TOKEN = 4  # the estimate of a text's tokens before it is tokenised, f
 BATCH_TOKENS_PER_PAIR = 4  # the default max_batch_tokens: max_batch pairs of max_length / this tokens
 QUEUE_BATCHES = 4  # the default max_queue holds at least this many full batches,
 QUEUE_SECONDS = 1.0  # and as many pairs as the server scores in this time (a Retry-After's worth)
+DOOR_WAIT_S = 1.0  # the longest a request waits for room before 503: a Retry-After's worth
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
 IDLE_BEFORE_TRIM_S = 0.5  # quiet time after work before freed memory is given back
 THROUGHPUT_SMOOTHING = 0.3  # weight of the newest batch in the measured pairs/s
@@ -188,7 +190,8 @@ class FairBatcher:
         self.pending = 0  # pairs admitted and not yet scored (waiting or in the batch being scored)
         self.untaken = 0  # pairs admitted and not yet in a batch
         self.work = asyncio.Event()
-        self.closed = False  # refusing new requests until the queue has drained to half
+        self.door: deque[asyncio.Future[float]] = deque()  # requests waiting for room, unread, in arrival order
+        self.reserved = 0.0  # pairs expected of the requests let in whose bodies are not parsed yet
         self.throughput: float | None = None  # pairs/s over the last batches
         self.promised: list[tuple[float, float]] = []  # heap of (when, pairs): refused requests told to come back
         self.promised_pairs = 0.0
@@ -202,36 +205,77 @@ class FairBatcher:
             return self.fixed_queue
         return max(QUEUE_BATCHES * self.max_batch, round((self.throughput or 0.0) * QUEUE_SECONDS))
 
-    def admits(self) -> bool:
-        """Whether a new request may come in: not while max_queue pairs wait, nor after that until the queue has
-        drained to half, so that the clients answered meanwhile, who send again at once, do not take every free
-        place from the clients told to come back later."""
-        bound = self.max_queue
-        if self.pending >= bound:
-            self.closed = True
-        elif self.pending <= bound // 2:
-            self.closed = False
-        return not self.closed
+    def expected_pairs(self) -> float:
+        """The pairs of a request whose body is not read yet: the mean so far (a full batch before any)."""
+        return self.admitted_pairs / self.requests if self.requests else float(self.max_batch)
+
+    def _has_room(self) -> bool:
+        return self.pending + self.reserved < self.max_queue
+
+    async def enter(self, wait_s: float) -> float | None:
+        """Let a request in: at once when the queue has room and nobody waits at the door, else in its turn as
+        room is made, waiting at most wait_s. Returns the pairs reserved for it (handed to add, or given back
+        with leave), or None: refused (the door holds more than the server scores in wait_s, or wait_s passed)."""
+        if not self.door and self._has_room():
+            return self._reserve()
+        if self.throughput and len(self.door) * self.expected_pairs() > self.throughput * wait_s:
+            return None
+        waiter: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self.door.append(waiter)
+        try:
+            return await asyncio.wait_for(waiter, wait_s)
+        except TimeoutError:
+            return None
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # let in just as the handler was cancelled
+                self.leave(waiter.result())
+            raise
+        finally:
+            if waiter in self.door:
+                self.door.remove(waiter)
+
+    def leave(self, reserved: float) -> None:
+        """Give back the reservation of a request let in but not added (refused, or nothing to score)."""
+        self.reserved -= reserved
+        self._open_door()
+
+    def _reserve(self) -> float:
+        expected = self.expected_pairs()
+        self.reserved += expected
+        return expected
+
+    def _open_door(self) -> None:
+        while self.door and self._has_room():
+            waiter = self.door.popleft()
+            if not waiter.done():
+                waiter.set_result(self._reserve())
 
     def refuse(self) -> int:
-        """Count a refused request; the whole seconds it should wait (its Retry-After): until the queue and the
-        requests refused before it, which come back before it, have been scored at the measured throughput.
-        Clients told the same wait come back together: this spreads them over the seconds the work needs."""
+        """Count a refused request; the whole seconds it should wait (its Retry-After): until the queue, the door
+        and the requests refused before it, which come back before it, have been scored at the measured
+        throughput. Clients told the same wait come back together: this spreads them over the seconds the work
+        needs."""
         self.rejected += 1
         if not self.throughput:
             return RETRY_AFTER_MIN_S
         now = time.monotonic()
         while self.promised and self.promised[0][0] <= now:  # those have come back, or given up
             self.promised_pairs -= heapq.heappop(self.promised)[1]
-        expected = self.admitted_pairs / max(self.requests, 1)  # the refused body was not read: a mean request
-        ahead = self.pending + self.promised_pairs + expected
+        expected = self.expected_pairs()  # the refused body was not read: a mean request
+        at_door = len(self.door) * expected
+        ahead = self.pending + self.reserved + at_door + self.promised_pairs + expected
         wait_s = min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, math.ceil(ahead / self.throughput)))
         heapq.heappush(self.promised, (now + wait_s, expected))
         self.promised_pairs += expected
         return wait_s
 
-    async def submit(self, request: RewardsRequest, max_length: int, truncation_side: TruncationSide) -> list[float]:
+    def add(
+        self, request: RewardsRequest, max_length: int, truncation_side: TruncationSide, reserved: float = 0.0
+    ) -> asyncio.Future[list[float]]:
+        """Queue a request let in (its reservation becomes its pairs); the future of its rewards. Cancelling it
+        (the handler is cancelled) drops the pairs not scored yet."""
         n = len(request)
+        self.reserved -= reserved
         future = asyncio.get_running_loop().create_future()
         costs = estimated_tokens(request, max_length)
         job = _Job(request, future, max_length, truncation_side, n, costs, rewards=[0.0] * n)
@@ -241,7 +285,8 @@ class FairBatcher:
         self.requests += 1
         self.admitted_pairs += n
         self.work.set()
-        return await job.future  # cancelled with the handler (the client went away): its pairs are dropped
+        self._open_door()  # it may hold fewer pairs than were reserved for it
+        return future  # cancelled with the handler (the client went away): its pairs are dropped
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -300,6 +345,7 @@ class FairBatcher:
                 left = job.size - job.taken
                 self.untaken -= left
                 self.pending -= left
+                self._open_door()
                 continue
             start = stop = job.taken
             while stop < min(job.size, start + room) and (job.costs[stop] <= tokens or not slices and stop == start):
@@ -345,6 +391,7 @@ class FairBatcher:
             job.scored += s.stop - s.start
             if job.scored == job.size:
                 job.future.set_result(job.rewards)
+        self._open_door()
 
     def _measure(self, pairs: int, seconds: float) -> None:
         if seconds <= 0:
@@ -451,27 +498,32 @@ def create_app(
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > max_request_bytes:
             return too_large(int(declared))  # the body is never read (the server discards it as it arrives)
-        if not batcher.admits():
-            return busy()  # before the body is parsed: an overloaded server spends little on a refusal
-        body = await _read_body(request, max_request_bytes)
-        if body is None:
-            return too_large(None)
-        parsed = _parse(body)
-        max_length, side = _truncation(parsed, scorer)
-        if parsed.tokens is not None:
-            check_token_ids(parsed.tokens, scorer.vocab_size)
-        if parsed.conversations is not None and not scorer.has_chat_template:
-            raise HTTPException(
-                status_code=422,
-                detail=f'the reward model {scorer.name} has no chat template to render "conversations": send '
-                '"prompts" rendered by the policy instead (rm.chat_template: policy)',
-            )
-        if len(parsed) == 0:
-            return _rewards_response([])
-        if not batcher.admits():  # filled while this body was read
-            return busy()
+        reserved = await batcher.enter(DOOR_WAIT_S)
+        if reserved is None:
+            return busy()  # the body was never read: an overloaded server spends little on a refusal
+        queued = None
         try:
-            return _rewards_response(await batcher.submit(parsed, max_length, side))
+            body = await _read_body(request, max_request_bytes)
+            if body is None:
+                return too_large(None)
+            parsed = _parse(body)
+            max_length, side = _truncation(parsed, scorer)
+            if parsed.tokens is not None:
+                check_token_ids(parsed.tokens, scorer.vocab_size)
+            if parsed.conversations is not None and not scorer.has_chat_template:
+                raise HTTPException(
+                    status_code=422,
+                    detail=f'the reward model {scorer.name} has no chat template to render "conversations": send '
+                    '"prompts" rendered by the policy instead (rm.chat_template: policy)',
+                )
+            if len(parsed) == 0:
+                return _rewards_response([])
+            queued = batcher.add(parsed, max_length, side, reserved)
+        finally:
+            if queued is None:  # refused or answered without scoring: its place goes to the next at the door
+                batcher.leave(reserved)
+        try:
+            return _rewards_response(await queued)
         except InputError as error:
             raise HTTPException(status_code=422, detail=str(error)) from error
         except Exception as error:  # noqa: BLE001 - the scorer failed; the log has the traceback
@@ -485,6 +537,7 @@ def create_app(
             "requests": batcher.requests,
             "batches": batcher.batches,
             "queue": batcher.pending,
+            "waiting": len(batcher.door),
             "max_queue": batcher.max_queue,
             "max_batch_tokens": max_batch_tokens,
             "rejected": batcher.rejected,
