@@ -136,6 +136,8 @@ class RewardClient:
         if not bodies:
             return []
         abort = threading.Event()
+        if len(bodies) == 1:  # no pool (a thread per call) for one request
+            return self._score_one(bodies[0], abort)
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies))) as pool:
             futures = [pool.submit(self._score_one, body, abort) for body in bodies]
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
