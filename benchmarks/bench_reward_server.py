@@ -1,25 +1,28 @@
 """The reward-model server under load: throughput at 64 and 256 clients, and one very large request.
 
-Each scenario starts a fresh real server (`python -m rlsteps.engine.rewards.rm`, a LocalServer subprocess on
-loopback, CPU, OMP_NUM_THREADS=1) on the tiny world's reward model and drives it with client threads in this
-process, each a RewardClient with the step config's defaults (rm.max_retries 5, rm.backoff_s 1.0, so a client
-gives up as a training run would) and one request of P pairs at a time.
+Real servers (`python -m rlsteps.engine.rewards.rm`, LocalServer subprocesses on loopback, CPU,
+OMP_NUM_THREADS=1) serve the tiny world's reward model to client threads in this process, each a
+RewardClient with the step config's defaults (rm.max_retries 5, rm.backoff_s 1.0, so a client gives up
+as a training run would) and one request of P pairs at a time. Prompts are the tiny world's train.jsonl
+rendered with its chat template, responses short sentences from rlsteps.tiny.task.
 
-  load      C clients send requests of P pairs back to back for S seconds (after a warm-up); repeated R rounds.
-            useful pairs/s: pairs answered 200 within the window / S (median over rounds); answers: every
-            HTTP answer the clients got, 503s among them; latency: one score() call, retries included;
-            gave up: calls that raised after all their retries. Peak: the best of the client counts.
-  big       16 clients send requests of P pairs while one request of about B MB (500 pairs of long
-            prompts) is posted once, 1 s in. blocked: the longest call of the small clients that overlapped
-            the big request (their usual p50 beside it); RSS peak sampled every 20 ms.
+  load  one server per client count C, all started first. C clients send requests of P pairs back to
+        back for S seconds; R rounds, the client counts taking turns (drifting load on a shared machine
+        hits all alike). useful pairs/s: pairs answered 200 within the window / S (median of the rounds);
+        of peak: against the best client count; answers: every HTTP answer the clients got, the 503s among
+        them; gave up: calls that raised after all their retries; latency: one score() call, retries and
+        waits included; srv CPU: the server's CPU time per second of window (median); RSS: the server's
+        VmRSS after the warm-up and after the last round (plus 2 s).
+  big   per --big-server-args string, a fresh server: 16 clients send requests of P pairs while one request
+        of about B MB (500 pairs of long prompts) is posted, 1 s in. blocked: the longest call of the small
+        clients that overlapped the big request (beside their p50 otherwise); RSS sampled every 20 ms.
 
-RSS is the server process's VmRSS: before the timed load (after the warm-up) and 2 s after it ended.
-
-    python benchmarks/bench_reward_server.py                     # about 2 minutes on 2 cores
+    python benchmarks/bench_reward_server.py                     # about 3 minutes on 2 cores
     python benchmarks/bench_reward_server.py --clients 16 64 256 --seconds 8 --rounds 3
+    python benchmarks/bench_reward_server.py --big-server-args "" "--max-request-mb 16" --clients 64
 
-The client threads share the machine with the server: on a 2-core machine the figures are those of the
-whole loopback system, not of the server alone.
+The client threads share the machine with the servers: on a 2-core machine the figures are those of the
+whole loopback system, not of a server alone.
 """
 
 from __future__ import annotations
@@ -65,7 +68,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="timed windows per client count")
     parser.add_argument("--big-mb", type=float, default=10.0, help="size of the big request's body (0: skip)")
     parser.add_argument("--server-args", default="", help="extra server options for every scenario (one string)")
-    parser.add_argument("--big-server-args", default="", help="extra server options for the big-request scenario")
+    parser.add_argument(
+        "--big-server-args", nargs="*", default=["", "--max-request-mb 16"],
+        help="one big-request scenario per string: its extra server options ('' = defaults)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="the tiny world's seed")
     args = parser.parse_args()
     if min(args.clients) < 1 or args.pairs < 1 or args.rounds < 1 or args.seconds <= 0:
@@ -170,43 +176,80 @@ def warm_up(url: str, requests: list[Pairs]) -> None:
             client.score(prompts, responses)
 
 
-def load_scenario(model: Path, logs: Path, prompts: list[str], clients: int, args: argparse.Namespace) -> dict:
+@dataclass
+class Load:
+    """One client count against its own server; rounds alternate between the client counts."""
+
+    clients: int
+    server: LocalServer
+    work: list[list[Pairs]]
+    rss_before: float = 0.0
+    rss_after: float = 0.0
+    throughputs: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    answers: Counter = field(default_factory=Counter)
+    gave_up: int = 0
+    calls: int = 0
+    server_cpu: list[float] = field(default_factory=list)  # server CPU seconds per second of window
+
+    def run_round(self, seconds: float) -> None:
+        record = Calls()
+        barrier = threading.Barrier(self.clients + 1)
+        threads = record.run_clients(self.server.url, self.work, barrier)
+        barrier.wait()
+        cpu = cpu_s(self.server.process.pid)
+        until = time.perf_counter() + seconds
+        time.sleep(seconds)
+        self.server_cpu.append((cpu_s(self.server.process.pid) - cpu) / seconds)
+        STOP.set()
+        for t in threads:
+            t.join()
+        STOP.clear()
+        self.throughputs.append(sum(n for _, end, n, ok in record.spans if ok and end <= until) / seconds)
+        self.latencies += [end - sent for sent, end, _, ok in record.spans if ok]
+        self.answers += record.answers
+        self.gave_up += sum(not ok for *_, ok in record.spans)
+        self.calls += len(record.spans)
+
+    def row(self, pairs: int) -> dict:
+        return {
+            "clients": self.clients, "pairs": pairs, "pairs_per_s": statistics.median(self.throughputs),
+            "rounds": self.throughputs, "503": self.answers[503], "answers": sum(self.answers.values()),
+            "other": {k: v for k, v in self.answers.items() if k not in (200, 503)}, "gave_up": self.gave_up,
+            "calls": self.calls, "p50": percentile(self.latencies, 50), "p99": percentile(self.latencies, 99),
+            "rss_before": self.rss_before, "rss_after": self.rss_after,
+            "server_cpu": statistics.median(self.server_cpu),
+        }  # fmt: skip
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_scenarios(model: Path, logs: Path, prompts: list[str], args: argparse.Namespace) -> list[dict]:
+    """A server per client count, all started first; then the rounds, each client count in turn."""
     rng = random.Random(args.seed)
-    work = [requests_for(prompts, args.pairs, 8, rng) for _ in range(clients)]
-    server = start_server(model, logs, f"load{clients}", args.server_args)
+    loads: list[Load] = []
     try:
-        warm_up(server.url, work[0])
-        pid = server.process.pid
-        rss_before = rss_mb(pid)
-        throughputs, latencies, answers, gave_up, calls = [], [], Counter(), 0, 0
+        for clients in args.clients:
+            server = start_server(model, logs, f"load{clients}", args.server_args)
+            work = [requests_for(prompts, args.pairs, 8, rng) for _ in range(clients)]
+            loads.append(Load(clients, server, work))
+        for load in loads:
+            warm_up(load.server.url, load.work[0])
+            load.rss_before = rss_mb(load.server.process.pid)
         for _ in range(args.rounds):
-            record = Calls()
-            barrier = threading.Barrier(clients + 1)
-            threads = record.run_clients(server.url, work, barrier)
-            barrier.wait()
-            until = time.perf_counter() + args.seconds
-            time.sleep(args.seconds)
-            STOP.set()
-            for t in threads:
-                t.join()
-            STOP.clear()
-            useful = sum(n for _, end, n, ok in record.spans if ok and end <= until)
-            throughputs.append(useful / args.seconds)
-            latencies += [end - sent for sent, end, _, ok in record.spans if ok]
-            answers += record.answers
-            gave_up += sum(not ok for *_, ok in record.spans)
-            calls += len(record.spans)
-            time.sleep(SETTLE_S)
-        rss_after = rss_mb(pid)
+            for load in loads:
+                load.run_round(args.seconds)
+                time.sleep(SETTLE_S)
+        for load in loads:
+            load.rss_after = rss_mb(load.server.process.pid)
     finally:
-        server.stop()
-    return {
-        "clients": clients, "pairs": args.pairs, "pairs_per_s": statistics.median(throughputs),
-        "rounds": throughputs, "503": answers[503], "answers": sum(answers.values()),
-        "other": {k: v for k, v in answers.items() if k not in (200, 503)}, "gave_up": gave_up, "calls": calls,
-        "p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
-        "rss_before": rss_before, "rss_after": rss_after,
-    }  # fmt: skip
+        for load in loads:
+            load.server.stop()
+    return [load.row(args.pairs) for load in loads]
 
 
 def big_body(prompts: list[str], megabytes: float, rng: random.Random) -> dict:
@@ -220,11 +263,11 @@ def big_body(prompts: list[str], megabytes: float, rng: random.Random) -> dict:
     return {"prompts": long_prompts, "responses": responses}
 
 
-def big_scenario(model: Path, logs: Path, prompts: list[str], args: argparse.Namespace) -> dict:
+def big_scenario(model: Path, logs: Path, prompts: list[str], args: argparse.Namespace, big_args: str) -> dict:
     rng = random.Random(args.seed)
     work = [requests_for(prompts, args.pairs, 8, rng) for _ in range(BIG_SMALL_CLIENTS)]
     payload = json.dumps(big_body(prompts, args.big_mb, rng)).encode()
-    extra = f"{args.server_args} {args.big_server_args}".strip()
+    extra = f"{args.server_args} {big_args}".strip()
     server = start_server(model, logs, "big", extra)
     try:
         warm_up(server.url, work[0])
@@ -266,29 +309,32 @@ def big_scenario(model: Path, logs: Path, prompts: list[str], args: argparse.Nam
     overlapping = [end - sent for sent, end, _, ok in record.spans if ok and sent < big_done and end > big_sent]
     alone = [end - sent for sent, end, _, ok in record.spans if ok and (end < big_sent or sent > big_done)]
     return {
-        "mb": len(payload) / 1e6, "status": big_status, "big_s": big_done - big_sent,
+        "server_args": big_args or "(defaults)", "mb": len(payload) / 1e6, "status": big_status,
+        "big_s": big_done - big_sent,
         "blocked": max(overlapping, default=0.0), "small_p50": percentile(alone, 50),
         "gave_up": sum(not ok for *_, ok in record.spans), "calls": len(record.spans),
         "rss_before": rss_before, "rss_peak": peak[0], "rss_after": rss_after,
     }  # fmt: skip
 
 
-def report(loads: list[dict], big: dict | None) -> None:
+def report(loads: list[dict], bigs: list[dict]) -> None:
     peak = max(r["pairs_per_s"] for r in loads)
     print(f"{'clients':>7s} {'pairs/req':>9s} {'useful pairs/s':>14s} {'of peak':>7s} {'503 / answers':>16s} "
-          f"{'gave up':>9s} {'p50 s':>6s} {'p99 s':>6s} {'RSS MB before/after':>20s}  rounds")  # fmt: skip
+          f"{'gave up':>9s} {'p50 s':>6s} {'p99 s':>6s} {'RSS MB before/after':>20s} {'srv CPU':>7s}  "
+          "rounds")  # fmt: skip
     for r in loads:
         other = f" (+{r['other']})" if r["other"] else ""
         print(f"{r['clients']:7d} {r['pairs']:9d} {r['pairs_per_s']:14.0f} {r['pairs_per_s'] / peak:7.0%} "
               f"{r['503']:>7d} / {r['answers']:<6d} {r['gave_up']:>4d}/{r['calls']:<4d} {r['p50']:6.2f} "
-              f"{r['p99']:6.2f} {r['rss_before']:9.0f} / {r['rss_after']:<8.0f}  "
+              f"{r['p99']:6.2f} {r['rss_before']:9.0f} / {r['rss_after']:<8.0f} {r['server_cpu']:7.0%}  "
               f"{' '.join(f'{x:.0f}' for x in r['rounds'])}{other}")  # fmt: skip
-    if big:
+    for big in bigs:
         print(
-            f"\nbig request: {big['mb']:.1f} MB, {BIG_PAIRS} pairs, answered {big['status']} in {big['big_s']:.2f} s; "
-            f"{BIG_SMALL_CLIENTS} small clients blocked up to {big['blocked']:.2f} s (their p50 otherwise "
-            f"{big['small_p50']:.2f} s, {big['gave_up']} of {big['calls']} calls gave up); server RSS "
-            f"{big['rss_before']:.0f} MB before, {big['rss_peak']:.0f} MB peak, {big['rss_after']:.0f} MB after"
+            f"\nbig request, server {big['server_args']}: {big['mb']:.1f} MB, {BIG_PAIRS} pairs, answered "
+            f"{big['status']} in {big['big_s']:.2f} s; {BIG_SMALL_CLIENTS} small clients blocked up to "
+            f"{big['blocked']:.2f} s (their p50 otherwise {big['small_p50']:.2f} s, {big['gave_up']} of {big['calls']} "
+            f"calls gave up); server RSS {big['rss_before']:.0f} MB before, {big['rss_peak']:.0f} MB peak, "
+            f"{big['rss_after']:.0f} MB after"
         )
 
 
@@ -297,14 +343,14 @@ def main() -> None:
     world = find_world(args.seed)
     print(f"cores={os.cpu_count()} load average (1/5/15 min)={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"reward model {world.reward_model} on cpu; server env {' '.join(f'{k}={v}' for k, v in SERVER_ENV.items())}"
-          f"; server args {args.server_args or '(defaults)'}; big request server args "
-          f"{args.big_server_args or '(the same)'}")  # fmt: skip
+          f"; server args {args.server_args or '(defaults)'}")  # fmt: skip
     prompts = rendered_prompts(world)
     with tempfile.TemporaryDirectory(prefix="bench-rm-") as tmp:
         logs = Path(tmp)
-        loads = [load_scenario(world.reward_model, logs, prompts, c, args) for c in args.clients]
-        big = big_scenario(world.reward_model, logs, prompts, args) if args.big_mb > 0 else None
-    report(loads, big)
+        loads = load_scenarios(world.reward_model, logs, prompts, args)
+        cases = args.big_server_args if args.big_mb > 0 else []
+        bigs = [big_scenario(world.reward_model, logs, prompts, args, case) for case in cases]
+    report(loads, bigs)
     print(f"load average at the end={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
