@@ -225,7 +225,7 @@ class FairBatcher:
         try:
             return await asyncio.wait_for(waiter, wait_s)
         except TimeoutError:
-            return None
+            return waiter.result() if waiter.done() and not waiter.cancelled() else None  # let in as time ran out
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():  # let in just as the handler was cancelled
                 self.leave(waiter.result())
