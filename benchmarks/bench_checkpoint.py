@@ -92,9 +92,7 @@ def main() -> None:
     sizes: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as scratch:
         first_write, _, _ = one_round(model, tokenizer, "checkpoint_megatron", Path(scratch), dtype)
-        print(
-            f"first checkpoint_megatron write in this process (starts megatron's helper process): {first_write:.2f} s"
-        )
+        print(f"first checkpoint_megatron write in this process (imports megatron-core's writer): {first_write:.2f} s")
         for _ in range(args.repeats):
             for form in FORMS:  # alternate, so load drifts hit both forms alike
                 write_s, read_s, sizes[form] = one_round(model, tokenizer, form, Path(scratch), dtype)
@@ -112,5 +110,5 @@ def main() -> None:
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-if __name__ == "__main__":  # required: megatron's checkpoint writer starts a helper process by spawning
+if __name__ == "__main__":  # megatron's writer forks its writer processes
     main()
