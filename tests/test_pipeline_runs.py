@@ -64,7 +64,7 @@ def test_three_stages_chain_publish_show_their_lineage_and_skip_when_unchanged(t
 
 def test_a_failed_stage_stops_the_pipeline_and_the_rerun_resumes_at_it(tiny_world, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    # line 2 is well formed but longer than the tiny configs' 64 prompt tokens: the stage's worker fails on it
+    # line 2 is well formed but longer than the tiny configs' 64 prompt tokens: the stage's worker refuses it (exit 3)
     prompts.write_text('{"prompt": "Describe the cat."}\n' + json.dumps({"prompt": "Describe the dog. " * 40}) + "\n")
     (tmp_path / "p.yaml").write_text(f"""
 name: two
@@ -74,7 +74,7 @@ stages:
   - {{name: reinforce, step: rl/reinforce, config: tiny, inputs: {{policy: "stage:rs", prompts: "{prompts}"}}}}
 """)
     failed = rlsteps("pipeline", "run", "p.yaml", cwd=tmp_path)
-    assert failed.returncode == 1
+    assert failed.returncode == 3, failed.stderr[-3000:]  # an input the stage's own check refused
     assert "pipeline two stopped at stage 'reinforce'" in failed.stderr and "rerun the same command" in failed.stderr
     assert (tmp_path / OUTPUTS.format(pipeline="two", stage="rs") / "rlsteps_artifact.json").is_file()
     assert not (tmp_path / OUTPUTS.format(pipeline="two", stage="reinforce")).exists()

@@ -33,6 +33,13 @@ class RunFailed(RlstepsError):
     exit_code = 1
 
 
+class InputRefusedInJob(RunFailed):
+    """The job ran and refused an input it checks itself (on a cluster path, or one only the policy's tokenizer
+    can judge): exit 3, as a bad input is at submission."""
+
+    exit_code = ArtifactError.exit_code
+
+
 class Interrupted(RlstepsError):
     """Ctrl-C: the run was interrupted; its last checkpoint is intact. Exit 130, as a shell reports SIGINT."""
 

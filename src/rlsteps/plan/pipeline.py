@@ -302,7 +302,7 @@ def run_pipeline(catalog: Catalog, request: PipelineRequest, say: Callable[[str]
                     f"the jobs submitted for the earlier stages ({', '.join(submitted.values())}) go on: cancel them "
                     f"(`rlsteps jobs cancel ID`) or let them end, then {fix}"
                 )
-            raise RunFailed(
+            raise type(failed)(  # the stage's own exit code (3 for an input its job refused)
                 f"pipeline {spec.name} stopped at stage '{plan.name}': {failed.message}", fix=fix
             ) from failed
         if submission.exit_code is None:

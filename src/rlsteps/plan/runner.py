@@ -19,7 +19,7 @@ from rlsteps.artifacts.inputs import (
 )
 from rlsteps.artifacts.store import SCHEME, resolve_reference
 from rlsteps.catalog import Catalog, Step
-from rlsteps.errors import ArtifactError, Interrupted, RunFailed, UsageError
+from rlsteps.errors import ArtifactError, InputRefusedInJob, Interrupted, RunFailed, UsageError
 from rlsteps.launch.base import Launcher, LaunchPlan, Submission, get_launcher
 from rlsteps.launch.job import Job, Mode
 from rlsteps.plan.compile import compile_job
@@ -147,8 +147,8 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     if submission.exit_code == Interrupted.exit_code:  # an attached worker stopped by Ctrl-C
         raise Interrupted(f"{job.step_id} was interrupted", fix="rerun the same command to resume from its checkpoint")
     if submission.exit_code not in (None, 0):
-        failed = ArtifactError if submission.exit_code == ArtifactError.exit_code else RunFailed  # an input, in the job
-        raise failed(
+        refused = submission.exit_code == InputRefusedInJob.exit_code  # an input the job checked itself
+        raise (InputRefusedInJob if refused else RunFailed)(
             f"{job.step_id} failed with exit code {submission.exit_code}", fix=f"see the log above and {job_dir}"
         )
     return submission
