@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
+
+if TYPE_CHECKING:
+    from rlsteps.engine.config import RecipeConfig
 
 CHAT_ROLES = ("system", "user", "assistant")
 
@@ -147,6 +150,29 @@ def _check_length(text: str, tokenizer: Any, max_prompt_tokens: int | None) -> N
             f"the prompt has {length} tokens, more than max_prompt_tokens={max_prompt_tokens}; "
             "shorten it or raise max_prompt_tokens"
         )
+
+
+@dataclass(frozen=True)
+class RunPrompts:
+    """The prompts a run trains on and the ones it validates on, each file read whole and every prompt measured."""
+
+    train: list[Prompt]
+    validation: list[Prompt]
+
+
+def load_run_prompts(cfg: RecipeConfig, tokenizer: Any) -> RunPrompts:
+    """The run's prompt files rendered with the policy's tokenizer and measured against max_prompt_tokens; a bad
+    line raises PromptFileError naming the input (`input 'prompts': path:line: ...`)."""
+    files = {"prompts": cfg.inputs.prompts}
+    if cfg.inputs.val_prompts and cfg.validation.interval:
+        files["val_prompts"] = cfg.inputs.val_prompts
+    loaded = {}
+    for name, path in files.items():
+        try:
+            loaded[name] = load_prompts(path, tokenizer, cfg.data.max_prompt_tokens)
+        except PromptFileError as error:
+            raise PromptFileError(f"input '{name}': {error}") from None
+    return RunPrompts(loaded["prompts"], loaded.get("val_prompts", [])[: cfg.validation.num_prompts])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from rlsteps.engine import signals
 from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import RecipeConfig
-from rlsteps.engine.data import Prompt, load_prompts, prompt_indices, steps_per_epoch
+from rlsteps.engine.data import Prompt, RunPrompts, load_run_prompts, prompt_indices, steps_per_epoch
 from rlsteps.engine.device import resolve_device
 from rlsteps.engine.generation.rollouts import Sampler
 from rlsteps.engine.metrics import MetricsWriter, Timers, TrainingProgress
@@ -69,14 +69,21 @@ class RunResult:
 
 
 def train(
-    cfg: RecipeConfig, recipe: Recipe, rewards: RewardSource, run_dir: Path, say: Callable[[str], None] = print
+    cfg: RecipeConfig,
+    recipe: Recipe,
+    rewards: RewardSource,
+    run_dir: Path,
+    say: Callable[[str], None] = print,
+    run_prompts: RunPrompts | None = None,
 ) -> RunResult:
+    """run_prompts: the prompts already loaded and measured (the worker does it before the policy loads); else
+    they are loaded here, with the policy's tokenizer."""
     device = resolve_device(cfg.run.device)
     dtype = torch.bfloat16 if cfg.run.dtype == "bfloat16" else torch.float32
     model, tokenizer = load_policy(cfg.inputs.policy, device=device, dtype=dtype)
     reference = frozen_copy(model) if recipe.needs_reference else None  # always the initial policy
-    prompts = load_prompts(cfg.inputs.prompts, tokenizer, cfg.data.max_prompt_tokens)
-    val_prompts = _validation_prompts(cfg, tokenizer)
+    run_prompts = run_prompts or load_run_prompts(cfg, tokenizer)
+    prompts, val_prompts = run_prompts.train, run_prompts.validation
     reward_functions = load_reward_functions(cfg.validation.reward_functions)
     total_steps = planned_steps(cfg, len(prompts), say)
 
@@ -192,12 +199,6 @@ def _metrics_writer(cfg: RecipeConfig, run_dir: Path) -> MetricsWriter:
         tensorboard_dir=run_dir / "tensorboard" if cfg.logging.tensorboard else None,
         wandb={"project": cfg.logging.wandb_project} if cfg.logging.wandb_project else None,
     )
-
-
-def _validation_prompts(cfg: RecipeConfig, tokenizer) -> list[Prompt]:
-    if not cfg.inputs.val_prompts or not cfg.validation.interval:
-        return []
-    return load_prompts(cfg.inputs.val_prompts, tokenizer, cfg.data.max_prompt_tokens)[: cfg.validation.num_prompts]
 
 
 @dataclass

@@ -152,15 +152,16 @@ def _train(cfg: RecipeConfig, run_dir: Path, rewards: Any) -> tuple[Any, Any, di
     from rlsteps.engine.algorithms import RECIPES
     from rlsteps.engine.loop import train
 
-    _check_prompts_fit(cfg)  # a bad prompt stops the run in seconds, and the server with it
-    result = train(cfg, RECIPES[cfg.algorithm](cfg), rewards, run_dir, say=log.info)
+    run_prompts = _measured_prompts(cfg)  # a bad prompt stops the run in seconds, and the server with it
+    result = train(cfg, RECIPES[cfg.algorithm](cfg), rewards, run_dir, say=log.info, run_prompts=run_prompts)
     return result.model, result.tokenizer, result.counters.as_dict()
 
 
-def _check_prompts_fit(cfg: RecipeConfig) -> None:
+def _measured_prompts(cfg: RecipeConfig) -> Any:
     """Every prompt the run reads, rendered with the policy's tokenizer and measured against max_prompt_tokens,
-    before the policy loads (while its reward server starts): a bad line is exit 3 with its file:line in seconds."""
-    from rlsteps.engine.data import PromptFileError, load_prompts
+    before the policy loads (while its reward server starts): a bad line is exit 3 with its file:line in seconds.
+    The prompts go on to the loop, which then does not read them again."""
+    from rlsteps.engine.data import PromptFileError, load_run_prompts
     from rlsteps.engine.input_check import InputProblem
     from rlsteps.engine.policy.model import load_policy_tokenizer
 
@@ -168,14 +169,10 @@ def _check_prompts_fit(cfg: RecipeConfig) -> None:
         tokenizer = load_policy_tokenizer(cfg.inputs.policy)
     except (ValueError, OSError) as error:
         raise InputProblem(f"input 'policy': {error}") from None
-    files = {"prompts": cfg.inputs.prompts}
-    if cfg.inputs.val_prompts and cfg.validation.interval:
-        files["val_prompts"] = cfg.inputs.val_prompts
-    for name, path in files.items():
-        try:
-            load_prompts(path, tokenizer, cfg.data.max_prompt_tokens)
-        except PromptFileError as error:
-            raise InputProblem(f"input '{name}': {error}") from None
+    try:
+        return load_run_prompts(cfg, tokenizer)
+    except PromptFileError as error:
+        raise InputProblem(str(error)) from None
 
 
 def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:
