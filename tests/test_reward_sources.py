@@ -42,13 +42,26 @@ def test_the_rm_section_sets_the_truncation_of_every_request_and_of_a_local_serv
     with RewardClient("http://127.0.0.1:1", **rm.model_dump(include=RM_CLIENT_OPTIONS)) as client:
         assert client.request_options == {"max_length": 128, "truncation_side": "right"}
     assert local_rm_server_args(rm) == [
-        "--max-batch", "64", "--max-wait-ms", "5", "--max-queue", "256", "--truncation-side", "right",
+        "--device", "auto", "--dtype", "auto", "--max-batch", "64", "--max-wait-ms", "5", "--max-queue", "256", "--truncation-side", "right",
         "--max-length", "128",
     ]  # fmt: skip
     default = RewardModelClientConfig()
     with RewardClient("http://127.0.0.1:1", **default.model_dump(include=RM_CLIENT_OPTIONS)) as client:
         assert client.request_options == {"truncation_side": "left"}  # max_length: the server's own
     assert "--max-length" not in local_rm_server_args(default)
+
+
+def test_the_step_config_says_where_and_in_what_dtype_a_local_reward_server_runs(tmp_path) -> None:
+    from rlsteps.engine.config import RewardServerConfig
+
+    rm = RewardModelClientConfig(server=RewardServerConfig(device="cpu", dtype="bfloat16"))
+    args = local_rm_server_args(rm)
+    assert args[args.index("--device") + 1] == "cpu" and args[args.index("--dtype") + 1] == "bfloat16"
+    scorer = RewardScorer(save_reward_model(tmp_path / "rm"), device="cpu", dtype="bfloat16")
+    assert scorer.model.dtype == torch.bfloat16
+    assert RewardScorer(save_reward_model(tmp_path / "rm"), device="cpu").model.dtype == torch.float32  # as stored
+    with pytest.raises(ValidationError, match="dtype"):
+        RewardServerConfig(dtype="float64")
 
 
 def batch_of(conversations: list[list[dict]], prompt_texts: list[str], responses: list[str]) -> RolloutBatch:

@@ -120,6 +120,10 @@ class TinyWorldConfig(Section):
 
 
 class RewardServerConfig(Section):
+    """The reward server a run starts for itself (no rm.url): where its model runs and how it batches."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: the GPU when there is one
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: the dtype the checkpoint stores
     max_batch: PositiveInt = 64
     max_wait_ms: NonNegativeFloat = 5
 

@@ -180,7 +180,8 @@ def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
 def local_rm_server_args(rm) -> list[str]:
     """Options of the reward server a run starts for itself, from its rm section. The run's client is its only
     client: a queue of all that it sends at once (concurrency x batch_size pairs) never answers it 503."""
-    args = ["--max-batch", str(rm.server.max_batch), "--max-wait-ms", str(rm.server.max_wait_ms)]
+    args = ["--device", rm.server.device, "--dtype", rm.server.dtype]
+    args += ["--max-batch", str(rm.server.max_batch), "--max-wait-ms", str(rm.server.max_wait_ms)]
     args += ["--max-queue", str(rm.concurrency * rm.batch_size), "--truncation-side", rm.truncation_side]
     return args + (["--max-length", str(rm.max_length)] if rm.max_length is not None else [])
 

@@ -29,6 +29,10 @@ def serve_reward_model(
     host: Host = "127.0.0.1",
     port: Port = 5555,
     device: Device = "auto",
+    dtype: Annotated[
+        Literal["auto", "float32", "bfloat16", "float16"],
+        typer.Option(help="The weights' dtype; auto: the one the checkpoint stores."),
+    ] = "auto",
     max_length: Annotated[
         int, typer.Option(help="Tokens per pair, and the most a request may ask for with its max_length.")
     ] = 512,
@@ -60,7 +64,7 @@ def serve_reward_model(
     batching = {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_queue": max_queue}
     batching |= {"max_batch_tokens": max_batch_tokens, "max_request_mb": max_request_mb}
     serve(
-        model, host, port, device=device, max_length=max_length, truncation_side=truncation_side,
+        model, host, port, device=device, dtype=dtype, max_length=max_length, truncation_side=truncation_side,
         batch_size=batch_size, token=token, **batching,
     )  # fmt: skip
 

@@ -31,7 +31,9 @@ class RewardScorer:
         max_length: int = 512,
         batch_size: int = 32,
         truncation_side: TruncationSide = "left",
+        dtype: str = "auto",
     ) -> None:
+        """dtype: the weights' dtype (float32, bfloat16), or auto: the one the checkpoint stores."""
         if max_length < 1 or batch_size < 1:
             raise ValueError(f"max_length and batch_size must be >= 1, got {max_length} and {batch_size}")
         if truncation_side not in TRUNCATION_SIDES:
@@ -52,7 +54,7 @@ class RewardScorer:
                 "set one (tokenizer.pad_token = ...) and save it with the model"
             )
 
-        self.model = AutoModelForSequenceClassification.from_pretrained(model_path)
+        self.model = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=_torch_dtype(dtype))
         if self.model.config.num_labels != 1:
             raise ValueError(
                 f"{model_path} has num_labels={self.model.config.num_labels}; a scalar reward model needs num_labels=1"
@@ -176,3 +178,11 @@ class RewardScorer:
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)
         ).logits  # [B, 1]
         return logits[:, 0].float().cpu().tolist()
+
+
+def _torch_dtype(name: str) -> torch.dtype | str:
+    if name == "auto":
+        return "auto"
+    if name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}")
+    return getattr(torch, name)

@@ -604,6 +604,7 @@ def serve(
     port: int = 5555,
     *,
     device: str = "auto",
+    dtype: str = "auto",
     max_length: int = 512,
     truncation_side: TruncationSide = "left",
     batch_size: int = 32,
@@ -617,8 +618,13 @@ def serve(
     if host not in ("127.0.0.1", "localhost", "::1") and not app_kwargs.get("token"):
         log.warning("serving on %s without a token: anyone who can reach this port can use the model", host)
     scorer = RewardScorer(
-        model_path, device=device, max_length=max_length, batch_size=batch_size, truncation_side=truncation_side
+        model_path,
+        device=device,
+        dtype=dtype,
+        max_length=max_length,
+        batch_size=batch_size,
+        truncation_side=truncation_side,
     )
     app = create_app(scorer, **app_kwargs)
-    log.info("reward model %s on %s, serving on http://%s:%d", scorer.name, scorer.device, host, port)
+    log.info("reward model %s on %s (%s), serving on http://%s:%d", scorer.name, scorer.device, scorer.model.dtype, host, port)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
