@@ -1,6 +1,7 @@
 import pytest
 
-from rlsteps.engine.loop import StepStats, planned_steps
+from rlsteps.engine.loop import planned_steps
+from rlsteps.engine.update import StepStats
 
 
 def test_losses_add_up_extremes_keep_extremes_and_means_are_token_weighted():
@@ -18,6 +19,20 @@ def test_losses_add_up_extremes_keep_extremes_and_means_are_token_weighted():
     assert result["train/ratio_max"] == 1.5 and result["train/ratio_min"] == 0.5
     assert result["train/grad_norm"] == pytest.approx(3.0)
     assert "train/tokens" not in result
+
+
+def test_two_processes_shares_of_one_optimizer_step_merge_into_the_global_statistics():
+    # a 40-token global batch: 30 tokens on process 0, 10 on process 1 (weights are shares of all 40)
+    first, second = StepStats(), StepStats()
+    first.add({"loss": 0.3, "tokens": 30, "ratio_mean": 1.0, "ratio_max": 1.5, "ratio_min": 0.9}, weight=30 / 40)
+    second.add({"loss": 0.1, "tokens": 10, "ratio_mean": 2.0, "ratio_max": 1.2, "ratio_min": 0.5}, weight=10 / 40)
+    first.end_optimizer_step(grad_norm=2.0)
+    second.end_optimizer_step(grad_norm=2.0)  # the global norm: the same on both
+    merged = StepStats.merge([first, second]).result()
+    assert merged["train/loss"] == pytest.approx(0.4)
+    assert merged["train/ratio_mean"] == pytest.approx(1.25)  # 0.75 * 1 + 0.25 * 2: as one process would say
+    assert merged["train/ratio_max"] == 1.5 and merged["train/ratio_min"] == 0.5
+    assert merged["train/grad_norm"] == 2.0
 
 
 def test_no_optimizer_step_gives_no_loss_statistics():

@@ -93,6 +93,34 @@ class RolloutBatch:
             extras={k: v.to(device) for k, v in self.extras.items()},
         )
 
+    @classmethod
+    def concat(cls, parts: list[RolloutBatch]) -> RolloutBatch:
+        """The rows of every part in order, padded to the widest (what the main process scores)."""
+        if len(parts) == 1:
+            return parts[0]
+        width = max(part.tokens.shape[1] for part in parts)
+
+        def padded(name: str, fill: float, columns: int) -> torch.Tensor | None:
+            tensors = [getattr(part, name) for part in parts]
+            if any(t is None for t in tensors):
+                return None
+            return torch.cat([torch.nn.functional.pad(t, (0, columns - t.shape[1]), value=fill) for t in tensors])
+
+        return cls(
+            tokens=padded("tokens", parts[0].pad_id, width),
+            prompt_lengths=torch.cat([part.prompt_lengths for part in parts]),
+            response_lengths=torch.cat([part.response_lengths for part in parts]),
+            is_end=torch.cat([part.is_end for part in parts]),
+            prompt_ids=[i for part in parts for i in part.prompt_ids],
+            prompt_texts=[t for part in parts for t in part.prompt_texts],
+            response_texts=[t for part in parts for t in part.response_texts],
+            pad_id=parts[0].pad_id,
+            gen_logprobs=padded("gen_logprobs", 0.0, width - 1),
+            conversations=None
+            if any(part.conversations is None for part in parts)
+            else [c for part in parts for c in part.conversations],
+        )
+
     def micro_batches(self, size: int) -> list[RolloutBatch]:
         return [self.select(list(range(i, min(i + size, len(self))))) for i in range(0, len(self), size)]
 

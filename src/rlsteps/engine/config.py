@@ -21,8 +21,10 @@ class Section(BaseModel):
 
 class RunConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # bfloat16: bf16 compute over fp32 weights and fp32 optimizer state (mixed precision); float32: fp32 throughout
     dtype: Literal["float32", "bfloat16"] = "float32"
     num_threads: PositiveInt | None = None
+    offload_reference: bool = False  # one process: keep the frozen reference policy in CPU memory between passes
 
 
 class Inputs(Section):
@@ -74,6 +76,7 @@ class TrainConfig(Section):
     min_lr_ratio: Probability = 0.1
     max_grad_norm: PositiveFloat = 1.0
     max_steps_without_update: NonNegativeInt = 3  # RL steps in a row with no update that stop the run; 0 = never
+    activation_checkpointing: bool = False  # recompute each layer's activations in backward: less memory, more compute
 
     @model_validator(mode="after")
     def _micro_divides_global(self) -> TrainConfig:

@@ -7,6 +7,7 @@ The prompts of a step and its sampling seed are pure functions of (seed, consume
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -17,18 +18,38 @@ from pathlib import Path
 import torch
 
 from rlsteps.engine import signals
-from rlsteps.engine.algorithms.recipe import Recipe
+from rlsteps.engine.algorithms.recipe import Recipe, rollout_stats
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import RecipeConfig
 from rlsteps.engine.data import Prompt, RunPrompts, load_run_prompts, prompt_indices, steps_per_epoch
 from rlsteps.engine.device import resolve_device
+from rlsteps.engine.distributed import (
+    SINGLE,
+    World,
+    all_gather,
+    from_main,
+    gather_to_main,
+    join,
+    reduce_max,
+    reduce_sum,
+)
 from rlsteps.engine.generation.rollouts import Sampler
 from rlsteps.engine.metrics import MetricsWriter, Timers, TrainingProgress
-from rlsteps.engine.policy.logprobs import batched_token_logprobs, token_logprobs
-from rlsteps.engine.policy.model import frozen_copy, load_policy
-from rlsteps.engine.policy.optim import build_optimizer, build_scheduler, optimizer_step
+from rlsteps.engine.policy.logprobs import batched_token_logprobs
+from rlsteps.engine.policy.model import load_policy
+from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
+from rlsteps.engine.policy.parallel import (
+    Precision,
+    full_state_on_main,
+    gathered,
+    place_policy,
+    reference_copy,
+    unsharded_copy,
+)
 from rlsteps.engine.resume import (
     CHECKPOINTS_DIR,
+    STATE_DIR,
+    CheckpointError,
     CheckpointManager,
     capture_rng_state,
     restore_rng_state,
@@ -36,6 +57,8 @@ from rlsteps.engine.resume import (
 from rlsteps.engine.rewards.functions import RewardFunction, load_reward_functions
 from rlsteps.engine.rewards.sources import RewardSource, Scores
 from rlsteps.engine.samples import SampleLog, sample_records, show_samples
+from rlsteps.engine.train_state import read_train_state, write_train_state
+from rlsteps.engine.update import PolicyUpdate, UpdateResult
 
 log = logging.getLogger(__name__)
 step_log = logging.getLogger("rlsteps.steps")  # one line per step, for train.log (the worker keeps it off the terminal)
@@ -71,17 +94,22 @@ class RunResult:
 def train(
     cfg: RecipeConfig,
     recipe: Recipe,
-    rewards: RewardSource,
+    rewards: RewardSource | None,
     run_dir: Path,
     say: Callable[[str], None] = print,
     run_prompts: RunPrompts | None = None,
+    world: World = SINGLE,
 ) -> RunResult:
     """run_prompts: the prompts already loaded and measured (the worker does it before the policy loads); else
-    they are loaded here, with the policy's tokenizer."""
-    device = resolve_device(cfg.run.device)
-    dtype = torch.bfloat16 if cfg.run.dtype == "bfloat16" else torch.float32
-    model, tokenizer = load_policy(cfg.inputs.policy, device=device, dtype=dtype)
-    reference = frozen_copy(model) if recipe.needs_reference else None  # always the initial policy
+    they are loaded here, with the policy's tokenizer. rewards: the main process's source (None elsewhere).
+    Every process of `world` calls train; the result's model is whole on the main process only."""
+    device = join(world, resolve_device(cfg.run.device))
+    precision = Precision.named(cfg.run.dtype)
+    initial, tokenizer = load_policy(cfg.inputs.policy, device="cpu", dtype=torch.float32)
+    reference = (
+        reference_copy(initial, world, device, precision, cfg.run.offload_reference) if recipe.needs_reference else None
+    )  # the initial policy, frozen; taken before the policy moves, so a resume never holds three copies
+    model = place_policy(initial, world, device, precision, cfg.train.activation_checkpointing)
     run_prompts = run_prompts or load_run_prompts(cfg, tokenizer)
     prompts, val_prompts = run_prompts.train, run_prompts.validation
     reward_functions = load_reward_functions(cfg.validation.reward_functions)
@@ -93,19 +121,8 @@ def train(
         keep_top_k=cfg.checkpoint.keep_top_k,
         metric=cfg.checkpoint.metric,
     )
-    latest = checkpoints.latest()
-    loaded = checkpoints.load(latest) if latest is not None else None
-    counters = Counters()
-    if loaded is not None:
-        model, tokenizer = load_policy(loaded.policy_dir, device=device, dtype=dtype)
-        counters = Counters(**{k: loaded.info[k] for k in ("step", "consumed_samples", "optimizer_steps", "epoch")})
-        say(f"resuming from {latest} (step {counters.step}, {counters.consumed_samples} prompts consumed)")
     optimizer, scheduler = _optimizer_and_schedule(cfg, recipe, model, total_steps)
-    if loaded is not None:
-        optimizer.load_state_dict(loaded.trainer_state["optimizer"])
-        scheduler.load_state_dict(loaded.trainer_state["scheduler"])
-        restore_rng_state(loaded.trainer_state["rng"])
-
+    counters = _resume(checkpoints, model, optimizer, scheduler, world, say)
     run = _Run(
         cfg,
         recipe,
@@ -113,20 +130,18 @@ def train(
         model,
         tokenizer,
         reference,
-        optimizer,
-        scheduler,
         checkpoints,
         Sampler(tokenizer, cfg.rollout, device),
         counters,
         device,
+        PolicyUpdate(model, optimizer, scheduler, recipe, cfg.train, device, precision, world),
+        precision=precision,
+        world=world,
         say=say,
         reward_functions=reward_functions,
     )
-    with (
-        _metrics_writer(cfg, run_dir) as metrics,
-        SampleLog(run_dir / "samples.jsonl") as run.samples,
-        TrainingProgress(total=total_steps, initial=counters.step) as progress,
-    ):
+    with contextlib.ExitStack() as outputs:
+        metrics, progress = _main_outputs(outputs, cfg, run_dir, run, total_steps, counters.step)
         if counters.step == 0 and val_prompts:
             metrics.log(0, run.validate(val_prompts))
         while counters.step < total_steps:
@@ -137,7 +152,8 @@ def train(
             progress.update(counters.step, step_metrics)
             step_log.info("step %d/%d %s", counters.step, total_steps, _step_line(step_metrics))
             run.stop_if_not_learning(step_metrics)
-            requested = signals.checkpoint_requested()  # read once: the signal may arrive at any moment
+            # read once (the signal may arrive at any moment), and on any process: all of them checkpoint
+            requested = bool(reduce_max(world, float(signals.checkpoint_requested())))
             if (
                 requested
                 or counters.step == total_steps
@@ -149,7 +165,66 @@ def train(
                     f"checkpoint written at step {counters.step} of {total_steps}, as asked (SIGUSR1: the job's "
                     "time limit is near); run again, or let the requeued job resume from it"
                 )
-    return RunResult(counters=counters, model=run.model, tokenizer=tokenizer)
+    return RunResult(counters=counters, model=_whole_on_main(run.model, cfg, world), tokenizer=tokenizer)
+
+
+def _resume(checkpoints, model, optimizer, scheduler, world: World, say: Callable[[str], None]) -> Counters:
+    """The counters to start from: the latest checkpoint's, its weights and optimizer state read in place."""
+    latest = checkpoints.latest()
+    if latest is None:
+        return Counters()
+    loaded = checkpoints.load(latest)
+    if loaded.policy_dir.name == STATE_DIR:
+        read_train_state(model, optimizer, loaded.policy_dir)
+    else:
+        _read_policy_layout(loaded, model, optimizer, world)
+    scheduler.load_state_dict(loaded.trainer_state["scheduler"])
+    restore_rng_state(loaded.trainer_state["rng"])
+    counters = Counters(**{k: loaded.info[k] for k in ("step", "consumed_samples", "optimizer_steps", "epoch")})
+    written_by = loaded.trainer_state.get("world_size", 1)
+    on = f"; written by {written_by} process(es), read by {world.size}" if written_by != world.size else ""
+    say(f"resuming from {latest} (step {counters.step}, {counters.consumed_samples} prompts consumed{on})")
+    return counters
+
+
+def _read_policy_layout(loaded, model, optimizer, world: World) -> None:
+    """A checkpoint of the one-process layout (policy/ in Hugging Face form, the optimizer in trainer_state.pt)."""
+    if world.is_distributed:
+        raise CheckpointError(
+            f"{loaded.policy_dir.parent} holds a one-process checkpoint (policy/, no {STATE_DIR}/); resume it "
+            "with one process, which writes the next checkpoint in the layout any number of processes reads"
+        )
+    saved, _ = load_policy(loaded.policy_dir, device="cpu", dtype=torch.float32)
+    model.load_state_dict(saved.state_dict())
+    optimizer.load_state_dict(loaded.trainer_state["optimizer"])
+
+
+def _whole_on_main(model: torch.nn.Module, cfg: RecipeConfig, world: World) -> torch.nn.Module | None:
+    """The trained policy as one plain model on the main process (gathered from the shards of several)."""
+    if not world.is_distributed:
+        return model
+    state = full_state_on_main(model, world)
+    return unsharded_copy(cfg.inputs.policy, state) if world.is_main else None
+
+
+def _main_outputs(stack, cfg: RecipeConfig, run_dir: Path, run: _Run, total_steps: int, initial_step: int):
+    """metrics.jsonl, samples.jsonl and the progress bar: the main process's; the others write nothing."""
+    if not run.world.is_main:
+        return _Nowhere(), _Nowhere()
+    metrics = stack.enter_context(_metrics_writer(cfg, run_dir))
+    run.samples = stack.enter_context(SampleLog(run_dir / "samples.jsonl"))
+    progress = stack.enter_context(TrainingProgress(total=total_steps, initial=initial_step))
+    return metrics, progress
+
+
+class _Nowhere:
+    """Where a process other than the main one logs metrics and progress."""
+
+    def log(self, *args, **kwargs) -> None:
+        pass
+
+    def update(self, *args, **kwargs) -> None:
+        pass
 
 
 def planned_steps(cfg: RecipeConfig, num_prompts: int, say: Callable[[str], None]) -> int:
@@ -205,16 +280,17 @@ def _metrics_writer(cfg: RecipeConfig, run_dir: Path) -> MetricsWriter:
 class _Run:
     cfg: RecipeConfig
     recipe: Recipe
-    rewards: RewardSource
+    rewards: RewardSource | None  # the main process's
     model: torch.nn.Module
     tokenizer: object
     reference: torch.nn.Module | None
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
     checkpoints: CheckpointManager
     sampler: Sampler
     counters: Counters
     device: torch.device
+    update: PolicyUpdate
+    precision: Precision = field(default_factory=Precision)
+    world: World = SINGLE
     say: Callable[[str], None] = print
     reward_functions: dict[str, RewardFunction] = field(default_factory=dict)
     samples: SampleLog | None = None
@@ -227,27 +303,38 @@ class _Run:
         c, cfg = self.counters, self.cfg
         started = time.perf_counter()
         indices, c.epoch = prompt_indices(cfg.seed, c.consumed_samples, cfg.rollout.prompts_per_step, len(prompts))
-        with self.timers("rollout"):
+        mine = self.world.mine(len(indices))  # this process's prompt groups
+        with self.timers("rollout"), gathered(self.model, self.device), self.precision.autocast(self.device):
             batch = self.sampler.rollouts(
-                self.model, [prompts[i] for i in indices], cfg.rollout.num_rollouts_per_prompt, seed=(cfg.seed, c.step)
+                self.model,
+                [prompts[indices[j]] for j in mine],
+                cfg.rollout.num_rollouts_per_prompt,
+                seed=(cfg.seed, c.step),
+                prompt_positions=mine,
             )
         with self.timers("reward"):
-            scores = self._score_or_stop(batch)
+            scored = self._score_or_stop(batch, len(indices), cfg.rollout.num_rollouts_per_prompt, c.step + 1)
         with self.timers("prepare"):
             train_batch, stats = self.recipe.prepare(
-                batch, scores, self._logprobs(self.model), self._logprobs(self.reference)
+                batch, scored.mine, self._logprobs(self.model), self._logprobs(self.reference)
             )
+            stats = {**_row_weighted_mean(self.world, stats, len(batch)), **scored.rollout_stats}
         with self.timers("train"):
-            updates_before = c.optimizer_steps
-            stats.update(self._optimize(train_batch))
-        self._count_update(c.optimizer_steps > updates_before)
-        self._write_samples(c.step + 1, "train", batch, scores)
+            result = self.update(train_batch)
+        c.optimizer_steps += result.optimizer_steps
+        self.skipped_updates += result.skipped
+        self._count_update(result.optimizer_steps > 0)
         c.step += 1
         c.consumed_samples += cfg.rollout.prompts_per_step
-        stats.update(scores.metrics)
-        stats.update(self.timers.pop())
+        stats.update(result.stats)
+        stats.update(scored.metrics)
+        seconds = self.timers.pop()
+        stats.update(seconds)
+        stats.update(self._throughput(batch, result, seconds))
         stats.update(
             {
+                "train/lr": self.update.scheduler.get_last_lr()[0],
+                "train/skipped_updates": self.skipped_updates,
                 "train/consumed_samples": c.consumed_samples,
                 "train/epoch": c.epoch,
                 "train/optimizer_steps": c.optimizer_steps,
@@ -256,6 +343,13 @@ class _Run:
             }
         )
         return stats
+
+    def _throughput(self, batch: RolloutBatch, result: UpdateResult, seconds: dict[str, float]) -> dict[str, float]:
+        generated = reduce_sum(self.world, float(batch.response_lengths.sum()))
+        return {
+            "perf/generation_tokens_per_s": generated / max(seconds.get("timers/rollout", 0.0), 1e-9),
+            "perf/train_tokens_per_s": result.tokens / max(seconds.get("timers/train", 0.0), 1e-9),
+        }
 
     def _count_update(self, updated: bool) -> None:
         self.no_update_streak = 0 if updated else self.no_update_streak + 1
@@ -283,63 +377,81 @@ class _Run:
             self.samples.write(records)
         return records
 
-    def _score_or_stop(self, batch: RolloutBatch):
+    def _score_or_stop(self, batch: RolloutBatch, prompts: int, per_prompt: int, step: int) -> _Scored:
+        """The main process scores every process's rollouts; each gets its own rows' scores back. A reward source
+        that stays down stops every process, after a checkpoint: never train on missing rewards."""
+        parts = gather_to_main(self.world, batch)
+        outcome = None
+        if parts is not None:
+            whole = _in_prompt_order(parts, self.world, prompts, per_prompt)
+            outcome = self._score_on_main(whole)
+            if isinstance(outcome, Scores):
+                self._write_samples(step, "train", whole, outcome)
+                outcome = _Scored(outcome, rollout_stats(whole, outcome), outcome.metrics)
+        outcome = from_main(self.world, outcome)
+        if isinstance(outcome, str):
+            self._stop_without_rewards(f"at step {self.counters.step + 1}", outcome)
+        outcome.mine = outcome.whole.select(_rows_of(self.world.mine(prompts), per_prompt))
+        return outcome
+
+    def _score_on_main(self, batch: RolloutBatch) -> Scores | str:
         try:
             return self.rewards.score(batch)
-        except Exception as error:  # a reward source that stays down: never train on missing rewards
+        except Exception as error:
             if not _is_reward_failure(error):
                 raise
-            where = self.save({}) if self.counters.step > 0 else None
-            kept = f"; the last checkpoint {where} is intact and a rerun resumes from it" if where else ""
-            raise RunStopped(f"rewards unavailable at step {self.counters.step + 1}: {error}{kept}") from error
+            return str(error)
 
     def _logprobs(self, model: torch.nn.Module | None):
         if model is None:
             return None
-        return lambda batch: batched_token_logprobs(model, batch, self.cfg.rollout.logprob_micro_batch_size)
 
-    def _optimize(self, batch: RolloutBatch) -> dict[str, float]:
-        """Global batches of `global_batch_size` rows (several optimizer steps when the batch is larger)."""
-        t = self.cfg.train
-        stats = StepStats()
-        self.model.train()
-        for start in range(0, len(batch), t.global_batch_size):
-            chunk = batch.select(list(range(start, min(start + t.global_batch_size, len(batch)))))
-            normaliser = self.recipe.loss_normaliser(chunk)
-            if normaliser == 0:
-                continue  # nothing to learn from (e.g. no sample ended): skip rather than step on zero grads
-            for micro in chunk.micro_batches(t.micro_batch_size):
-                micro = micro.to(self.device)
-                logprobs = token_logprobs(self.model, micro.tokens, micro.attention_mask())
-                loss, micro_stats = self.recipe.loss(logprobs, micro, normaliser)
-                loss.backward()
-                stats.add(micro_stats, weight=micro_stats.get("tokens", 0) / normaliser)
-            grad_norm = optimizer_step(self.model, self.optimizer, self.scheduler, t.max_grad_norm)
-            stats.end_optimizer_step(grad_norm)
-            if math.isfinite(grad_norm):
-                self.counters.optimizer_steps += 1
-            else:
-                self.skipped_updates += 1  # optimizer_step left the weights and the schedule unchanged
-        return {
-            **stats.result(),
-            "train/lr": self.scheduler.get_last_lr()[0],
-            "train/skipped_updates": self.skipped_updates,
-        }
+        def logprobs(batch: RolloutBatch) -> torch.Tensor:
+            with gathered(model, self.device), self.precision.autocast(self.device):
+                return batched_token_logprobs(model, batch, self.cfg.rollout.logprob_micro_batch_size)
+
+        return logprobs
 
     def validate(self, prompts: list[Prompt]) -> dict[str, float]:
+        """Validation rollouts of every process, scored and summarised by the main process, its metrics on all."""
+        n = self.rewards.validation_samples_per_prompt if self.rewards else 1
+        n = int(from_main(self.world, n))
+        mine = self.world.mine(len(prompts))
         with self.timers("validation"):
-            batch = self.sampler.validation_rollouts(
-                self.model,
-                prompts,
-                self.rewards.validation_samples_per_prompt,
-                max_new_tokens=self.cfg.validation.max_new_tokens,
-                seed=self.cfg.seed,
+            with gathered(self.model, self.device), self.precision.autocast(self.device):
+                batch = self.sampler.validation_rollouts(
+                    self.model,
+                    [prompts[j] for j in mine],
+                    n,
+                    max_new_tokens=self.cfg.validation.max_new_tokens,
+                    seed=self.cfg.seed,
+                    prompt_positions=mine,
+                )
+            parts = gather_to_main(self.world, batch)
+            outcome = (
+                None
+                if parts is None
+                else self._validation_on_main(_in_prompt_order(parts, self.world, len(prompts), n))
             )
-            scores = self._score_or_stop(batch)
-            extra = {
-                f"val/{name}": [float(fn(p, r)) for p, r in zip(batch.prompt_texts, batch.response_texts)]
-                for name, fn in self.reward_functions.items()
-            }
+        outcome = from_main(self.world, outcome)
+        if isinstance(outcome, str):
+            self._stop_without_rewards(f"at validation after step {self.counters.step}", outcome)
+        return outcome
+
+    def _stop_without_rewards(self, when: str, failure: str) -> None:
+        """Every process: a checkpoint (when there is a step to keep), then RunStopped."""
+        where = self.save({}) if self.counters.step > 0 else None
+        kept = f"; the last checkpoint {where} is intact and a rerun resumes from it" if where else ""
+        raise RunStopped(f"rewards unavailable {when}: {failure}{kept}")
+
+    def _validation_on_main(self, batch: RolloutBatch) -> dict[str, float] | str:
+        scores = self._score_on_main(batch)
+        if isinstance(scores, str):
+            return scores
+        extra = {
+            f"val/{name}": [float(fn(p, r)) for p, r in zip(batch.prompt_texts, batch.response_texts)]
+            for name, fn in self.reward_functions.items()
+        }
         rewards = scores.rewards[scores.valid]
         records = self._write_samples(self.counters.step, "val", batch, scores, extra)
         show_samples(records[: self.cfg.validation.show_samples], self.say)
@@ -351,51 +463,59 @@ class _Run:
         }
 
     def save(self, step_metrics: dict[str, float]) -> Path:
-        state = {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "rng": capture_rng_state(),
-        }
+        """A checkpoint of every process's shards (each process calls it)."""
+        update = self.update
+        state = {"scheduler": update.scheduler.state_dict(), "rng": capture_rng_state(), "world_size": self.world.size}
         info = {
             **self.counters.as_dict(),
             "metrics": {k: v for k, v in step_metrics.items() if isinstance(v, int | float)},
         }
-        return self.checkpoints.save(self.counters.step, self.model, self.tokenizer, state, info)
-
-
-class StepStats:
-    """Loss statistics over micro-batches and optimizer steps.
-
-    Within an optimizer step the losses add up (each is already divided by the global token count),
-    `*_min`/`*_max` keep their extremes and other statistics are token-weighted means; across
-    optimizer steps, the per-step values are averaged.
-    """
-
-    def __init__(self) -> None:
-        self.current: dict[str, float] = {}
-        self.finished: list[dict[str, float]] = []
-        self.extremes: dict[str, float] = {}
-
-    def add(self, stats: dict[str, float], weight: float) -> None:
-        for key, value in stats.items():
-            if key == "tokens":
-                continue
-            if key.endswith("_min") or key.endswith("_max"):
-                pick = min if key.endswith("_min") else max
-                self.extremes[key] = pick(self.extremes.get(key, value), value)
-            else:
-                self.current[key] = self.current.get(key, 0.0) + (value if key == "loss" else value * weight)
-
-    def end_optimizer_step(self, grad_norm: float) -> None:
-        self.finished.append({**self.current, "grad_norm": grad_norm})
-        self.current = {}
-
-    def result(self) -> dict[str, float]:
-        keys = {k for step in self.finished for k in step}
-        means = (
-            {k: sum(s.get(k, 0.0) for s in self.finished) / len(self.finished) for k in keys} if self.finished else {}
+        return self.checkpoints.save(
+            self.counters.step,
+            None,
+            None,
+            state,
+            info,
+            write_state=lambda folder: write_train_state(update.model, update.optimizer, folder),
+            world=self.world,
         )
-        return {f"train/{k}": v for k, v in {**means, **self.extremes}.items()}
+
+
+@dataclass
+class _Scored:
+    whole: Scores  # every row of the step, in prompt order
+    rollout_stats: dict[str, float]  # over the whole step
+    metrics: dict[str, float]  # the reward source's
+    mine: Scores | None = None  # this process's rows
+
+
+def _rows_of(positions: list[int], per_prompt: int) -> list[int]:
+    """Rows of the prompts at `positions` in a batch of `per_prompt` adjacent rows per prompt."""
+    return [j * per_prompt + k for j in positions for k in range(per_prompt)]
+
+
+def _in_prompt_order(parts: list[RolloutBatch], world: World, prompts: int, per_prompt: int) -> RolloutBatch:
+    """One batch of every process's rows in the step's prompt order (as one process would have drawn them)."""
+    if len(parts) == 1:
+        return parts[0]
+    whole = RolloutBatch.concat(parts)
+    offsets = [0]
+    for part in parts[:-1]:
+        offsets.append(offsets[-1] + len(part))
+    order = [
+        offsets[j % world.size] + (j // world.size) * per_prompt + k for j in range(prompts) for k in range(per_prompt)
+    ]
+    return whole.select(order)
+
+
+def _row_weighted_mean(world: World, stats: dict[str, float], rows: int) -> dict[str, float]:
+    """A recipe's step statistics over all processes: each process's value weighted by its rows."""
+    if not world.is_distributed:
+        return stats
+    gathered_stats = all_gather(world, (stats, rows))
+    total = sum(r for _, r in gathered_stats) or 1
+    keys = [k for k in stats if isinstance(stats[k], int | float)]
+    return {k: sum(s.get(k, 0.0) * r for s, r in gathered_stats) / total for k in keys}
 
 
 def _no_update_cause(metrics: dict[str, float]) -> str:

@@ -3,8 +3,10 @@
 Layout under the root directory:
 
     step_<N>/
-      policy/               weights + tokenizer (HF safetensors by default; the writer is pluggable)
-      trainer_state.pt      optimizer and scheduler state dicts, RNG states
+      state/                the training run's weights and optimizer state (torch.distributed.checkpoint,
+                            written by every process: engine.train_state), or
+      policy/               weights + tokenizer (HF safetensors; a one-process writer is pluggable)
+      trainer_state.pt      scheduler state dict, RNG states (and the optimizer's, without state/)
       training_info.json    step, consumed_samples, epoch, optimizer_steps, metrics, created
       COMPLETE              written last: a directory without it is not a checkpoint
 
@@ -32,12 +34,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rlsteps.engine.distributed import SINGLE, World, barrier
 from rlsteps.engine.metrics import to_json_number
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS_DIR = "checkpoints"  # <run dir>/checkpoints/step_<N>
 POLICY_DIR = "policy"
+STATE_DIR = "state"
 TRAINER_STATE = "trainer_state.pt"
 TRAINING_INFO = "training_info.json"
 COMPLETE = "COMPLETE"
@@ -53,7 +57,7 @@ class CheckpointError(RuntimeError):
 
 @dataclass
 class LoadedCheckpoint:
-    policy_dir: Path  # pass to from_pretrained (or the matching policy reader)
+    policy_dir: Path  # policy/ (pass to from_pretrained), or state/ (read with engine.train_state)
     trainer_state: dict  # {"optimizer": ..., "scheduler": ..., "rng": ..., ...}
     info: dict  # training_info.json
 
@@ -125,6 +129,8 @@ class CheckpointManager:
         trainer_state: dict,
         info: dict,
         write_policy: Callable[[Path], None] | None = None,
+        write_state: Callable[[Path], None] | None = None,
+        world: World = SINGLE,
     ) -> Path:
         """Write `step_<step>/` atomically, then prune (see the module doc). Returns the checkpoint directory.
 
@@ -133,23 +139,34 @@ class CheckpointManager:
         info: consumed_samples, epoch, optimizer_steps, metrics (optional), any extra JSON fields.
         write_policy: writes the policy into the directory it is given; by default the model's
         and tokenizer's save_pretrained.
+        write_state: instead, writes the whole training state into state/; every process of `world` calls
+        save, and every one runs write_state (a collective); the main process does the rest.
         """
         training_info = _training_info(step, info)
-        write_policy = write_policy or _hf_policy_writer(model, tokenizer)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._clean_interrupted_saves()
-
         tmp = self.root / f"{TMP_PREFIX}step_{step}"
-        tmp.mkdir()
-        write_policy(tmp / POLICY_DIR)
+        if world.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._clean_interrupted_saves()
+            tmp.mkdir()
+        barrier(world)
+        if write_state is not None:
+            write_state(tmp / STATE_DIR)
+            barrier(world)
+        final = self.root / f"step_{step}"
+        if world.is_main:
+            if write_state is None:
+                (write_policy or _hf_policy_writer(model, tokenizer))(tmp / POLICY_DIR)
+            self._complete(tmp, final, trainer_state, training_info)
+        barrier(world)
+        return final
+
+    def _complete(self, tmp: Path, final: Path, trainer_state: dict, training_info: dict) -> None:
         import torch  # here, not at the top: finding checkpoints (list, latest) is torch-free
 
         torch.save({"rng": capture_rng_state(), **trainer_state}, tmp / TRAINER_STATE)
         (tmp / TRAINING_INFO).write_text(json.dumps(training_info, indent=2, allow_nan=False) + "\n")
         _fsync_tree(tmp)
         _write_durably(tmp / COMPLETE, training_info["created"] + "\n")
-
-        final = self.root / f"step_{step}"
         if final.exists():
             trash = self.root / f"{TRASH_PREFIX}{final.name}"
             os.replace(final, trash)
@@ -161,7 +178,6 @@ class CheckpointManager:
             _fsync_dir(self.root)
         logger.info("saved checkpoint %s", final)
         self._prune(keep=final)
-        return final
 
     def list(self) -> list[Path]:
         """Complete checkpoints, oldest step first."""
@@ -203,10 +219,10 @@ class CheckpointManager:
                 f"cannot read {state_file}: {type(error).__name__}: {error}. The file is "
                 "missing or corrupt; resume from another checkpoint or delete this one"
             ) from error
-        policy_dir = path / POLICY_DIR
+        policy_dir = path / STATE_DIR if (path / STATE_DIR).is_dir() else path / POLICY_DIR
         if not policy_dir.is_dir():
             raise CheckpointError(
-                f"checkpoint {path} has no {POLICY_DIR}/ directory; it was not written by "
+                f"checkpoint {path} has neither {STATE_DIR}/ nor {POLICY_DIR}/; it was not written by "
                 "CheckpointManager.save or has been damaged"
             )
         return LoadedCheckpoint(policy_dir=policy_dir, trainer_state=trainer_state, info=info)

@@ -52,10 +52,14 @@ def run(config_path: Path, log_level: str = "info") -> int:
     from rlsteps.engine.config import ConvertConfig
     from rlsteps.engine.input_check import check_inputs_in_job
 
+    from rlsteps.engine.distributed import world_from_env
+
     cfg = load_config(config_path)
+    world = world_from_env()  # torchrun's processes; one process when started plainly
     run_dir = Path(cfg.output.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _log_to(run_dir / "train.log", log_level)
+    _log_to(run_dir / ("train.log" if world.is_main else f"train.rank{world.rank}.log"), log_level, world.rank)
+    _refuse_world_size(cfg, world.size)
     job = _job_record(config_path)
     for checked in check_inputs_in_job(job.get("inputs_in_job") or []):  # on cluster paths: first, before any load
         log.info("input '%s': %s is a %s (checked in the job)", checked.name, checked.ref, checked.required_type)
@@ -68,8 +72,9 @@ def run(config_path: Path, log_level: str = "info") -> int:
     from rlsteps.engine.run_identity import RunDirectoryInUse
 
     with contextlib.ExitStack() as servers:  # stopped before the output is written
-        try:
-            rewards = None if isinstance(cfg, ConvertConfig) else _start_rewards(cfg, run_dir, servers)
+        converting = isinstance(cfg, ConvertConfig)
+        try:  # the main process serves (or reaches) the rewards and scores for all
+            rewards = None if converting or not world.is_main else _start_rewards(cfg, run_dir, servers)
         except RunDirectoryInUse as refused:
             log.error("%s", refused)
             return 1
@@ -77,17 +82,28 @@ def run(config_path: Path, log_level: str = "info") -> int:
         from rlsteps.engine.loop import RunStopped
 
         try:
-            model, tokenizer, counters = _convert(cfg) if rewards is None else _train(cfg, run_dir, rewards)
+            model, tokenizer, counters = _convert(cfg) if converting else _train(cfg, run_dir, rewards, world)
         except RunStopped as stopped:
-            log.error("%s", stopped)
+            (log.error if world.is_main else log.debug)("%s", stopped)
             return 1
         except signals.CheckpointRequested as paused:
-            log.warning("%s", paused)
+            (log.warning if world.is_main else log.debug)("%s", paused)
             return signals.EXIT_CHECKPOINTED
+    if not world.is_main:
+        return 0  # the main process writes the output
     _write_output(cfg, model, tokenizer, counters, run_dir, job, versions)
-    if not isinstance(cfg, ConvertConfig):
+    if not converting:
         _summarise(run_dir, [f"val/{name}" for name in cfg.validation.reward_functions])
     return 0
+
+
+def _refuse_world_size(cfg: StepConfig, world_size: int) -> None:
+    """A world the step cannot be split over (the launchers refuse it before submitting; torchrun by hand may not)."""
+    from rlsteps.engine.world_check import world_size_problems
+
+    problems = world_size_problems(cfg.model_dump(mode="json"), world_size)
+    if problems:
+        raise ValueError(f"this step cannot run on {world_size} processes: " + "; ".join(problems))
 
 
 def _finished_output(cfg: StepConfig, run_dir: Path, versions: dict[str, str]) -> str | None:
@@ -148,12 +164,14 @@ def _prepare_torch(cfg: StepConfig) -> None:
     log.info("code: rlsteps %s from %s", rlsteps.__version__, Path(rlsteps.__file__).parent)
 
 
-def _train(cfg: RecipeConfig, run_dir: Path, rewards: Any) -> tuple[Any, Any, dict[str, int]]:
+def _train(cfg: RecipeConfig, run_dir: Path, rewards: Any, world: Any) -> tuple[Any, Any, dict[str, int]]:
     from rlsteps.engine.algorithms import RECIPES
     from rlsteps.engine.loop import train
 
     run_prompts = _measured_prompts(cfg)  # a bad prompt stops the run in seconds, and the server with it
-    result = train(cfg, RECIPES[cfg.algorithm](cfg), rewards, run_dir, say=log.info, run_prompts=run_prompts)
+    say = log.info if world.is_main else log.debug
+    recipe = RECIPES[cfg.algorithm](cfg)
+    result = train(cfg, recipe, rewards, run_dir, say=say, run_prompts=run_prompts, world=world)
     return result.model, result.tokenizer, result.counters.as_dict()
 
 
@@ -262,11 +280,15 @@ class _CurrentStderrHandler(logging.StreamHandler):
         pass
 
 
-def _log_to(path: Path, level: str = "info") -> None:
+def _log_to(path: Path, level: str = "info", rank: int = 0) -> None:
+    """train.log and the terminal; a process other than the main one writes its own file and tells the terminal
+    its warnings and errors only, marked with its rank."""
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     stream = _CurrentStderrHandler()
-    stream.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    stream.setFormatter(logging.Formatter(f"{f'[rank {rank}] ' if rank else ''}%(levelname)s %(message)s"))
     stream.addFilter(lambda record: record.name != STEP_LOGGER)  # the terminal has the progress bar instead
+    if rank:
+        stream.setLevel(logging.WARNING)
     file = logging.FileHandler(path)
     file.setFormatter(fmt)
     root = logging.getLogger()
@@ -315,7 +337,9 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
     from rlsteps.engine.input_check import EXIT_INPUT, InputProblem
 
     try:
-        return run(args.config, args.log_level)
+        code = run(args.config, args.log_level)
+        _leave_process_group()
+        return code
     except InputProblem as problem:
         log.error("%s", problem)
         return EXIT_INPUT
@@ -332,6 +356,14 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
     ) as error:  # bad data, paths or a missing extra: say what, no traceback
         log.error("%s", error)
         return 1
+
+
+def _leave_process_group() -> None:
+    """Under torchrun, leave the process group once every process is done with it."""
+    if "torch" in sys.modules:
+        from rlsteps.engine.distributed import leave, world_from_env
+
+        leave(world_from_env())
 
 
 def _exit(code: int) -> None:

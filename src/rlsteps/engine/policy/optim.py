@@ -76,14 +76,15 @@ def optimizer_step(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     max_grad_norm: float | None,
 ) -> float:
-    """Clip, step, advance the schedule, zero the gradients; returns the pre-clip gradient norm.
+    """Clip, step, advance the schedule, zero the gradients; returns the pre-clip gradient norm (global: over
+    every process's shard of a sharded model, the same on each, so every process skips or steps alike).
 
     A non-finite norm (inf/nan gradients) skips the update and the schedule, and is returned
     as is: the caller sees `not math.isfinite(norm)` and can count or report the skipped step.
     """
     params = [p for p in model.parameters() if p.grad is not None]
     clip_to = max_grad_norm if max_grad_norm is not None and max_grad_norm > 0 else math.inf
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip_to)) if params else 0.0
+    grad_norm = _global(torch.nn.utils.clip_grad_norm_(params, clip_to)) if params else 0.0
     if math.isfinite(grad_norm):
         optimizer.step()
         scheduler.step()
@@ -91,3 +92,8 @@ def optimizer_step(
         log.warning("non-finite gradient norm %s: update skipped, weights unchanged", grad_norm)
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
+
+
+def _global(norm: torch.Tensor) -> float:
+    """The norm over every process's shard: FSDP2's sharded gradients give it as a DTensor."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)

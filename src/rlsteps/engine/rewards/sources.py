@@ -41,6 +41,15 @@ class Scores:
     metrics: dict[str, float] = field(default_factory=dict)
     details: list[dict] | None = None  # [B] what a sample record shows beside the reward (a judge's answers)
 
+    def select(self, rows: list[int]) -> Scores:
+        """The scores of the given rows (the batch's metrics stay whole)."""
+        return Scores(
+            rewards=self.rewards[rows],
+            valid=self.valid[rows],
+            metrics=self.metrics,
+            details=None if self.details is None else [self.details[i] for i in rows],
+        )
+
 
 class RewardSource(Protocol):
     validation_samples_per_prompt: int  # 1: greedy; 2+: sampled, for judges that compare responses

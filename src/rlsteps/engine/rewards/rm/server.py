@@ -626,5 +626,6 @@ def serve(
         truncation_side=truncation_side,
     )
     app = create_app(scorer, **app_kwargs)
-    log.info("reward model %s on %s (%s), serving on http://%s:%d", scorer.name, scorer.device, scorer.model.dtype, host, port)
+    where = f"{scorer.device} ({scorer.model.dtype})"
+    log.info("reward model %s on %s, serving on http://%s:%d", scorer.name, where, host, port)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)

@@ -1,0 +1,146 @@
+"""The train phase of a step: the prepared batch in global batches of `train.global_batch_size` rows, one
+optimizer step each, over however many processes the run has.
+
+Each process holds the rows of its own prompt groups. Optimizer step k takes rows [k*G/W, (k+1)*G/W) of every
+process's batch (G rows in all; W processes). Its loss is the token-level loss of the whole global batch:
+each micro-batch's token sum is divided by the loss tokens of all processes together (all-reduced), and
+scaled by W, since FSDP2 averages the gradients over the processes. The gradient is clipped on its global
+norm. Processes with fewer micro-batches than the busiest one run an empty one (zero loss), so every
+process runs the same sharded forward and backward passes. With prompts dealt to processes in turn
+(World.mine) and G/W rows per process per step, a step learns from the same rows on one process or on W.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from rlsteps.engine.algorithms.recipe import Recipe
+from rlsteps.engine.batch import RolloutBatch
+from rlsteps.engine.config import TrainConfig
+from rlsteps.engine.distributed import SINGLE, World, all_gather, reduce_max, reduce_sum
+from rlsteps.engine.policy.logprobs import token_logprobs
+from rlsteps.engine.policy.optim import optimizer_step
+from rlsteps.engine.policy.parallel import Precision, set_gradient_sync
+
+
+@dataclass
+class UpdateResult:
+    stats: dict[str, float]
+    optimizer_steps: int  # updates made
+    skipped: int  # updates skipped on a non-finite gradient
+    tokens: int  # tokens through the forward and backward passes, all processes
+
+
+@dataclass
+class PolicyUpdate:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    recipe: Recipe
+    train: TrainConfig
+    device: torch.device
+    precision: Precision = field(default_factory=Precision)
+    world: World = SINGLE
+
+    def __call__(self, batch: RolloutBatch) -> UpdateResult:
+        t, world = self.train, self.world
+        rows = t.global_batch_size // world.size  # this process's rows of each optimizer step
+        steps = int(reduce_max(world, math.ceil(len(batch) / rows)))
+        stats, made, skipped, tokens = StepStats(), 0, 0, 0
+        self.model.train()
+        for k in range(steps):
+            chunk = batch.select(list(range(k * rows, min((k + 1) * rows, len(batch)))))
+            normaliser = reduce_sum(world, self.recipe.loss_normaliser(chunk) if len(chunk) else 0.0)
+            if normaliser == 0:
+                continue  # nothing to learn from (e.g. no sample ended): skip rather than step on zero grads
+            tokens += self._accumulate(chunk, normaliser, stats)
+            grad_norm = optimizer_step(self.model, self.optimizer, self.scheduler, t.max_grad_norm)
+            stats.end_optimizer_step(grad_norm)
+            made += math.isfinite(grad_norm)
+            skipped += not math.isfinite(grad_norm)  # optimizer_step left the weights and the schedule unchanged
+        merged = StepStats.merge(all_gather(world, stats))
+        return UpdateResult(merged.result(), made, skipped, int(reduce_sum(world, tokens)))
+
+    def _accumulate(self, chunk: RolloutBatch, normaliser: float, stats: StepStats) -> int:
+        """Gradients of one global batch's share on this process; the tokens it ran."""
+        micro_batches = chunk.micro_batches(self.train.micro_batch_size) if len(chunk) else []
+        count = int(reduce_max(self.world, len(micro_batches)))
+        tokens = 0
+        for i in range(count):
+            set_gradient_sync(self.model, i == count - 1)
+            if i < len(micro_batches):
+                micro = micro_batches[i].to(self.device)
+                with self.precision.autocast(self.device):
+                    logprobs = token_logprobs(self.model, micro.tokens, micro.attention_mask())
+                loss, micro_stats = self.recipe.loss(logprobs, micro, normaliser)
+                stats.add(micro_stats, weight=micro_stats.get("tokens", 0) / normaliser)
+                tokens += int(micro.sequence_lengths.sum())
+            else:
+                loss = self._empty_pass()
+            (loss * self.world.size).backward()
+        return tokens
+
+    def _empty_pass(self) -> torch.Tensor:
+        """A forward pass that adds nothing to the gradient: this process has no rows left in this step."""
+        tokens = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        with self.precision.autocast(self.device):
+            logprobs = token_logprobs(self.model, tokens, torch.ones_like(tokens))
+        return logprobs.sum() * 0.0
+
+
+class StepStats:
+    """Loss statistics over micro-batches, optimizer steps and processes.
+
+    Within an optimizer step the losses add up (each is already divided by the global token count),
+    `*_min`/`*_max` keep their extremes and other statistics are token-weighted means (weights: the
+    micro-batch's share of the global batch's tokens, so they add up over processes too); across
+    optimizer steps, the per-step values are averaged.
+    """
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = {}
+        self.finished: list[dict[str, float]] = []
+        self.extremes: dict[str, float] = {}
+
+    def add(self, stats: dict[str, float], weight: float) -> None:
+        for key, value in stats.items():
+            if key == "tokens":
+                continue
+            if key.endswith("_min") or key.endswith("_max"):
+                pick = min if key.endswith("_min") else max
+                self.extremes[key] = pick(self.extremes.get(key, value), value)
+            else:
+                self.current[key] = self.current.get(key, 0.0) + (value if key == "loss" else value * weight)
+
+    def end_optimizer_step(self, grad_norm: float) -> None:
+        self.finished.append({**self.current, "grad_norm": grad_norm})
+        self.current = {}
+
+    @classmethod
+    def merge(cls, parts: list[StepStats]) -> StepStats:
+        """The statistics of all processes' shares of the same optimizer steps."""
+        if len(parts) == 1:
+            return parts[0]
+        merged = cls()
+        for k in range(len(parts[0].finished)):
+            step: dict[str, float] = {}
+            for part in parts:
+                for key, value in part.finished[k].items():
+                    step[key] = value if key == "grad_norm" else step.get(key, 0.0) + value
+            merged.finished.append(step)
+        for part in parts:
+            for key, value in part.extremes.items():
+                pick = min if key.endswith("_min") else max
+                merged.extremes[key] = pick(merged.extremes.get(key, value), value)
+        return merged
+
+    def result(self) -> dict[str, float]:
+        keys = {k for step in self.finished for k in step}
+        means = (
+            {k: sum(s.get(k, 0.0) for s in self.finished) / len(self.finished) for k in keys} if self.finished else {}
+        )
+        return {f"train/{k}": v for k, v in {**means, **self.extremes}.items()}

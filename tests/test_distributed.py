@@ -1,0 +1,92 @@
+"""Data parallelism over real processes: torchrun with gloo on the CPU, FSDP2 over them.
+
+The train phase on one fixed global batch gives the same losses and weights on one process and on two; mixed
+precision keeps fp32 master weights, so bf16 compute learns at a small learning rate as fp32 does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from distributed_update import fixed_batch, fixed_model, train_phase  # noqa: E402
+
+SCRIPT = Path(__file__).parent / "distributed_update.py"
+
+
+def torchrun(processes: int, out: Path, *args: object) -> dict:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    done = subprocess.run(
+        [*command, str(SCRIPT), str(out), *map(str, args)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(out)
+
+
+def assert_same_weights(one: dict, two: dict, tolerance: float) -> None:
+    assert one.keys() == two.keys()
+    worst = max((one[k].float() - two[k].float()).abs().max().item() for k in one)
+    assert worst < tolerance, f"weights differ by up to {worst}"
+
+
+@pytest.mark.parametrize(
+    ("rows", "global_batch", "micro"),
+    [
+        (8, 8, 2),  # one optimizer step per RL step, two micro-batches per process
+        (7, 4, 1),  # two optimizer steps; the second leaves process 1 one row short: it runs an empty pass
+    ],
+)
+def test_one_and_two_processes_make_the_same_updates_on_the_same_global_batch(tmp_path, rows, global_batch, micro):
+    losses, weights = train_phase(rows, global_batch, micro, "float32")
+    two = torchrun(2, tmp_path / "two.pt", rows, global_batch, micro, "float32")
+    assert two["losses"] == pytest.approx(losses, rel=1e-5)
+    assert_same_weights(weights, two["weights"], tolerance=1e-5)
+    assert_same_weights(weights, fixed_model().state_dict(), tolerance=float("inf"))  # same names
+    initial = fixed_model().state_dict()
+    assert max((weights[k] - initial[k]).abs().max().item() for k in weights) > 1e-3  # it did learn
+
+
+def test_two_processes_in_bf16_compute_learn_like_one(tmp_path):
+    losses, weights = train_phase(8, 8, 2, "bfloat16")
+    two = torchrun(2, tmp_path / "two.pt", 8, 8, 2, "bfloat16")
+    assert two["losses"] == pytest.approx(losses, rel=2e-2)  # bf16 rounding of two layouts
+    assert all(w.dtype == torch.float32 for w in two["weights"].values())  # the master weights stay fp32
+    initial = fixed_model().state_dict()  # the updates agree, up to bf16 rounding of the gradients Adam divides
+    one_update = torch.cat([(weights[k] - initial[k]).flatten() for k in initial])
+    two_update = torch.cat([(two["weights"][k] - initial[k]).flatten() for k in initial])
+    assert (one_update - two_update).norm() / one_update.norm() < 0.1
+
+
+def _fraction_moved(dtype: str, pure_bf16: bool = False) -> float:
+    """Share of the weights an update at lr 1e-6 changes (weights compared in fp32)."""
+    from rlsteps.engine.algorithms.rs import RejectionSampling
+    from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
+    from rlsteps.engine.policy.parallel import Precision
+    from rlsteps.engine.update import PolicyUpdate
+
+    from distributed_update import config
+
+    cfg = config(8, 8, 4)
+    model = fixed_model()
+    if pure_bf16:
+        model = model.to(torch.bfloat16)  # the weights themselves in bf16: what run.dtype=bfloat16 used to mean
+    before = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    optimizer = build_optimizer(model, 1e-6, 0.0)
+    scheduler = build_scheduler(optimizer, warmup_steps=0, total_steps=10, schedule="constant")
+    update = PolicyUpdate(model, optimizer, scheduler, RejectionSampling(cfg), cfg.train, torch.device("cpu"),
+                          Precision.named(dtype))  # fmt: skip
+    update(fixed_batch(8))
+    moved = sum(int((v.float() != before[k]).sum()) for k, v in model.state_dict().items())
+    return moved / sum(v.numel() for v in before.values())
+
+
+def test_bf16_compute_moves_the_weights_like_fp32_at_a_small_learning_rate():
+    fp32, mixed, pure = _fraction_moved("float32"), _fraction_moved("bfloat16"), _fraction_moved("float32", True)
+    assert fp32 > 0.95
+    assert mixed > 0.95  # fp32 master weights: every update lands
+    assert pure < 0.2  # bf16 weights lose updates below 2^-8 of the weight: most of them at lr 1e-6
