@@ -1,5 +1,6 @@
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -20,9 +21,28 @@ from model_fixtures import decoder_shape
 from rlsteps.engine.config import RolloutConfig, SamplingConfig
 from rlsteps.engine.data import Prompt
 from rlsteps.engine.generation.backend import Generation, SamplingParams
-from rlsteps.engine.generation.builtin import generate, sample_next_token, top_k_filter, top_p_filter
-from rlsteps.engine.generation.rollouts import Sampler, build_rollout_batch, step_seed, tokenize_prompts
+from rlsteps.engine.generation.builtin import (
+    generate,
+    position_uniforms,
+    sample_next_token,
+    splitmix64,
+    splitmix64_stream,
+    token_from_uniform,
+    top_k_filter,
+    top_p_filter,
+)
+from rlsteps.engine.generation.rollouts import (
+    Sampler,
+    build_rollout_batch,
+    rollout_seeds,
+    row_seed,
+    step_seed,
+    tokenize_prompts,
+)
 from rlsteps.engine.policy.logprobs import batched_token_logprobs
+from rlsteps.tiny import task as tiny_task
+from rlsteps.tiny.models import build_random_causal_lm
+from rlsteps.tiny.tokenizer import chat_prompt, train_tokenizer
 
 WORDS = "the a cat dog sat ran on under mat log red blue one two three and then stop".split()
 CHAT_TEMPLATE = (
@@ -72,6 +92,24 @@ def tiny_model(family: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -
     return configs[family]()
 
 
+@pytest.fixture(scope="module")
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny task's own tokenizer (BPE, chat template), trained on a small corpus."""
+    return train_tokenizer(tiny_task.tokenizer_corpus(random.Random(0), 200))
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2(tiny_tokenizer) -> torch.nn.Module:
+    return build_random_causal_lm("qwen2", tiny_tokenizer, seed=3)
+
+
+def tiny_prompts(tokenizer, count: int) -> list[Prompt]:
+    """Chat prompts of the tiny task, shortest to longest, so that batching pads them differently."""
+    by_length = sorted(tiny_task.all_prompts(), key=len)
+    texts = [by_length[i * (len(by_length) - 1) // (count - 1)] for i in range(count)]
+    return [Prompt(id=f"p{i}", text=chat_prompt(tokenizer, text)) for i, text in enumerate(texts)]
+
+
 def prompt_ids(tokenizer, texts=PROMPTS) -> list[list[int]]:
     return tokenize_prompts([Prompt(id=str(i), text=t) for i, t in enumerate(texts)], tokenizer)
 
@@ -117,18 +155,82 @@ def test_top_p_keeps_the_smallest_nucleus_reaching_p():
     assert torch.equal(top_p_filter(logits, 0.7)[0, [1, 3]], logits[0, [1, 3]])  # kept logits unchanged
 
 
-def test_sampling_follows_the_tempered_distribution():
-    probs = torch.tensor([0.5, 0.3, 0.2])
-    logits = probs.log().expand(20_000, 3)
-    draws = sample_next_token(logits, SamplingParams(1, temperature=1.0), torch.Generator().manual_seed(0))
-    assert torch.allclose(torch.bincount(draws, minlength=3) / 20_000, probs, atol=0.015)
-    hot = SamplingParams(1, temperature=2.0)
-    tempered = probs.sqrt() / probs.sqrt().sum()
-    draws = sample_next_token(logits, hot, torch.Generator().manual_seed(0))
-    assert torch.allclose(torch.bincount(draws, minlength=3) / 20_000, tempered, atol=0.015)
-    draws = sample_next_token(logits, SamplingParams(1, top_k=1), torch.Generator().manual_seed(0))
-    assert draws.eq(0).all()
-    assert sample_next_token(torch.tensor([[0.0, 2.0, 1.0]]), SamplingParams(1, temperature=0), None).tolist() == [1]
+def test_token_from_uniform_is_the_first_token_whose_cumulative_probability_exceeds_u():
+    # cumulative sums 0.125, 0.375, 0.5, 1.0: token i owns u in [c(i-1), c(i))
+    probs = torch.tensor([[0.125, 0.25, 0.125, 0.5]])
+    expected = {0.01: 0, 0.124: 0, 0.125: 1, 0.3: 1, 0.375: 2, 0.49: 2, 0.5: 3, 0.75: 3, 1 - 2**-53: 3}
+    for u, token in expected.items():
+        assert token_from_uniform(probs, torch.tensor([u], dtype=torch.float64)).tolist() == [token], u
+    # a token of probability 0 owns no u: at its boundary the next token with mass is drawn
+    holed = torch.tensor([[0.25, 0.0, 0.25, 0.5]]).expand(3, 4)
+    uniforms = torch.tensor([0.2, 0.25, 0.3], dtype=torch.float64)
+    assert token_from_uniform(holed, uniforms).tolist() == [0, 2, 2]
+    # unnormalised weights draw as their normalised probabilities (the threshold is u * total)
+    assert token_from_uniform(probs * 8, torch.tensor([0.3], dtype=torch.float64)).tolist() == [1]
+    # through sample_next_token: a [1, 4] logit row of known probabilities, away from the boundaries
+    logits = probs.log()
+    for u, token in {0.1: 0, 0.2: 1, 0.45: 2, 0.6: 3}.items():
+        assert sample_next_token(logits, SamplingParams(1), torch.tensor([u], dtype=torch.float64)).tolist() == [token]
+    # greedy ignores u
+    assert sample_next_token(logits, SamplingParams(1, temperature=0), torch.tensor([0.01])).tolist() == [3]
+
+
+def test_splitmix64_gives_the_reference_outputs_and_its_vectorised_form_agrees():
+    # the published outputs of SplitMix64 seeded with 1234567 (splitmix64.c; Rosetta Code)
+    reference = [6457827717110365317, 3203168211198807973, 9817491932198370423, 4593380528125082431]
+    assert [splitmix64(1234567, t) for t in range(4)] == reference
+    seeds = [0, 1, 2, 1234567, 2**62 + 12345, 2**63 - 2, 2**63 - 1]  # the sign bit set along the way
+    stream = splitmix64_stream(torch.tensor(seeds), 9)
+    assert stream.dtype == torch.int64 and stream.shape == (len(seeds), 9)
+    assert [[int(x) % 2**64 for x in row] for row in stream] == [[splitmix64(s, t) for t in range(9)] for s in seeds]
+
+
+def test_position_uniforms_are_deterministic_inside_0_1_and_uniform():
+    seeds = torch.tensor([row_seed(7, i) for i in range(100)])
+    u = position_uniforms(seeds, 100)  # [100, 100]: 10k numbers
+    assert u.dtype == torch.float64 and u.shape == (100, 100)
+    assert torch.equal(u, position_uniforms(seeds, 100))
+    assert torch.equal(u[:, :40], position_uniforms(seeds, 40))  # position t's number is the same for any length
+    assert u.gt(0).all() and u.lt(1).all()
+    assert abs(u.mean().item() - 0.5) < 0.01  # standard error 0.003
+    assert abs(u.var().item() - 1 / 12) < 0.004  # standard error 0.0007
+    counts = torch.histc(u, bins=10, min=0, max=1)
+    assert counts.min() > 880 and counts.max() < 1120  # 1000 +- 4 standard errors
+    assert position_uniforms(torch.tensor([0, 2**63 - 1]), 3).gt(0).all()  # extreme seeds too
+
+
+def _draw_frequencies(probs: torch.Tensor, params: SamplingParams, rows: int = 20_000) -> torch.Tensor:
+    """Sample the same distribution in `rows` rows with distinct seeds; the frequency of each token."""
+    logits = probs.log().expand(rows, len(probs))
+    uniforms = position_uniforms(torch.tensor([row_seed(11, i) for i in range(rows)]), 1)[:, 0]
+    return torch.bincount(sample_next_token(logits, params, uniforms), minlength=len(probs)) / rows
+
+
+def _chi_square(frequencies: torch.Tensor, expected: torch.Tensor, rows: int = 20_000) -> float:
+    kept = expected > 0
+    return float(rows * ((frequencies[kept] - expected[kept]) ** 2 / expected[kept]).sum())
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (SamplingParams(1), [0.4, 0.3, 0.2, 0.1]),
+        (SamplingParams(1, temperature=2.0), (torch.tensor([0.4, 0.3, 0.2, 0.1]).sqrt() / 1.7124).tolist()),
+        (SamplingParams(1, top_k=2), [4 / 7, 3 / 7, 0.0, 0.0]),
+        (SamplingParams(1, top_p=0.8), [4 / 9, 3 / 9, 2 / 9, 0.0]),
+        (SamplingParams(1, top_k=3, top_p=0.5), [4 / 7, 3 / 7, 0.0, 0.0]),
+        (SamplingParams(1, top_k=1), [1.0, 0.0, 0.0, 0.0]),
+    ],
+    ids=["plain", "temperature-2", "top-k-2", "top-p-0.8", "top-k-3-top-p-0.5", "top-k-1"],
+)
+def test_sampling_follows_the_tempered_and_filtered_distribution(params, expected):
+    expected = torch.tensor(expected)
+    expected = expected / expected.sum()
+    frequencies = _draw_frequencies(torch.tensor([0.4, 0.3, 0.2, 0.1]), params)
+    assert frequencies[expected == 0].eq(0).all()  # a filtered token is never drawn
+    assert torch.allclose(frequencies, expected, atol=0.012)
+    # at most 3 degrees of freedom: 16.3 is the 0.1% tail, far above what these fixed seeds give
+    assert _chi_square(frequencies, expected) < 16.3
 
 
 @pytest.mark.parametrize(
@@ -163,7 +265,7 @@ def test_greedy_matches_hf_generate(tokenizer, family):
         SamplingParams(12, temperature=0),
         eos_token_id=eos,
         pad_token_id=pad,
-        generator=torch.Generator().manual_seed(0),
+        seeds=list(range(len(ids))),
         batch_size=3,
     )
     expected = [hf_greedy(model, p, 12, eos, pad) for p in ids]
@@ -176,9 +278,10 @@ def test_eos_stops_a_row_and_truncation_is_not_an_end(tokenizer):
     ids = prompt_ids(tokenizer)
     greedy = SamplingParams(8, temperature=0)
     pad = tokenizer.pad_token_id
-    free = generate(model, ids, greedy, eos_token_id=pad, pad_token_id=pad, generator=torch.Generator())
+    seeds = [0] * len(ids)
+    free = generate(model, ids, greedy, eos_token_id=pad, pad_token_id=pad, seeds=seeds)
     stop = free.response_ids[0][2]  # make the third greedy token of row 0 an end token
-    stopped = generate(model, ids, greedy, eos_token_id=[pad, stop], pad_token_id=pad, generator=torch.Generator())
+    stopped = generate(model, ids, greedy, eos_token_id=[pad, stop], pad_token_id=pad, seeds=seeds)
     for full, cut, ended in zip(free.response_ids, stopped.response_ids, stopped.is_end):
         ends = [i for i, t in enumerate(full) if t in (pad, stop)]
         assert cut == (full[: ends[0] + 1] if ends else full)
@@ -188,50 +291,76 @@ def test_eos_stops_a_row_and_truncation_is_not_an_end(tokenizer):
     assert not all(stopped.is_end)  # some row ran to max_new_tokens and reports no end
 
 
-def test_same_generator_seed_gives_same_samples(tokenizer):
+def test_same_seeds_give_same_samples(tokenizer):
     model = tiny_model("qwen2", tokenizer)
     ids = prompt_ids(tokenizer)
     params = SamplingParams(10, temperature=1.0, top_p=0.95, top_k=50)
 
-    def sample(seed: int) -> Generation:
-        g = torch.Generator().manual_seed(seed)
-        return generate(model, ids, params, eos_token_id=tokenizer.eos_token_id, pad_token_id=0, generator=g)
+    def sample(seeds: list[int]) -> Generation:
+        return generate(model, ids, params, eos_token_id=tokenizer.eos_token_id, pad_token_id=0, seeds=seeds)
 
     torch.manual_seed(0)
-    first = sample(3)
+    first = sample([3, 4, 5, 6, 7])
     torch.manual_seed(1)  # the global RNG plays no part
-    assert sample(3) == first
-    assert sample(4).response_ids != first.response_ids
+    assert sample([3, 4, 5, 6, 7]) == first
+    other = sample([8, 4, 5, 6, 7]).response_ids  # a row's seed changes that row only
+    assert other[0] != first.response_ids[0] and other[1:] == first.response_ids[1:]
+
+
+def test_a_rows_sample_does_not_depend_on_the_rows_beside_it(tiny_tokenizer, tiny_qwen2):
+    """Rows a, b, c together, b alone, c and a reversed, batch sizes 1 and 3: each row's response is its own."""
+    ids = tokenize_prompts(tiny_prompts(tiny_tokenizer, 3), tiny_tokenizer)
+    ids = [ids[1], ids[2], ids[0]]  # a in the middle, b the longest, c the shortest
+    assert len({len(p) for p in ids}) == 3  # three lengths: the rows are padded differently in each batch
+    seeds = [row_seed(5, i) for i in range(3)]
+    params = SamplingParams(16, temperature=1.0, top_p=0.95, top_k=50)
+
+    def sample(rows: list[int], batch_size: int) -> dict[int, tuple[list[int], bool, list[float]]]:
+        generation = generate(
+            tiny_qwen2,
+            [ids[i] for i in rows],
+            params,
+            eos_token_id=tiny_tokenizer.eos_token_id,
+            pad_token_id=tiny_tokenizer.pad_token_id,
+            seeds=[seeds[i] for i in rows],
+            batch_size=batch_size,
+        )
+        return {i: row for i, row in zip(rows, zip(generation.response_ids, generation.is_end, generation.logprobs))}
+
+    together = sample([0, 1, 2], batch_size=3)
+    assert len({tuple(response) for response, _, _ in together.values()}) == 3
+    for rows, batch_size in (([1], 3), ([2, 0], 3), ([0, 1, 2], 1), ([2, 1, 0], 2)):
+        for i, (response, ended, logprobs) in sample(rows, batch_size).items():
+            assert (response, ended) == together[i][:2], (rows, batch_size, i)
+            assert logprobs == pytest.approx(together[i][2], abs=1e-5)
 
 
 def test_generate_restores_training_mode(tokenizer):
     model = tiny_model("gpt2", tokenizer)
     model.train()
     ids = prompt_ids(tokenizer)[:2]
-    generate(model, ids, SamplingParams(2), eos_token_id=1, pad_token_id=0, generator=torch.Generator())
+    generate(model, ids, SamplingParams(2), eos_token_id=1, pad_token_id=0, seeds=[0, 1])
     assert model.training
 
 
 @pytest.mark.parametrize(
-    ("prompts", "eos", "batch_size", "message"),
+    ("prompts", "eos", "batch_size", "seeds", "message"),
     [
-        ([[5] * 120], 1, 8, "a prompt of 120 tokens plus max_new_tokens=9 exceeds the model's context of 128"),
-        ([[5], []], 1, 8, "every prompt needs at least one token"),
-        ([[5]], [], 8, "eos_token_id is an empty list"),
-        ([[5]], 1, 0, "batch_size must be at least 1"),
+        ([[5] * 120], 1, 8, [0], "a prompt of 120 tokens plus max_new_tokens=9 exceeds the model's context of 128"),
+        ([[5], []], 1, 8, [0, 1], "every prompt needs at least one token"),
+        ([[5]], [], 8, [0], "eos_token_id is an empty list"),
+        ([[5]], 1, 0, [0], "batch_size must be at least 1"),
+        ([[5], [6]], 1, 8, [0], r"1 seeds for 2 prompts: give one seed per prompt"),
+        ([[5]], 1, 8, [-1], r"every seed must be an int in \[0, 2\*\*63\), got -1"),
+        ([[5]], 1, 8, [2**63], r"every seed must be an int in \[0, 2\*\*63\), got 9223372036854775808"),
+        ([[5]], 1, 8, [1.5], r"every seed must be an int in \[0, 2\*\*63\), got 1.5"),
     ],
 )
-def test_unusable_generate_arguments_are_clear_errors(tokenizer, prompts, eos, batch_size, message):
+def test_unusable_generate_arguments_are_clear_errors(tokenizer, prompts, eos, batch_size, seeds, message):
     model = tiny_model("llama", tokenizer)
     with pytest.raises(ValueError, match=message):
         generate(
-            model,
-            prompts,
-            SamplingParams(9),
-            eos_token_id=eos,
-            pad_token_id=0,
-            generator=torch.Generator(),
-            batch_size=batch_size,
+            model, prompts, SamplingParams(9), eos_token_id=eos, pad_token_id=0, seeds=seeds, batch_size=batch_size
         )
 
 
@@ -255,7 +384,7 @@ def test_rollout_batch_layout_and_gen_logprobs_match_recomputed_logprobs(tokeniz
         params,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        generator=torch.Generator().manual_seed(0),
+        seeds=list(range(len(ids))),
         batch_size=2,
     )
     batch = build_rollout_batch(prompts, ids, generation, tokenizer)
@@ -301,10 +430,10 @@ class RecordingBackend:
 
     def __init__(self, eos: int) -> None:
         self.eos = eos
-        self.calls: list[tuple[list[list[int]], SamplingParams, int]] = []
+        self.calls: list[tuple[list[list[int]], SamplingParams, list[int]]] = []
 
-    def generate(self, model, prompt_token_ids, params, seed):
-        self.calls.append((prompt_token_ids, params, seed))
+    def generate(self, model, prompt_token_ids, params, seeds):
+        self.calls.append((prompt_token_ids, params, seeds))
         rows = len(prompt_token_ids)
         return Generation(response_ids=[[7, self.eos]] * rows, is_end=[True] * rows, logprobs=[[-0.5, -0.25]] * rows)
 
@@ -314,20 +443,52 @@ ROLLOUT = RolloutConfig(
 )
 
 
-def test_sampler_asks_its_backend_for_n_adjacent_rows_per_prompt_with_the_step_seed(tokenizer):
+def test_sampler_asks_its_backend_for_n_adjacent_rows_per_prompt_each_with_its_row_seed(tokenizer):
     backend = RecordingBackend(tokenizer.eos_token_id)
     sampler = Sampler(tokenizer, ROLLOUT, torch.device("cpu"), backend=backend)
     prompts = [Prompt(id="a", text="the cat"), Prompt(id="b", text="two")]
     batch = sampler.rollouts(None, prompts, 3, seed=(5, 2))
-    token_ids, params, seed = backend.calls[-1]
+    token_ids, params, seeds = backend.calls[-1]
     assert token_ids == [ids for ids in tokenize_prompts(prompts, tokenizer) for _ in range(3)]
-    assert params == SamplingParams(6, temperature=0.8, top_p=0.9, top_k=5) and seed == step_seed(5, 2)
+    assert params == SamplingParams(6, temperature=0.8, top_p=0.9, top_k=5)
+    assert seeds == [row_seed(step_seed(5, 2), i) for i in range(6)]
     assert batch.prompt_ids == ["a", "a", "a", "b", "b", "b"] and batch.is_end.all()
 
+    sampler.rollouts(None, prompts, 3, seed=(5, 2), prompt_positions=[4, 1])  # a process's share of a step
+    assert backend.calls[-1][2] == [row_seed(step_seed(5, 2), i) for i in (12, 13, 14, 3, 4, 5)]
+
     sampler.validation_rollouts(None, prompts, 1, max_new_tokens=None, seed=5)
-    assert backend.calls[-1][1:] == (SamplingParams(6, temperature=0.0, top_p=0.9, top_k=5), step_seed(5, -1))
-    sampler.validation_rollouts(None, prompts, 2, max_new_tokens=3, seed=5)
+    assert backend.calls[-1][1:] == (
+        SamplingParams(6, temperature=0.0, top_p=0.9, top_k=5),
+        [row_seed(step_seed(5, -1), i) for i in range(2)],
+    )
+    sampler.validation_rollouts(None, prompts, 2, max_new_tokens=3, seed=5, prompt_positions=[1, 0])
     assert backend.calls[-1][1] == SamplingParams(3, temperature=0.8, top_p=0.9, top_k=5)
+    assert backend.calls[-1][2] == [row_seed(step_seed(5, -1), i) for i in (2, 3, 0, 1)]
+
+
+def test_row_seeds_are_distinct_int63_and_laid_out_by_global_row():
+    seeds = rollout_seeds(step_seed(1, 0), range(64), 16)  # 1024 rows
+    assert len(set(seeds)) == 1024 and all(0 <= s < 2**63 for s in seeds)
+    assert rollout_seeds(step_seed(1, 0), [3, 0], 16) == seeds[48:64] + seeds[:16]
+    assert set(seeds).isdisjoint(rollout_seeds(step_seed(1, 1), range(64), 16))  # the next step: other seeds
+
+
+@pytest.mark.parametrize(
+    ("positions", "message"),
+    [
+        ([0], "1 prompt positions for 2 prompts: give one position per prompt"),
+        ([0, -2], "prompt positions index the step's whole prompt list and are >= 0; got -2"),
+        ([3, 3], "prompt position 3 appears twice; each prompt's rows need their own seeds"),
+    ],
+)
+def test_unusable_prompt_positions_are_clear_errors(tokenizer, positions, message):
+    sampler = Sampler(tokenizer, ROLLOUT, torch.device("cpu"), backend=RecordingBackend(tokenizer.eos_token_id))
+    prompts = [Prompt(id="a", text="the cat"), Prompt(id="b", text="two")]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sampler.rollouts(None, prompts, 2, seed=(0, 0), prompt_positions=positions)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sampler.validation_rollouts(None, prompts, 2, max_new_tokens=None, seed=0, prompt_positions=positions)
 
 
 def test_sampler_defaults_to_the_builtin_sampler_seeded_per_step(tokenizer):
@@ -341,10 +502,65 @@ def test_sampler_defaults_to_the_builtin_sampler_seeded_per_step(tokenizer):
         SamplingParams(6, temperature=0.8, top_p=0.9, top_k=5),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        generator=torch.Generator().manual_seed(step_seed(0, 4)),
+        seeds=rollout_seeds(step_seed(0, 4), range(3), 2),
         batch_size=2,
     )
     assert batch.response_lengths.tolist() == [len(r) for r in expected.response_ids]
     assert batch.is_end.tolist() == expected.is_end
     for row, (p, r) in enumerate(zip(token_ids, expected.response_ids)):
         assert batch.tokens[row, : len(p) + len(r)].tolist() == p + r
+
+
+def _rows(batch) -> list[tuple]:
+    """Each rollout row without its padding: prompt id, tokens, end, text and the sampler's log-probs."""
+    rows = []
+    for i in range(len(batch.prompt_ids)):
+        length = int(batch.prompt_lengths[i] + batch.response_lengths[i])
+        rows.append(
+            (
+                batch.prompt_ids[i],
+                batch.tokens[i, :length].tolist(),
+                bool(batch.is_end[i]),
+                batch.response_texts[i],
+                batch.gen_logprobs[i, : length - 1],
+            )
+        )
+    return rows
+
+
+def _assert_same_rows(ours: list[tuple], theirs: list[tuple]) -> None:
+    assert len(ours) == len(theirs)
+    for row, other in zip(ours, theirs):
+        assert row[:4] == other[:4]
+        torch.testing.assert_close(row[4], other[4], rtol=0, atol=1e-5)
+
+
+def test_two_data_parallel_shares_draw_exactly_the_rows_of_the_whole_step(tiny_tokenizer, tiny_qwen2):
+    """Process 0 samples prompts 0 and 2, process 1 prompts 1 and 3: together, the rows of one process doing all."""
+    sampler = Sampler(tiny_tokenizer, ROLLOUT, torch.device("cpu"))
+    prompts = tiny_prompts(tiny_tokenizer, 4)
+    whole = _rows(sampler.rollouts(tiny_qwen2, prompts, 3, seed=(9, 2)))
+    share_0 = _rows(sampler.rollouts(tiny_qwen2, prompts[0::2], 3, seed=(9, 2), prompt_positions=[0, 2]))
+    share_1 = _rows(sampler.rollouts(tiny_qwen2, prompts[1::2], 3, seed=(9, 2), prompt_positions=[1, 3]))
+    by_prompt = [share_0[:3], share_1[:3], share_0[3:], share_1[3:]]
+    _assert_same_rows(whole, [row for rows in by_prompt for row in rows])
+    assert len({tuple(row[1]) for row in whole}) > 4  # the rows of one prompt differ: each has its own seed
+
+    validation = _rows(sampler.validation_rollouts(tiny_qwen2, prompts, 2, max_new_tokens=5, seed=9))
+    shares = [
+        _rows(sampler.validation_rollouts(tiny_qwen2, prompts[r::2], 2, 5, seed=9, prompt_positions=[r, r + 2]))
+        for r in (0, 1)
+    ]
+    _assert_same_rows(validation, shares[0][:2] + shares[1][:2] + shares[0][2:] + shares[1][2:])
+
+
+def test_a_resumed_run_draws_the_same_rollouts_again(tiny_tokenizer, tiny_qwen2):
+    """A fresh Sampler, other global RNG state: the same (run seed, step) draws the same rows; the next step others."""
+    prompts = tiny_prompts(tiny_tokenizer, 4)
+    torch.manual_seed(0)
+    first = _rows(Sampler(tiny_tokenizer, ROLLOUT, torch.device("cpu")).rollouts(tiny_qwen2, prompts, 2, seed=(4, 7)))
+    torch.manual_seed(1)
+    sampler = Sampler(tiny_tokenizer, ROLLOUT, torch.device("cpu"))
+    _assert_same_rows(_rows(sampler.rollouts(tiny_qwen2, prompts, 2, seed=(4, 7))), first)
+    next_step = _rows(sampler.rollouts(tiny_qwen2, prompts, 2, seed=(4, 8)))
+    assert [row[1] for row in next_step] != [row[1] for row in first]

@@ -34,12 +34,28 @@ class Generation:
     logprobs: list[list[float]]  # per response token: fp32 log-prob under the raw model distribution
 
 
-class GenerationBackend(Protocol):
-    """Samples one response per tokenised prompt from the current policy.
+SEED_LIMIT = 2**63  # a row's seed is an int in [0, SEED_LIMIT): it fits an int64, as vLLM's per-request seed does
 
-    The same (prompts, params, seed) draws the same responses, so a resumed run repeats its samples.
+
+class GenerationBackend(Protocol):
+    """Samples one response per tokenised prompt from the current policy, each row from its own seed.
+
+    Row i's response depends only on (prompt_token_ids[i], params, seeds[i], the weights): not on the
+    other rows, their order or how the backend batches them, up to the float rounding of batched
+    matmuls. So a step's rollouts are the same whether one process generates all of them or several
+    data-parallel processes each generate their share, and a resumed run repeats its samples.
+    vLLM's per-request `seed` has the same meaning, so a vLLM backend follows this protocol too.
     """
 
     def generate(
-        self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seed: int
+        self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seeds: list[int]
     ) -> Generation: ...
+
+
+def check_seeds(seeds: list[int], rows: int) -> None:
+    """Raise a ValueError unless there is one seed per row, each an int in [0, 2**63)."""
+    if len(seeds) != rows:
+        raise ValueError(f"{len(seeds)} seeds for {rows} prompts: give one seed per prompt")
+    bad = next((s for s in seeds if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < SEED_LIMIT), None)
+    if bad is not None:
+        raise ValueError(f"every seed must be an int in [0, 2**63), got {bad!r}")

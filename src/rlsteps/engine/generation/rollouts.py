@@ -2,10 +2,14 @@
 
 The Sampler is what the loop asks for rollouts: it tokenises the prompts, leaves the sampling to a
 GenerationBackend (the built-in sampler unless another is given) and lays the result out as a RolloutBatch.
+
+Every rollout row has its own seed, from the step's seed and the row's index in the step's whole
+prompt list: the row's sample is the same whichever process generates it and with whichever rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -14,12 +18,26 @@ from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import RolloutConfig
 from rlsteps.engine.data import Prompt, encode_prompt_text
 from rlsteps.engine.generation.backend import Generation, GenerationBackend, SamplingParams
-from rlsteps.engine.generation.builtin import BuiltinBackend
+from rlsteps.engine.generation.builtin import BuiltinBackend, splitmix64
 
 
 def step_seed(seed: int, step: int) -> int:
     """A sampling seed per (run seed, step): resumed runs draw exactly the samples they would have."""
     return (seed * 1_000_003 + step * 7_919 + 17) % (2**63 - 1)
+
+
+def row_seed(seed: int, index: int) -> int:
+    """The seed of rollout row `index` of a step whose seed is `seed`: an int in [0, 2**63).
+
+    Output `index` of SplitMix64 seeded with the step's seed, its top 63 bits: well mixed, so
+    neighbouring rows and neighbouring steps get unrelated seeds.
+    """
+    return splitmix64(seed, index) >> 1
+
+
+def rollout_seeds(seed: int, prompt_positions: Sequence[int], n: int) -> list[int]:
+    """Row seeds of n adjacent rows per prompt: row k of the prompt at position j is global row j * n + k."""
+    return [row_seed(seed, j * n + k) for j in prompt_positions for k in range(n)]
 
 
 class Sampler:
@@ -32,17 +50,39 @@ class Sampler:
         self.rollout = rollout
         self.backend = backend or BuiltinBackend(tokenizer, rollout.generation_batch_size, device)
 
-    def rollouts(self, model, prompts: list[Prompt], n: int, seed: tuple[int, int]) -> RolloutBatch:
+    def rollouts(
+        self,
+        model,
+        prompts: list[Prompt],
+        n: int,
+        seed: tuple[int, int],
+        prompt_positions: Sequence[int] | None = None,
+    ) -> RolloutBatch:
+        """n sampled rows per prompt for the step seeded by seed = (run seed, step).
+
+        prompt_positions are these prompts' positions in the step's whole prompt list (by default
+        0, 1, ...): a data-parallel process passes those of its share and draws exactly the rows
+        that one process generating the whole list would.
+        """
         s = self.rollout.sampling
         params = SamplingParams(
             max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
         )
-        return self._sample(model, prompts, n, params, step_seed(*seed))
+        return self._sample(model, prompts, n, params, step_seed(*seed), prompt_positions)
 
     def validation_rollouts(
-        self, model, prompts: list[Prompt], n: int, max_new_tokens: int | None, seed: int
+        self,
+        model,
+        prompts: list[Prompt],
+        n: int,
+        max_new_tokens: int | None,
+        seed: int,
+        prompt_positions: Sequence[int] | None = None,
     ) -> RolloutBatch:
-        """One greedy response per prompt, or n sampled ones where the scorer compares responses."""
+        """One greedy response per prompt, or n sampled ones where the scorer compares responses.
+
+        prompt_positions as in rollouts, in the whole validation prompt list.
+        """
         s = self.rollout.sampling
         params = SamplingParams(
             max_new_tokens=max_new_tokens or s.max_new_tokens,
@@ -50,13 +90,35 @@ class Sampler:
             top_p=s.top_p,
             top_k=s.top_k,
         )
-        return self._sample(model, prompts, n, params, step_seed(seed, -1))
+        return self._sample(model, prompts, n, params, step_seed(seed, -1), prompt_positions)
 
-    def _sample(self, model, prompts: list[Prompt], n: int, params: SamplingParams, seed: int) -> RolloutBatch:
+    def _sample(
+        self,
+        model,
+        prompts: list[Prompt],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        prompt_positions: Sequence[int] | None,
+    ) -> RolloutBatch:
+        positions = range(len(prompts)) if prompt_positions is None else prompt_positions
+        check_prompt_positions(positions, len(prompts))
         repeated = [p for p in prompts for _ in range(n)]  # rows of one prompt are adjacent; groups are by id
         token_ids = [ids for ids in tokenize_prompts(prompts, self.tokenizer) for _ in range(n)]
-        generation = self.backend.generate(model, token_ids, params, seed)
+        generation = self.backend.generate(model, token_ids, params, rollout_seeds(seed, positions, n))
         return build_rollout_batch(repeated, token_ids, generation, self.tokenizer)
+
+
+def check_prompt_positions(positions: Sequence[int], count: int) -> None:
+    """Raise a ValueError unless there is one distinct, non-negative position per prompt."""
+    if len(positions) != count:
+        raise ValueError(f"{len(positions)} prompt positions for {count} prompts: give one position per prompt")
+    negative = [j for j in positions if j < 0]
+    if negative:
+        raise ValueError(f"prompt positions index the step's whole prompt list and are >= 0; got {negative[0]}")
+    if len(set(positions)) != count:
+        repeated = next(j for j in positions if list(positions).count(j) > 1)
+        raise ValueError(f"prompt position {repeated} appears twice; each prompt's rows need their own seeds")
 
 
 def tokenize_prompts(prompts: list[Prompt], tokenizer: Any) -> list[list[int]]:
