@@ -64,12 +64,11 @@ def test_two_processes_in_bf16_compute_learn_like_one(tmp_path):
 
 def _fraction_moved(dtype: str, pure_bf16: bool = False) -> float:
     """Share of the weights an update at lr 1e-6 changes (weights compared in fp32)."""
+    from distributed_update import config
     from rlsteps.engine.algorithms.rs import RejectionSampling
     from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
     from rlsteps.engine.policy.parallel import Precision
     from rlsteps.engine.update import PolicyUpdate
-
-    from distributed_update import config
 
     cfg = config(8, 8, 4)
     model = fixed_model()

@@ -42,8 +42,8 @@ def test_the_rm_section_sets_the_truncation_of_every_request_and_of_a_local_serv
     with RewardClient("http://127.0.0.1:1", **rm.model_dump(include=RM_CLIENT_OPTIONS)) as client:
         assert client.request_options == {"max_length": 128, "truncation_side": "right"}
     assert local_rm_server_args(rm) == [
-        "--device", "auto", "--dtype", "auto", "--max-batch", "64", "--max-wait-ms", "5", "--max-queue", "256", "--truncation-side", "right",
-        "--max-length", "128",
+        "--device", "auto", "--dtype", "auto", "--max-batch", "64", "--max-wait-ms", "5", "--max-queue", "256",
+        "--truncation-side", "right", "--max-length", "128",
     ]  # fmt: skip
     default = RewardModelClientConfig()
     with RewardClient("http://127.0.0.1:1", **default.model_dump(include=RM_CLIENT_OPTIONS)) as client:

@@ -418,15 +418,17 @@ class _Run:
         n = int(from_main(self.world, n))
         mine = self.world.mine(len(prompts))
         with self.timers("validation"):
-            with gathered(self.model, self.device), self.precision.autocast(self.device):
-                batch = self.sampler.validation_rollouts(
-                    self.model,
-                    [prompts[j] for j in mine],
-                    n,
-                    max_new_tokens=self.cfg.validation.max_new_tokens,
-                    seed=self.cfg.seed,
-                    prompt_positions=mine,
-                )
+            with gathered(self.model, self.device), self.precision.autocast(self.device):  # every process gathers
+                batch = None  # more processes than validation prompts: this one has none
+                if mine:
+                    batch = self.sampler.validation_rollouts(
+                        self.model,
+                        [prompts[j] for j in mine],
+                        n,
+                        max_new_tokens=self.cfg.validation.max_new_tokens,
+                        seed=self.cfg.seed,
+                        prompt_positions=mine,
+                    )
             parts = gather_to_main(self.world, batch)
             outcome = (
                 None
@@ -494,14 +496,15 @@ def _rows_of(positions: list[int], per_prompt: int) -> list[int]:
     return [j * per_prompt + k for j in positions for k in range(per_prompt)]
 
 
-def _in_prompt_order(parts: list[RolloutBatch], world: World, prompts: int, per_prompt: int) -> RolloutBatch:
-    """One batch of every process's rows in the step's prompt order (as one process would have drawn them)."""
+def _in_prompt_order(parts: list[RolloutBatch | None], world: World, prompts: int, per_prompt: int) -> RolloutBatch:
+    """One batch of every process's rows in the step's prompt order (as one process would have drawn them);
+    a process without prompts sends None."""
     if len(parts) == 1:
         return parts[0]
-    whole = RolloutBatch.concat(parts)
+    whole = RolloutBatch.concat([part for part in parts if part is not None])
     offsets = [0]
     for part in parts[:-1]:
-        offsets.append(offsets[-1] + len(part))
+        offsets.append(offsets[-1] + (len(part) if part is not None else 0))
     order = [
         offsets[j % world.size] + (j // world.size) * per_prompt + k for j in range(prompts) for k in range(per_prompt)
     ]

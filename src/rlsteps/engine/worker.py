@@ -50,9 +50,8 @@ def run(config_path: Path, log_level: str = "info") -> int:
     from rlsteps.engine import signals
     from rlsteps.engine.artifact import input_versions
     from rlsteps.engine.config import ConvertConfig
-    from rlsteps.engine.input_check import check_inputs_in_job
-
     from rlsteps.engine.distributed import world_from_env
+    from rlsteps.engine.input_check import check_inputs_in_job
 
     cfg = load_config(config_path)
     world = world_from_env()  # torchrun's processes; one process when started plainly

@@ -1,0 +1,58 @@
+"""Tiny runs on two processes (torchrun, gloo, FSDP2), as a user starts them: a local profile with
+nproc_per_node: 2. They learn, end with the weights one process ends with, and resume on another count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from run_helpers import FAST, kill_group, rlsteps, run_dir, series, start_rlsteps, wait_for, weights
+
+pytestmark = pytest.mark.slow
+
+TWO_PROCESSES = "profiles:\n  two:\n    executor: local\n    nproc_per_node: 2\n"
+SAME_BATCHES = ["train.micro_batch_size=8"]  # 16 rows per optimizer step: 8 per process, one micro-batch each
+
+
+def project(root: Path) -> Path:
+    root.mkdir()
+    (root / "rlsteps.yaml").write_text(TWO_PROCESSES)
+    return root
+
+
+def assert_close_weights(a: dict, b: dict, atol: float) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=name)
+
+
+def test_a_tiny_run_on_two_processes_raises_the_reward_and_ends_where_one_process_ends(tiny_world, tmp_path):
+    one, two = project(tmp_path / "one"), project(tmp_path / "two")
+    assert rlsteps("run", "rl/rs", "-c", "tiny", *SAME_BATCHES, *FAST, cwd=one).returncode == 0
+    done = rlsteps("run", "rl/rs", "-c", "tiny", "-r", "two", *SAME_BATCHES, *FAST, cwd=two)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = run_dir(two, "rl_rs")
+    true = series(run, "val/true_reward")
+    assert len(true) == 5 and true[-1] - true[0] >= 1.0, true  # as much as one process gains (test_runs)
+    assert "process 1 of 2" in (run / "train.rank1.log").read_text()
+    assert series(run, "train/reward") == pytest.approx(series(run_dir(one, "rl_rs"), "train/reward"), abs=1e-4)
+    assert_close_weights(weights(run_dir(one, "rl_rs") / "policy"), weights(run / "policy"), atol=1e-4)
+    assert all(v > 0 for v in series(run, "perf/train_tokens_per_s"))
+
+
+def test_a_two_process_run_killed_mid_run_resumes_on_one_process_to_the_same_weights(tiny_world, tmp_path):
+    short = [*SAME_BATCHES, "train.max_steps=4", "checkpoint.interval=2", "validation.interval=0", *FAST]
+    straight, interrupted = project(tmp_path / "straight"), project(tmp_path / "interrupted")
+    assert rlsteps("run", "rl/rs", "-c", "tiny", *short, cwd=straight).returncode == 0
+
+    process = start_rlsteps("run", "rl/rs", "-c", "tiny", "-r", "two", *short, cwd=interrupted, log=tmp_path / "a.log")
+    wait_for(run_dir(interrupted, "rl_rs") / "checkpoints" / "step_2" / "COMPLETE", 300, process)
+    kill_group(process)
+    resumed = rlsteps("run", "rl/rs", "-c", "tiny", *short, cwd=interrupted)  # one process now
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "written by 2 process(es), read by 1" in resumed.stderr
+    assert_close_weights(
+        weights(run_dir(straight, "rl_rs") / "policy"), weights(run_dir(interrupted, "rl_rs") / "policy"), atol=1e-5
+    )
