@@ -2,9 +2,22 @@
 
 A [B, T-1] tensor whose entry t is log p(token t+1 | tokens <= t), always computed in fp32 whatever the
 model's dtype; old, new and reference log-probs share that layout, so they subtract cleanly.
+
+Only the wanted entries are computed (the response positions, in training), and never through the full
+[B, T, V] logits: the model's output embedding W [V, H] is swapped, for the one forward call, for a head that
+takes the final hidden states of the wanted positions h [N, H] and scores their targets over chunks of
+`vocab_chunk` rows of W, log p(target) = h·W[target] - logsumexp(h·W^T). Backward recomputes each chunk's logits,
+so the extra memory is O(N * vocab_chunk) in both directions, not O(B * T * V) (about 16 GB of bf16 logits,
+their fp32 copy and log_softmax for a 128k vocabulary, T=1536 and 8 rows). The model's own root forward still runs, so hooks on it (FSDP2's parameter gathering) run too.
+Heads this cannot reproduce (a bias, logits changed after the head, not an nn.Linear) take the full path.
 """
 
 from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -12,33 +25,239 @@ from torch import nn
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.policy.model import eval_mode
 
+log = logging.getLogger(__name__)
+
+VOCAB_CHUNK = 8192  # rows of W per logits chunk: [N, 8192] fp32 is 32 MB per 1024 scored tokens
+
+# Config fields of architectures whose forward changes the logits after the head (softcapping, scaling):
+# the chunked head would score the unchanged logits, so these models take the full path.
+POST_HEAD_LOGIT_FIELDS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+_warned: set[tuple[str, str]] = set()
+
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T]
     """Positions count real tokens only, so left or right padding never shifts them."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def token_logprobs(model: nn.Module, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """log p(token t+1 | tokens <= t) for right-padded rows: [B, T] -> [B, T-1] fp32, 0 on padding."""
-    logits = model(
-        input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
-    ).logits  # [B, T, V]
-    logprobs = logits[:, :-1].float().log_softmax(-1)  # [B, T-1, V]
-    picked = logprobs.gather(-1, tokens[:, 1:, None]).squeeze(-1)  # [B, T-1]
-    return torch.where(attention_mask[:, 1:].bool(), picked, 0.0)
+def token_logprobs(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: torch.Tensor | None = None,
+    vocab_chunk: int = VOCAB_CHUNK,
+) -> torch.Tensor:
+    """log p(token t+1 | tokens <= t) for right-padded rows: [B, T] -> [B, T-1] fp32.
+
+    positions: [B, T-1] bool or float mask of the entries wanted (the response mask, in training); None wants every
+    non-padding entry. Entries not wanted, and predictions of padding, are 0. Differentiable with respect to the
+    model's parameters; equals logits.float().log_softmax(-1) gathered at the targets, in value and gradient.
+    """
+    if vocab_chunk < 1:
+        raise ValueError(f"vocab_chunk must be a positive number of vocabulary rows, got {vocab_chunk}")
+    wanted = _wanted_entries(attention_mask, positions)  # [B, T-1] bool
+    targets = tokens[:, 1:][wanted]  # [N]
+    inputs = _forward_inputs(model, tokens, attention_mask)
+    reason = full_logits_reason(model)
+    if reason is None:
+        picked = _chunked_path(model, inputs, wanted, targets, vocab_chunk)
+    else:
+        _warn_once(model, reason)
+        picked = _full_path(model, inputs, wanted, targets)
+    return torch.zeros(wanted.shape, dtype=torch.float32, device=picked.device).masked_scatter(wanted, picked)
 
 
 def batched_token_logprobs(model: nn.Module, batch: RolloutBatch, micro_batch_size: int) -> torch.Tensor:
-    """token_logprobs over micro-batches without gradients, at the batch's full width [B, T-1].
+    """token_logprobs of the response positions over micro-batches without gradients, at the batch's full width.
 
-    Old, new and reference log-probs computed this way share one layout, so they subtract cleanly.
+    [B, T-1] fp32, 0 outside `batch.response_mask()`: old, new and reference log-probs computed this way share one
+    layout, so they subtract cleanly, and prompt positions (which no algorithm scores) cost nothing.
     """
     device = next(model.parameters()).device
     out = torch.zeros(len(batch), batch.tokens.shape[1] - 1)
     row = 0
     with torch.no_grad(), eval_mode(model):
         for micro in batch.micro_batches(micro_batch_size):
-            logprobs = token_logprobs(model, micro.tokens.to(device), micro.attention_mask().to(device))
+            micro = micro.to(device)
+            logprobs = token_logprobs(model, micro.tokens, micro.attention_mask(), positions=micro.response_mask())
             out[row : row + len(micro), : logprobs.shape[1]] = logprobs.cpu()
             row += len(micro)
     return out.to(batch.tokens.device)
+
+
+def full_logits_reason(model: nn.Module) -> str | None:
+    """Why `model`'s log-probs need its full logits (None when the chunked head reproduces them).
+
+    The chunked head computes h·W^T with the output embedding's weight alone, so it needs that embedding to be a
+    bias-free nn.Linear with a floating-point weight, and logits the model uses unchanged.
+    """
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if not isinstance(head, nn.Linear):
+        return f"its output embedding is {type(head).__name__}, not an nn.Linear"
+    if head.bias is not None:
+        return "its output embedding has a bias"
+    if not head.weight.is_floating_point():
+        return f"its output embedding's weight is {head.weight.dtype}, not floating point"
+    config = getattr(model, "config", None)
+    get_text_config = getattr(config, "get_text_config", None)
+    for cfg in (config, get_text_config() if callable(get_text_config) else None):
+        for field in POST_HEAD_LOGIT_FIELDS:
+            if getattr(cfg, field, None) is not None:
+                return f"config.{field} is set: its forward changes the logits after the head"
+    return None
+
+
+def linear_head_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_chunk: int = VOCAB_CHUNK
+) -> torch.Tensor:
+    """log softmax(hidden @ weight^T)[target] without the [N, V] logits: [N, H], [V, H], [N] -> [N] fp32.
+
+    The matmuls run in hidden's dtype, or the autocast dtype when autocast is on (as nn.Linear would); each
+    [N, vocab_chunk] logits chunk is upcast to fp32 (fp64 for fp64 hidden) before exp and logsumexp. Gradients reach
+    hidden and weight in their own dtypes, with each chunk's logits recomputed in backward rather than saved.
+    """
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+    else:
+        dtype = hidden.dtype
+    return _ChunkedLinearLogprobs.apply(hidden, weight, targets, vocab_chunk, dtype)
+
+
+class _ChunkedLinearLogprobs(torch.autograd.Function):
+    """linear_head_logprobs' autograd: saves h, W, targets and the logsumexp [N], recomputes logits per chunk.
+
+    With p = softmax(h W^T) and g the incoming gradient [N], d log p(target) / d logits = onehot(target) - p, so
+    grad_h = sum over chunks of ((onehot - p_chunk) * g) @ W_chunk and grad_W_chunk = ((onehot - p_chunk) * g)^T @ h.
+    Autocast is off inside: the dtypes are explicit, the same in forward and backward.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, vocab_chunk, dtype):
+        h = hidden.to(dtype)  # [N, H]
+        with torch.autocast(hidden.device.type, enabled=False):
+            chunk_lse, picked = [], torch.zeros(targets.shape, dtype=_accumulation_dtype(h), device=h.device)
+            for start, _, logits in _logit_chunks(h, weight, vocab_chunk):
+                chunk_lse.append(logits.logsumexp(-1))  # [N]
+                index, inside = _local_targets(targets, start, logits.shape[1])
+                picked = torch.where(inside, logits.gather(1, index).squeeze(1), picked)
+            lse = torch.stack(chunk_lse, -1).logsumexp(-1)  # [N]
+        ctx.save_for_backward(h, weight, targets, lse)
+        ctx.vocab_chunk, ctx.hidden_dtype = vocab_chunk, hidden.dtype
+        return picked - lse
+
+    @staticmethod
+    def backward(ctx, grad_out):  # grad_out: [N]
+        h, weight, targets, lse = ctx.saved_tensors
+        want_h, want_w = ctx.needs_input_grad[:2]
+        grad_h = torch.zeros(h.shape, dtype=_accumulation_dtype(h), device=h.device) if want_h else None
+        grad_w = torch.empty_like(weight) if want_w else None
+        with torch.autocast(h.device.type, enabled=False):
+            for start, w, logits in _logit_chunks(h, weight, ctx.vocab_chunk):
+                coeff = logits.sub_(lse[:, None]).exp_().mul_(-grad_out[:, None])  # -p * g: [N, C]
+                index, inside = _local_targets(targets, start, logits.shape[1])
+                coeff.scatter_add_(1, index, (grad_out * inside)[:, None])  # + onehot * g
+                coeff = coeff.to(h.dtype)
+                if want_h:
+                    grad_h += coeff @ w
+                if want_w:
+                    grad_w[start : start + w.shape[0]] = coeff.T @ h
+        return None if grad_h is None else grad_h.to(ctx.hidden_dtype), grad_w, None, None, None
+
+
+def _logit_chunks(h: torch.Tensor, weight: torch.Tensor, vocab_chunk: int) -> Iterator:
+    """(start, W chunk [C, H] in h's dtype, logits chunk [N, C] upcast) over rows start:start+C of weight [V, H]."""
+    for start in range(0, weight.shape[0], vocab_chunk):
+        w = weight[start : start + vocab_chunk].to(h.dtype)
+        yield start, w, (h @ w.T).to(_accumulation_dtype(h))
+
+
+def _accumulation_dtype(h: torch.Tensor) -> torch.dtype:
+    """fp32 for bf16, fp16 and fp32 matmuls; fp64 stays fp64 (gradcheck)."""
+    return torch.promote_types(h.dtype, torch.float32)
+
+
+def _local_targets(targets: torch.Tensor, start: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Targets as columns of the chunk starting at vocabulary row `start`: index [N, 1] (clamped), inside [N] bool."""
+    local = targets - start
+    inside = (local >= 0) & (local < width)
+    return local.clamp(0, width - 1)[:, None], inside
+
+
+def _wanted_entries(attention_mask: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    """[B, T-1] bool: entries whose predicted token is real and, when `positions` is given, wanted."""
+    real = attention_mask[:, 1:].bool()
+    if positions is None:
+        return real
+    if positions.shape != real.shape:
+        raise ValueError(
+            f"positions must be a [B, T-1] mask like the log-probs, {list(real.shape)} here, "
+            f"got {list(positions.shape)}"
+        )
+    return real & positions.to(real.device).bool()
+
+
+def _forward_inputs(model: nn.Module, tokens: torch.Tensor, attention_mask: torch.Tensor) -> dict:
+    """The root forward's arguments: no KV cache, and every position's hidden state reaching the head."""
+    inputs = dict(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
+    accepted = inspect.signature(model.forward).parameters
+    if "use_cache" in accepted:
+        inputs["use_cache"] = False
+    if "logits_to_keep" in accepted:
+        inputs["logits_to_keep"] = 0  # keep all
+    return inputs
+
+
+def _chunked_path(
+    model: nn.Module, inputs: dict, wanted: torch.Tensor, targets: torch.Tensor, vocab_chunk: int
+) -> torch.Tensor:
+    """The wanted entries' log-probs [N] from the root forward, its output embedding scoring only the targets."""
+    head = model.get_output_embeddings()
+    rows, width = wanted.shape[0], wanted.shape[1] + 1
+
+    def score_targets(hidden: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [N]
+        if hidden.shape[:2] != (rows, width):
+            raise RuntimeError(
+                f"{type(model).__name__} called its output embedding on hidden states of shape {list(hidden.shape)}, "
+                f"not [B, T, H] for tokens [{rows}, {width}]; its log-probs cannot be chunked"
+            )
+        return linear_head_logprobs(hidden[:, :-1][wanted], head.weight, targets, vocab_chunk)
+
+    with _forward_replaced(head, score_targets):
+        picked = model(**inputs).logits  # what score_targets returned, passed through the root's hooks
+    if picked.shape != targets.shape:
+        raise RuntimeError(
+            f"{type(model).__name__} reshaped its output embedding's output to {list(picked.shape)}; "
+            "its log-probs cannot be chunked"
+        )
+    return picked.float()
+
+
+def _full_path(model: nn.Module, inputs: dict, wanted: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The wanted entries' log-probs [N] from the model's full logits [B, T, V], normalised at those entries only."""
+    logits = model(**inputs).logits  # [B, T, V]
+    logprobs = logits[:, :-1][wanted].float().log_softmax(-1)  # [N, V]
+    return logprobs.gather(-1, targets[:, None]).squeeze(-1)
+
+
+@contextmanager
+def _forward_replaced(module: nn.Module, forward: Callable) -> Iterator[None]:
+    """`module.forward` is `forward` inside the block; an instance-level forward set before comes back after it."""
+    own = module.__dict__.get("forward")
+    module.forward = forward
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
+
+
+def _warn_once(model: nn.Module, reason: str) -> None:
+    key = (type(model).__name__, reason)
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("token log-probs of %s use its full [B, T, V] logits: %s", key[0], reason)
