@@ -8,7 +8,8 @@ Only the wanted entries are computed (the response positions, in training), and 
 takes the final hidden states of the wanted positions h [N, H] and scores their targets over chunks of
 `vocab_chunk` rows of W, log p(target) = h·W[target] - logsumexp(h·W^T). Backward recomputes each chunk's logits,
 so the extra memory is O(N * vocab_chunk) in both directions, not O(B * T * V) (about 16 GB of bf16 logits,
-their fp32 copy and log_softmax for a 128k vocabulary, T=1536 and 8 rows). The model's own root forward still runs, so hooks on it (FSDP2's parameter gathering) run too.
+their fp32 copy and log_softmax for a 128k vocabulary, T=1536 and 8 rows). The model's own root forward still
+runs, so hooks on it (FSDP2's parameter gathering) run too.
 Heads this cannot reproduce (a bias, logits changed after the head, not an nn.Linear) take the full path.
 """
 
