@@ -88,8 +88,8 @@ def test_batched_token_logprobs_full_width_no_grad_and_mode_restored():
     batch = rollout_batch(ROWS, prompt_lengths=[2, 3, 1, 4])
     with torch.no_grad():
         model.eval()
-        expected = token_logprobs(model, batch.tokens, batch.attention_mask())
-        model.train()
+        expected = token_logprobs(model, batch.tokens, batch.attention_mask()) * batch.response_mask()
+        model.train()  # the batched form scores the response positions only
     for micro_batch_size in (1, 3, 8):
         got = batched_token_logprobs(model, batch, micro_batch_size)
         assert got.shape == (4, batch.tokens.shape[1] - 1) and not got.requires_grad

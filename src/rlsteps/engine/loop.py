@@ -57,6 +57,7 @@ from rlsteps.engine.resume import (
 from rlsteps.engine.rewards.functions import RewardFunction, load_reward_functions
 from rlsteps.engine.rewards.sources import RewardSource, Scores
 from rlsteps.engine.samples import SampleLog, sample_records, show_samples
+from rlsteps.engine.throughput import attended_length, mfu, model_flops, peak_memory_gb, peak_rss_gb, reset_peak_memory
 from rlsteps.engine.train_state import read_train_state, write_train_state
 from rlsteps.engine.update import PolicyUpdate, UpdateResult
 
@@ -330,7 +331,7 @@ class _Run:
         stats.update(scored.metrics)
         seconds = self.timers.pop()
         stats.update(seconds)
-        stats.update(self._throughput(batch, result, seconds))
+        stats.update(self._throughput(batch, train_batch, result, seconds))
         stats.update(
             {
                 "train/lr": self.update.scheduler.get_last_lr()[0],
@@ -344,12 +345,28 @@ class _Run:
         )
         return stats
 
-    def _throughput(self, batch: RolloutBatch, result: UpdateResult, seconds: dict[str, float]) -> dict[str, float]:
+    def _throughput(
+        self, batch: RolloutBatch, trained: RolloutBatch, result: UpdateResult, seconds: dict[str, float]
+    ) -> dict[str, float]:
+        """Tokens per second of generation and training (all processes), the train phase's model FLOPs
+        utilisation (when the device's peak is known) and this step's peak memory (the largest process's)."""
         generated = reduce_sum(self.world, float(batch.response_lengths.sum()))
-        return {
+        train_seconds = max(seconds.get("timers/train", 0.0), 1e-9)
+        perf = {
             "perf/generation_tokens_per_s": generated / max(seconds.get("timers/rollout", 0.0), 1e-9),
-            "perf/train_tokens_per_s": result.tokens / max(seconds.get("timers/train", 0.0), 1e-9),
+            "perf/train_tokens_per_s": result.tokens / train_seconds,
         }
+        if len(trained):
+            seq_len = attended_length(trained.sequence_lengths)
+            flops = model_flops(self.model.config, result.tokens, seq_len, lm_head_tokens=result.response_tokens)
+            utilisation = mfu(flops / self.world.size, train_seconds, self.device, self.precision.compute)
+            if utilisation is not None:
+                perf["perf/train_mfu"] = utilisation
+        on_gpu = peak_memory_gb(self.device)
+        name = "perf/peak_memory_gb" if on_gpu is not None else "perf/peak_rss_gb"
+        perf[name] = reduce_max(self.world, on_gpu if on_gpu is not None else peak_rss_gb())
+        reset_peak_memory(self.device)
+        return perf
 
     def _count_update(self, updated: bool) -> None:
         self.no_update_streak = 0 if updated else self.no_update_streak + 1

@@ -21,7 +21,7 @@ from torch import nn
 from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import TrainConfig
-from rlsteps.engine.distributed import SINGLE, World, all_gather, reduce_max, reduce_sum
+from rlsteps.engine.distributed import SINGLE, World, all_gather, reduce_floats, reduce_max, reduce_sum
 from rlsteps.engine.policy.logprobs import token_logprobs
 from rlsteps.engine.policy.optim import optimizer_step
 from rlsteps.engine.policy.parallel import Precision, set_gradient_sync
@@ -33,6 +33,21 @@ class UpdateResult:
     optimizer_steps: int  # updates made
     skipped: int  # updates skipped on a non-finite gradient
     tokens: int  # tokens through the forward and backward passes, all processes
+    response_tokens: int  # of them, the response tokens: the positions the LM head scored
+
+
+@dataclass
+class TokenCount:
+    total: int = 0
+    responses: int = 0
+
+    def add(self, batch: RolloutBatch) -> None:
+        self.total += int(batch.sequence_lengths.sum())
+        self.responses += int(batch.response_lengths.sum())
+
+    def merge(self, other: TokenCount) -> None:
+        self.total += other.total
+        self.responses += other.responses
 
 
 @dataclass
@@ -50,35 +65,38 @@ class PolicyUpdate:
         t, world = self.train, self.world
         rows = t.global_batch_size // world.size  # this process's rows of each optimizer step
         steps = int(reduce_max(world, math.ceil(len(batch) / rows)))
-        stats, made, skipped, tokens = StepStats(), 0, 0, 0
+        stats, made, skipped, tokens = StepStats(), 0, 0, TokenCount()
         self.model.train()
         for k in range(steps):
             chunk = batch.select(list(range(k * rows, min((k + 1) * rows, len(batch)))))
             normaliser = reduce_sum(world, self.recipe.loss_normaliser(chunk) if len(chunk) else 0.0)
             if normaliser == 0:
                 continue  # nothing to learn from (e.g. no sample ended): skip rather than step on zero grads
-            tokens += self._accumulate(chunk, normaliser, stats)
+            tokens.merge(self._accumulate(chunk, normaliser, stats))
             grad_norm = optimizer_step(self.model, self.optimizer, self.scheduler, t.max_grad_norm)
             stats.end_optimizer_step(grad_norm)
             made += math.isfinite(grad_norm)
             skipped += not math.isfinite(grad_norm)  # optimizer_step left the weights and the schedule unchanged
         merged = StepStats.merge(all_gather(world, stats))
-        return UpdateResult(merged.result(), made, skipped, int(reduce_sum(world, tokens)))
+        total, responses = reduce_floats(world, [tokens.total, tokens.responses])
+        return UpdateResult(merged.result(), made, skipped, int(total), int(responses))
 
-    def _accumulate(self, chunk: RolloutBatch, normaliser: float, stats: StepStats) -> int:
+    def _accumulate(self, chunk: RolloutBatch, normaliser: float, stats: StepStats) -> TokenCount:
         """Gradients of one global batch's share on this process; the tokens it ran."""
         micro_batches = chunk.micro_batches(self.train.micro_batch_size) if len(chunk) else []
         count = int(reduce_max(self.world, len(micro_batches)))
-        tokens = 0
+        tokens = TokenCount()
         for i in range(count):
             set_gradient_sync(self.model, i == count - 1)
             if i < len(micro_batches):
                 micro = micro_batches[i].to(self.device)
-                with self.precision.autocast(self.device):
-                    logprobs = token_logprobs(self.model, micro.tokens, micro.attention_mask())
+                with self.precision.autocast(self.device):  # log-probs of the response positions only
+                    logprobs = token_logprobs(
+                        self.model, micro.tokens, micro.attention_mask(), positions=micro.response_mask()
+                    )
                 loss, micro_stats = self.recipe.loss(logprobs, micro, normaliser)
                 stats.add(micro_stats, weight=micro_stats.get("tokens", 0) / normaliser)
-                tokens += int(micro.sequence_lengths.sum())
+                tokens.add(micro)
             else:
                 loss = self._empty_pass()
             (loss * self.world.size).backward()
@@ -88,7 +106,7 @@ class PolicyUpdate:
         """A forward pass that adds nothing to the gradient: this process has no rows left in this step."""
         tokens = torch.zeros(1, 2, dtype=torch.long, device=self.device)
         with self.precision.autocast(self.device):
-            logprobs = token_logprobs(self.model, tokens, torch.ones_like(tokens))
+            logprobs = token_logprobs(self.model, tokens, torch.ones_like(tokens), positions=torch.ones(1, 1))
         return logprobs.sum() * 0.0
 
 
