@@ -171,6 +171,9 @@ def _train(cfg: RecipeConfig, run_dir: Path, rewards: Any, world: Any) -> tuple[
     say = log.info if world.is_main else log.debug
     recipe = RECIPES[cfg.algorithm](cfg)
     result = train(cfg, recipe, rewards, run_dir, say=say, run_prompts=run_prompts, world=world)
+    from rlsteps.engine.distributed import leave
+
+    leave(world)  # the main process writes the output alone (megatron-core's save makes a group of its own)
     return result.model, result.tokenizer, result.counters.as_dict()
 
 

@@ -189,7 +189,9 @@ def generate(
     response_ids: list[list[int]] = [[] for _ in prompt_token_ids]
     is_end = [False] * len(prompt_token_ids)
     logprobs: list[list[float]] = [[] for _ in prompt_token_ids]
-    with torch.inference_mode(), eval_mode(model):
+    # no_grad, not inference_mode: a sharded (FSDP2) policy keeps the parameters it gathers here and trains with
+    # them after, and autograd refuses tensors created in inference mode
+    with torch.no_grad(), eval_mode(model):
         for start in range(0, len(by_length), batch_size):
             rows = by_length[start : start + batch_size]
             prompts = [prompt_token_ids[i] for i in rows]
