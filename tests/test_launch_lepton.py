@@ -181,19 +181,48 @@ def run_script(script: str, tmp_path: Path, env: dict[str, str]) -> dict:
     return json.loads(record.read_text())
 
 
-@pytest.mark.parametrize("profile_name", ["lep", "lep2"])
-def test_the_script_runs_the_worker_with_exact_words(rs, profiles, tmp_path, monkeypatch, profile_name):
+LEPTON_REPLICA = {"LEPTON_JOB_NAME": "j-1", "LEPTON_JOB_WORKER_INDEX": "1", "LEPTON_WORKSPACE_ID": "test-ws"}
+
+
+@pytest.mark.parametrize(
+    ("profile_name", "change", "lepton_env", "launch"),
+    [
+        ("lep", {}, LEPTON_REPLICA, []),  # one process: the worker itself
+        ("lep", {"nprocs_per_node": 2}, LEPTON_REPLICA, ["--standalone", "--nproc-per-node=2"]),
+        (
+            "lep2",
+            {},
+            LEPTON_REPLICA,  # without the service variables: the job name stands in, as the platform's examples do
+            [
+                "--nnodes=2",
+                "--nproc-per-node=8",
+                "--master-port=29400",
+                "--node-rank=1",
+                "--master-addr=j-1-0.j-1-job-svc",
+            ],
+        ),
+        (
+            "lep2",
+            {},
+            {**LEPTON_REPLICA, "LEPTON_JOB_SERVICE_PREFIX": "svc-j", "LEPTON_SUBDOMAIN": "sub-j"},
+            ["--nnodes=2", "--nproc-per-node=8", "--master-port=29400", "--node-rank=1", "--master-addr=svc-j-0.sub-j"],
+        ),
+    ],
+)
+def test_the_script_runs_the_worker_with_exact_words(
+    rs, profiles, tmp_path, monkeypatch, profile_name, change, lepton_env, launch
+):
     monkeypatch.setattr(lepton_spec, "CONTAINER_JOBS_DIR", str(tmp_path / "jobs"))
     data = tmp_path / "data"
     job = make_job(rs, profiles, name=profile_name, passthrough=["--note", "it's $HOME; a b", '"q"'])
     settings = {
         **job.launcher_settings,
+        **change,
         "mounts": [{"path": "/p", "mount_path": str(data), "from": "node-nfs:fs"}],
         "pre_launch_commands": [],
     }
     job = job.model_copy(update={"launcher_settings": settings})
     script = lepton.LAUNCHER.plan(job, tmp_path / job.name).command[2]
-    lepton_env = {"LEPTON_JOB_NAME": "j-1", "LEPTON_JOB_WORKER_INDEX": "1", "LEPTON_WORKSPACE_ID": "test-ws"}
     shipped = code.env_chunks(code.build_wheel().content)
     seen = run_script(script, tmp_path, lepton_env | shipped)
     config = tmp_path / "jobs" / job.name / "config.yaml"
@@ -203,17 +232,8 @@ def test_the_script_runs_the_worker_with_exact_words(rs, profiles, tmp_path, mon
     assert OmegaConf.to_container(OmegaConf.load(config)) == job.worker_config()
     assert OmegaConf.load(config.parent / "job.yaml").job.step == "rl/rs"
     worker = ["-m", "rlsteps.engine.worker", str(config), "--note", "it's $HOME; a b", '"q"']
-    if profile_name == "lep":
-        assert seen["argv"][1:] == worker
-    else:
-        assert seen["argv"][1:] == [
-            "--nnodes=2",
-            "--nproc-per-node=8",
-            "--master-port=29400",
-            "--node-rank=1",
-            "--master-addr=j-1-0.j-1-job-svc.ws-test-ws.svc.cluster.local",
-            *worker,
-        ]
+    assert Path(seen["argv"][0]).name == ("torchrun" if launch else "python")
+    assert seen["argv"][1:] == [*launch, *worker]
 
 
 @pytest.mark.parametrize(
@@ -391,13 +411,13 @@ def test_rlsteps_run_submits_a_batch_job_and_writes_no_secret(tiny_world, profil
 @pytest.mark.parametrize(
     ("name", "change", "refused"),
     [
-        ("lep2", {}, "2 node(s) x 8 process(es)"),
-        ("lep", {"gpus_per_node": 8}, "1 node(s) x 8 process(es)"),
-        ("lep", {"nprocs_per_node": 2}, "1 node(s) x 2 process(es)"),
-        ("lep", {"gpus_per_node": 8, "nprocs_per_node": 1}, None),  # one process that sees 8 GPUs
+        ("lep2", {}, None),  # 512 prompts and 64 rows split in 16
+        ("lep", {"gpus_per_node": 8}, None),
+        ("lep", {"nprocs_per_node": 3}, "(profile lep: 1 node(s) x 3 process(es)): rollout.prompts_per_step=512"),
+        ("lep2", {"nprocs_per_node": 64}, "(profile lep2: 2 node(s) x 64 process(es)): train.global_batch_size=64"),
     ],
 )
-def test_check_refuses_more_than_one_process(rs, profiles, name, change, refused):
+def test_check_refuses_a_config_its_world_size_cannot_run(rs, profiles, name, change, refused):
     job = make_job(rs, profiles, name=name)
     job = job.model_copy(update={"launcher_settings": {**job.launcher_settings, **change}})
     if refused is None:
@@ -405,23 +425,22 @@ def test_check_refuses_more_than_one_process(rs, profiles, name, change, refused
         return
     with pytest.raises(UsageError) as err:
         lepton.LAUNCHER.check(job)
-    assert refused in err.value.message and "embedded engine runs a single process" in err.value.message
-    assert "nodes: 1" in err.value.fix and "one process per node" in err.value.fix
+    assert refused in err.value.message
 
 
-def test_a_multi_process_run_is_refused_before_anything_is_written_or_sent(
+def test_an_unservable_run_is_refused_before_anything_is_written_or_sent(
     tiny_world, profiles, tmp_path, stub, monkeypatch, capfd
 ):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RLSTEPS_PROFILES", str(profiles))
     dry = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep2", "--dry-run", f"rm.token={RM_TOKEN}")
-    shown = dry.output + "".join(capfd.readouterr())
+    shown = " ".join((dry.output + "".join(capfd.readouterr())).split())
     assert dry.exit_code == 0, shown
-    assert "note: the embedded engine is single-process for now" in " ".join(shown.split())
-    result = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep2", f"rm.token={RM_TOKEN}")
+    assert "2 x gpu.8xh100-80gb, 8 process(es) per node" in shown and "single-process" not in shown
+    result = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep2", f"rm.token={RM_TOKEN}")  # 16 rows on 16 x 16
     out = result.output + "".join(capfd.readouterr())
     assert result.exit_code == 2, out
-    assert "embedded engine runs a single process" in out and "nodes: 1" in out
+    assert "train.global_batch_size=16 is not a multiple of world size 16" in out
     assert stub.calls == [] and not (tmp_path / ".rlsteps").exists()
 
 

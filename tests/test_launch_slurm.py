@@ -6,18 +6,21 @@ The cluster tests need Slurm on this machine (CI: `bash .ci/slurm.sh up`) and ar
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from cli_helpers import invoke
 from rlsteps.catalog import load_catalog
 from rlsteps.cli.jobs import jobs_app
 from rlsteps.errors import UsageError
-from rlsteps.launch import containers, slurm
+from rlsteps.launch import code, containers, slurm, slurm_script
 from rlsteps.launch.base import JobRecord, JobState
 from rlsteps.plan import submitted_jobs as jobs
 from rlsteps.plan.runner import RunRequest, compile_request
@@ -129,28 +132,82 @@ def test_the_script_takes_resources_from_the_profile_and_the_partition_from_the_
     assert "#SBATCH --partition" not in script_of("ci")  # the cluster's default partition
 
 
+def srun_words(script: str) -> list[str]:
+    """The words of the script's srun line, as the batch shell splits them ("$VAR" left unexpanded)."""
+    [line] = [line for line in script.splitlines() if line.startswith("srun ")]
+    return shlex.split(line)
+
+
 def test_one_process_runs_the_worker_and_many_run_one_torchrun_per_node(project):
     ci = compiled("ci")  # once: a second compile may fall in the next second and name another job dir
-    single, job_dir = ci.plan.files[slurm.SCRIPT_FILE].rstrip().splitlines()[-1], ci.job_dir
-    assert single.startswith("srun --nodes=1 --ntasks-per-node=1 ")
-    assert (
-        single.endswith(f"-m rlsteps.engine.worker {job_dir / 'config.yaml'}") and "torch.distributed.run" not in single
-    )
-    multi = script_of("big")
-    assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in multi
-    assert (
-        "srun --nodes=2 --ntasks-per-node=1 " in multi
-        and ' -m torch.distributed.run --nnodes="$SLURM_NNODES" '
-        '--nproc-per-node=4 --rdzv-backend=c10d --rdzv-id="$SLURM_JOB_ID" --rdzv-endpoint="$head_node:29500" '
-        "-m rlsteps.engine.worker "
-    ) in multi
+    script, job_dir = ci.plan.files[slurm.SCRIPT_FILE], ci.job_dir
+    single = srun_words(script)
+    assert single[:5] == ["srun", "--nodes=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--wait=60"]
+    assert single[-3:] == ["-m", "rlsteps.engine.worker", str(job_dir / "config.yaml")]
+    assert "torch.distributed.run" not in single and "head_node" not in script and "checkpointed" not in script
+    big = compiled("big", overrides=("train.micro_batch_size=2",))
+    script, job_dir = big.plan.files[slurm.SCRIPT_FILE], big.job_dir
+    assert '\nhead_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n' in script
+    multi = srun_words(script)
+    assert multi[:5] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--wait=60"]
+    torchrun = multi[multi.index("torch.distributed.run") + 1 :]
+    assert torchrun == [
+        "--nnodes=$SLURM_NNODES",
+        "--rdzv-backend=c10d",
+        "--rdzv-id=$SLURM_JOB_ID",
+        "--rdzv-endpoint=$head_node:29500",
+        "--nproc-per-node=4",
+        "--no-python",
+        "/bin/sh",
+        "-c",
+        slurm_script.RANK_WRAPPER,
+        str(job_dir / slurm_script.CHECKPOINTED_FILE),
+        *multi[-4:],
+    ]
+    assert multi[-4:] == [sys.executable, "-m", "rlsteps.engine.worker", str(job_dir / "config.yaml")]
+    assert "2 node(s) x 4 GPU(s), 4 process(es) per node" in big.plan.summary
 
 
-def test_submit_refuses_a_world_size_the_embedded_engine_cannot_use(project):
-    result = compiled("big")
-    assert "submitting refuses a world size above 1" in result.plan.summary
-    with pytest.raises(UsageError, match="embedded engine runs a single process"):
-        slurm.LAUNCHER.submit(result.job, result.plan, result.job_dir)
+@pytest.mark.parametrize(
+    ("settings", "rendezvous", "nproc"),
+    [
+        ("nprocs_per_node: 2", ["--standalone"], 2),  # a CPU node: processes without GPUs
+        ("gpus_per_node: 8", ["--standalone"], 8),  # one process per GPU by default
+        ("{gpus_per_node: 8, nprocs_per_node: 1}", None, None),  # one process that sees 8 GPUs
+        ("{nodes: 2, gpus_per_node: 8, nprocs_per_node: 4}", ["--nnodes=$SLURM_NNODES"], 4),
+    ],
+)
+def test_nprocs_per_node_sets_the_processes_torchrun_starts_on_each_node(project, settings, rendezvous, nproc):
+    body = settings if settings.startswith("{") else "{" + settings + "}"
+    add_profile(project, f"  procs: {{executor: slurm, code: installed, {body[1:-1]}}}\n")
+    words = srun_words(script_of("procs"))
+    if nproc is None:
+        assert "torch.distributed.run" not in words
+        return
+    torchrun = words[words.index("torch.distributed.run") + 1 :]
+    assert torchrun[: len(rendezvous)] == rendezvous and f"--nproc-per-node={nproc}" in torchrun
+
+
+def test_torchrun_starts_with_usr1_ignored_and_each_worker_under_the_rank_wrapper(project):
+    """USR1 goes to every process of the step: torchrun must not die of it before its workers checkpoint."""
+    add_profile(project, "  procs:\n    extends: ci\n    nprocs_per_node: 2\n")
+    job = compiled("procs", overrides=("train.micro_batch_size=8",))
+    words = srun_words(job.plan.files[slurm.SCRIPT_FILE])
+    task = words[words.index("--wait=60") + 1 :]
+    assert task[:4] == ["/bin/sh", "-c", 'trap "" USR1; exec "$@"', "rlsteps-task"]
+    assert task[4:8] == ["/bin/sh", "-c", code.ON_PATH, str(job.job_dir / code.wheel_name())]  # the job's wheel
+    assert task[9:11] == ["-m", "torch.distributed.run"]
+
+
+def test_check_refuses_a_config_its_world_size_cannot_run_and_writes_nothing(tiny_world, project, monkeypatch):
+    with pytest.raises(UsageError) as err:
+        slurm.LAUNCHER.check(compiled("big").job)  # tiny: 16 rows, micro batches of 16, on 8 processes
+    assert "(profile big: 2 node(s) x 4 process(es)): train.global_batch_size=16" in err.value.message
+    monkeypatch.setattr(slurm, "_require", lambda tool: None)  # a cluster's login node, as far as check goes
+    slurm.LAUNCHER.check(compiled("big", overrides=("train.micro_batch_size=2",)).job)
+    result = invoke("run", "rs", "-c", "tiny", "-b", "big")
+    assert result.exit_code == 2 and "train.global_batch_size=16 is not a multiple" in result.output
+    assert not (project / ".rlsteps").exists()
 
 
 def test_secrets_are_named_in_the_script_but_their_values_are_nowhere_in_the_plan(project):

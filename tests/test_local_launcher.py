@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import invoke
 from rlsteps.catalog import load_catalog
 from rlsteps.errors import UsageError
 from rlsteps.launch import local
@@ -198,3 +199,55 @@ def test_ctrl_c_lets_an_attached_worker_finish_its_cleanup(tmp_path):
     out, _ = proc.communicate(timeout=30)
     assert out.strip() == "130"
     assert marker.read_text() == "yes"
+
+
+# ----- processes: nproc_per_node ----------------------------------------------------------------------------------
+
+TWO_PROCESSES = "profiles:\n  two: {executor: local, nproc_per_node: 2, env_vars: {HF_HOME: /tmp/hf, HF_TOKEN: t0k}}\n"
+
+
+def compiled_two(here: Path, batch: bool, overrides: tuple[str, ...] = ("train.micro_batch_size=8",)):
+    (here / "rlsteps.yaml").write_text(TWO_PROCESSES)
+    profile = {"batch_profile": "two"} if batch else {"run_profile": "two"}
+    return compile_request(load_catalog(), RunRequest(step="rs", config="tiny", overrides=overrides, **profile))
+
+
+def test_nproc_per_node_runs_the_worker_under_torchrun_attached_and_detached(here):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    attached = compiled_two(here, batch=False)
+    assert attached.plan.command == [*torchrun, "-m", "rlsteps.engine.worker", str(attached.job_dir / "config.yaml")]
+    assert "2 processes under torchrun" in attached.plan.summary
+    detached = compiled_two(here, batch=True)
+    assert detached.plan.command[:WRAPPER_WORDS] == [
+        "/bin/sh",
+        "-c",
+        local.EXIT_CODE_WRAPPER,
+        "rlsteps-job",
+        str(detached.job_dir / local.EXIT_FILE),
+    ]
+    assert detached.plan.command[WRAPPER_WORDS:] == [
+        *torchrun,
+        "-m",
+        "rlsteps.engine.worker",
+        str(detached.job_dir / "config.yaml"),
+    ]
+    assert detached.plan.env == {"PYTHONUNBUFFERED": "1", "HF_HOME": "/tmp/hf"}  # the token travels unwritten
+    assert detached.job.secret_env() == {"HF_TOKEN": "t0k"}
+
+
+def test_an_unknown_local_key_is_a_usage_error_that_lists_the_known_ones(here):
+    (here / "rlsteps.yaml").write_text("profiles:\n  typo: {executor: local, nprocs_per_node: 2}\n")
+    with pytest.raises(UsageError, match="local profile 'typo' is invalid: nprocs_per_node") as err:
+        compile_request(load_catalog(), RunRequest(step="rs", config="tiny", batch_profile="typo"))
+    assert err.value.fix == "the known keys are nproc_per_node, env_vars"
+
+
+def test_a_config_two_processes_cannot_run_is_refused_before_the_job_dir_is_written(tiny_world, here):
+    compiled = compiled_two(here, batch=True, overrides=())  # tiny: 16 rows in micro batches of 16
+    with pytest.raises(UsageError) as err:
+        LAUNCHER.check(compiled.job)
+    assert "(profile two: 1 node(s) x 2 process(es)): train.global_batch_size=16" in err.value.message
+    result = invoke("run", "rs", "-c", "tiny", "-b", "two")
+    assert result.exit_code == 2 and "train.micro_batch_size=8" in result.output
+    assert not (here / ".rlsteps").exists()
+    LAUNCHER.check(compiled_two(here, batch=True).job)  # micro batches of 8: 16 rows split in two

@@ -56,7 +56,15 @@ def test_local_is_built_in_and_a_file_may_redefine_it(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("example", "name"), [("local.yaml", "local_gpu"), ("slurm.yaml", "my_slurm"), ("lepton.yaml", "my_lepton")]
+    ("example", "name"),
+    [
+        ("local.yaml", "local_gpu"),
+        ("local.yaml", "local_2proc"),
+        ("slurm.yaml", "my_slurm"),
+        ("slurm.yaml", "my_slurm_2nodes"),
+        ("lepton.yaml", "my_lepton"),
+        ("lepton.yaml", "my_lepton_2nodes"),
+    ],
 )
 def test_the_example_profiles_compile(example, name, tmp_path, monkeypatch):
     """Each key in profiles/ is one its launcher knows (a typo there would be copied by every user)."""

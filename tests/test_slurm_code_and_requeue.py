@@ -5,15 +5,19 @@ Slurm that `.ci/slurm.sh up` starts, with a worker environment that does not hav
 """
 
 import io
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from rlsteps.engine.signals import EXIT_CHECKPOINTED
-from rlsteps.launch import code, containers
+from rlsteps.launch import code, containers, slurm_script
 from rlsteps.launch.base import JobState
 from rlsteps.plan import submitted_jobs as jobs
 from run_helpers import artifact_metadata, python_without_rlsteps, rlsteps, run_dir
@@ -28,6 +32,8 @@ from test_launch_slurm import (
     submitted_record,
     wait_until,
 )
+
+SRUN_END = " ".join(slurm_script.SRUN_END)
 
 
 def test_the_wheel_holds_the_package_and_is_the_same_bytes_each_time(tmp_path):
@@ -51,7 +57,7 @@ def test_the_task_runs_with_the_jobs_wheel_first_on_the_path_unless_the_profile_
     job = compiled("ci")
     wheel = job.job_dir / code.wheel_name()
     last = job.plan.files["sbatch.sh"].rstrip().splitlines()[-1]
-    assert last.startswith(f"srun --nodes=1 --ntasks-per-node=1 /bin/sh -c '{code.ON_PATH}' {wheel} ")
+    assert last.startswith(f"srun --nodes=1 --ntasks-per-node=1 {SRUN_END} /bin/sh -c '{code.ON_PATH}' {wheel} ")
     assert last.endswith("-m rlsteps.engine.worker " + str(job.job_dir / "config.yaml"))
     assert job.plan.code == code.wheel_name() and "code: the job's own wheel" in job.plan.summary
     add_profile(project, "  installed:\n    extends: ci\n    code: installed\n")
@@ -59,8 +65,6 @@ def test_the_task_runs_with_the_jobs_wheel_first_on_the_path_unless_the_profile_
 
 
 def test_the_script_and_the_worker_agree_on_the_exit_code_of_a_checkpoint_on_request():
-    from rlsteps.launch import slurm_script
-
     assert slurm_script.EXIT_CHECKPOINTED == EXIT_CHECKPOINTED
 
 
@@ -73,6 +77,20 @@ def test_a_time_limit_brings_a_checkpoint_signal_and_requeue_is_the_profiles_cho
     assert f'if [ "$code" -eq {EXIT_CHECKPOINTED} ]; then' in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
     add_profile(project, "  unlimited:\n    executor: slurm\n")
     assert "--signal" not in script_of("unlimited")
+
+
+def test_under_torchrun_a_workers_marker_stands_for_its_exit_75(project):  # noqa: F811
+    """torchrun exits 1 when its workers exit 75: the script clears the marker, then reads it after srun."""
+    add_profile(project, "  again2:\n    extends: ci\n    requeue: true\n    nprocs_per_node: 2\n")
+    job = compiled("again2", overrides=("train.micro_batch_size=8",))
+    marker = job.job_dir / slurm_script.CHECKPOINTED_FILE
+    script = job.plan.files["sbatch.sh"]
+    assert (
+        script.index(f"\nrm -f {marker}\n")
+        < script.index("\nsrun ")
+        < script.index(f'\nif [ "$code" -ne 0 ] && [ -e {marker} ]; then code={EXIT_CHECKPOINTED}; fi\n')
+        < script.index(f'\nif [ "$code" -eq {EXIT_CHECKPOINTED} ]; then\n')
+    )
 
 
 def test_a_stage_that_waits_on_another_is_cancelled_when_that_one_fails(project):  # noqa: F811
@@ -134,6 +152,147 @@ def test_a_job_checkpointed_before_its_time_limit_is_requeued_and_resumes(tiny_w
     assert jobs.job_status(record).state is JobState.SUCCEEDED, log
     assert "as asked (SIGUSR1" in log and "requeueing job" in log and "resuming from" in log, log
     assert artifact_metadata(run_dir(project, "rl_rs"))["counters"]["step"] == 100
+
+
+# ----- torchrun in the task: two ranks, USR1, the marker and the requeue, with a stand-in worker -----------------
+
+FAKE_WORKER = """\
+import os, signal, sys, time
+from pathlib import Path
+
+rank, world, here = os.environ["RANK"], int(os.environ["WORLD_SIZE"]), Path(__file__).parent
+print(f"fake worker rank {rank} of {world} up", flush=True)
+signal.signal(signal.SIGUSR1, lambda *_: (here / f"usr1.{rank}").touch())
+(here / f"ready.{rank}").touch()
+deadline = time.monotonic() + 60
+while not all((here / f"usr1.{r}").exists() for r in range(world)) and time.monotonic() < deadline:
+    time.sleep(0.05)  # as the engine's ranks checkpoint together: once the signal has reached them all
+handled = (here / f"usr1.{rank}").exists()
+print(f"fake worker rank {rank} " + ("handled USR1" if handled else "saw no USR1"), flush=True)
+sys.exit(75 if handled else 1)
+"""
+
+
+@pytest.fixture
+def fake_python(tmp_path) -> Path:
+    """A `python` for the profile: torchrun is the real one, the worker module is FAKE_WORKER (ready.RANK files
+    next to it say each rank handles USR1 by now)."""
+    folder = tmp_path / "fake"
+    folder.mkdir()
+    (folder / "worker.py").write_text(FAKE_WORKER)
+    python = folder / "python"
+    fake_worker = f'exec {sys.executable} {folder / "worker.py"} "$@"'
+    python.write_text(
+        f'#!/bin/bash\nif [ "$1 $2" = "-m rlsteps.engine.worker" ]; then shift 2; {fake_worker}; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    return python
+
+
+def add_torchrun_profile(cwd: Path, python: Path) -> None:
+    add_profile(
+        cwd,
+        f"  torchrun2:\n    extends: ci\n    nprocs_per_node: 2\n    requeue: true\n"
+        f"    code: installed\n    python: {python}\n",
+    )
+
+
+def wait_for_ranks(folder: Path, ranks: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not all((folder / f"ready.{rank}").exists() for rank in range(ranks)):
+        assert time.monotonic() < deadline, f"not every rank was up after {timeout}s"
+        time.sleep(0.1)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid: what Slurm's proctrack/linuxproc signals for a step."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def assert_torchrun_outlived_usr1(log: str) -> None:
+    """Both ranks handled USR1, and torchrun lived on to report a rank's exit 75 (the first rank to exit; it may
+    stop the other one before that one exits by itself)."""
+    for rank in (0, 1):
+        assert f"fake worker rank {rank} of 2 up" in log and f"fake worker rank {rank} handled USR1" in log, log
+    assert re.search(r"exitcode\s*:\s*75\b", log), log
+
+
+def test_the_task_runs_two_ranks_that_checkpoint_on_usr1_and_the_script_requeues(
+    tiny_world,
+    project,  # noqa: F811
+    fake_python,
+):
+    """The generated script with srun and scontrol stood in for: srun runs the task here, USR1 goes to every
+    process below the batch shell (not to the shell), as Slurm's --signal does."""
+    add_torchrun_profile(project, fake_python)
+    job = compiled("torchrun2", overrides=("train.micro_batch_size=8",))
+    job.job_dir.mkdir(parents=True)
+    script = job.job_dir / "sbatch.sh"
+    script.write_text(job.plan.files["sbatch.sh"])
+    stand_ins = project / "bin"
+    stand_ins.mkdir()
+    (stand_ins / "srun").write_text('#!/bin/bash\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    (stand_ins / "scontrol").write_text('#!/bin/bash\necho "$*" >> "$SCONTROL_CALLS"\n')
+    for tool in ("srun", "scontrol"):
+        (stand_ins / tool).chmod(0o755)
+    calls = project / "scontrol-calls"
+    env = {**os.environ, "PATH": f"{stand_ins}:{os.environ['PATH']}", "SCONTROL_CALLS": str(calls)}
+    env |= {"SLURM_JOB_ID": "4242"}
+    batch = subprocess.Popen(
+        ["bash", str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for_ranks(fake_python.parent, 2)
+        for pid in descendants(batch.pid):
+            os.kill(pid, signal.SIGUSR1)
+        out, _ = batch.communicate(timeout=60)
+    finally:
+        if batch.poll() is None:
+            os.killpg(batch.pid, signal.SIGKILL)
+    assert batch.returncode == EXIT_CHECKPOINTED, out
+    assert_torchrun_outlived_usr1(out)
+    assert (job.job_dir / slurm_script.CHECKPOINTED_FILE).exists()
+    assert "requeueing job 4242" in out and calls.read_text() == "requeue 4242\n"
+
+
+@needs_cluster
+@pytest.mark.slow
+def test_torchrun_on_slurm_outlives_usr1_and_the_job_is_requeued(tiny_world, project, fake_python):  # noqa: F811
+    """scancel --signal=USR1 reaches every process of the step, as --signal=USR1@SECONDS does. Slurm holds a
+    requeued job for about two minutes before it may start again: the test ends at the requeue."""
+    add_torchrun_profile(project, fake_python)
+    done = rlsteps("run", "rs", *TINY_RUN, "-b", "torchrun2", "train.micro_batch_size=8", cwd=project, timeout=120)
+    assert done.returncode == 0, done.stderr
+    record = submitted_record(project)
+    wait_for_ranks(fake_python.parent, 2)
+    subprocess.run(["scancel", "--signal=USR1", record.job_id], check=True)
+
+    def log() -> str:
+        return "\n".join(jobs.job_logs(record))
+
+    wait_until(record, lambda: f"requeueing job {record.job_id}" in log(), timeout=60, poll_s=0.2)
+    wait_until(record, lambda: jobs.job_status(record).state is JobState.PENDING, timeout=30, poll_s=0.2)
+    subprocess.run(["scancel", record.job_id], check=True)
+    assert_torchrun_outlived_usr1(log())
+    assert (Path(record.job_dir) / slurm_script.CHECKPOINTED_FILE).exists()
 
 
 def train_log(cwd: Path) -> str:

@@ -23,13 +23,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rlsteps.errors import RunFailed, UsageError
+from rlsteps.engine.world_check import check_world_size, describe_world
+from rlsteps.errors import RunFailed
 from rlsteps.launch import code
 from rlsteps.launch import lepton_api as api
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission
 from rlsteps.launch.job import Job
 from rlsteps.launch.lepton_spec import (
-    SINGLE_PROCESS_FIX,
     LeptonProfile,
     build_spec,
     held_secrets,
@@ -55,14 +55,11 @@ class LeptonLauncher:
         return tuple(str(m["mount_path"]) for m in LeptonProfile.of(job).mounts if m.get("mount_path"))
 
     def check(self, job: Job) -> None:
-        """Refuse what cannot run, before anything is written or sent."""
+        """Refuse what cannot run, before anything is written or sent: a config its world size cannot run."""
         profile = LeptonProfile.of(job)
-        if profile.world_size > 1:
-            raise UsageError(
-                f"profile {job.profile_name} asks for {profile.nodes} node(s) x {profile.nprocs} process(es) per "
-                "node, but the embedded engine runs a single process",
-                fix=SINGLE_PROCESS_FIX,
-            )
+        check_world_size(
+            job.config, profile.world_size, describe_world(job.profile_name, profile.nodes, profile.nprocs)
+        )
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
         api.require_sdk()

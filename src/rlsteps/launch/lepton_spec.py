@@ -33,18 +33,19 @@ from rlsteps.launch.base import worker_command
 from rlsteps.launch.job import Job
 
 LOGIN_HINT = "run `lep login`, or set LEPTON_WORKSPACE_ID and LEPTON_WORKSPACE_TOKEN"
-SINGLE_PROCESS_FIX = "set nodes: 1 and nprocs_per_node: 1 (one process per node)"
 CONTAINER_JOBS_DIR = "/tmp/rlsteps/jobs"  # container-local: each replica writes its own copy of the config
 MAX_JOB_NAME = 36  # the SDK's limit for a job id
 MASTER_PORT = 29400
 SECRET_PREFIX = "rlsteps_"  # a secret name may not start with LEPTON_; this one says whose it is
 MAX_EXEC = 1024 * 1024  # the command and environment together: half of Linux's usual 2 MiB, half left to the platform
 
-# Lepton sets these in every replica; the rank-0 replica's address is how the platform's own scripts find it.
+# Lepton sets LEPTON_JOB_SERVICE_PREFIX, LEPTON_SUBDOMAIN, LEPTON_JOB_NAME and LEPTON_JOB_WORKER_INDEX in every
+# replica (DGX Cloud Lepton's batch job environment variable reference); replica i answers at
+# PREFIX-i.SUBDOMAIN, which is how the platform's own multi-node examples address replica 0.
 RENDEZVOUS = """\
 SERVICE_PREFIX="${LEPTON_JOB_SERVICE_PREFIX:-$LEPTON_JOB_NAME}"
 SUBDOMAIN="${LEPTON_SUBDOMAIN:-$LEPTON_JOB_NAME-job-svc}"
-MASTER_ADDR="$SERVICE_PREFIX-0.$SUBDOMAIN.ws-$LEPTON_WORKSPACE_ID.svc.cluster.local"
+MASTER_ADDR="$SERVICE_PREFIX-0.$SUBDOMAIN"
 """
 
 
@@ -150,7 +151,8 @@ def shipped_code(profile: LeptonProfile) -> dict[str, str]:
 
 def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile, shipped: dict[str, str] | None = None) -> str:
     """The container's bash script: write the config, rebuild the shipped wheel, run the profile's setup, start
-    the worker."""
+    the worker; with more than one process, a torchrun of it: alone (--standalone) on one node, else meeting the
+    other replicas at replica 0 (RENDEZVOUS), this replica's node rank its worker index."""
     config_dir = f"{CONTAINER_JOBS_DIR}/{job_dir_name}"
     record = {
         "job": {
@@ -261,7 +263,7 @@ def summary(job: Job, profile: LeptonProfile, job_id: str, chunks: int) -> str:
     )
     text = (
         f"submit {job.step_id} to DGX Cloud Lepton ({where}) as job {job_id}: "
-        f"{profile.nodes} x {profile.resource_shape} in "
+        f"{profile.nodes} x {profile.resource_shape}, {profile.nprocs} process(es) per node, in "
         f"node group {profile.node_group} (id looked up at submission), {profile.container_image}; {outputs}; {how}; "
         + (
             f"code: the job's own wheel of rlsteps, first on PYTHONPATH ({code.wheel_name()}, carried in the job's "
@@ -270,11 +272,6 @@ def summary(job: Job, profile: LeptonProfile, job_id: str, chunks: int) -> str:
             else "code: rlsteps as installed in the image (code: installed)"
         )
     )
-    if profile.world_size > 1:
-        text += (
-            f"; note: the embedded engine is single-process for now, so submitting refuses {profile.nodes} node(s) "
-            f"x {profile.nprocs} process(es)"
-        )
     return text
 
 

@@ -1,5 +1,8 @@
 """Run here: an attached subprocess that streams to this terminal, or (-b) a detached one with a pid file.
 
+The subprocess is the worker, or with `nproc_per_node: N` above 1 a torchrun (--standalone) that starts N
+workers on this machine.
+
 A detached job runs under a small shell wrapper that writes the worker's exit code to `exit_code`
 when it ends; `status` reads that file, or the pid while the job runs. `cancel` writes `cancelled`,
 then sends SIGTERM to the job's process group and SIGKILL to whatever is left after a grace period.
@@ -15,9 +18,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rlsteps.engine.world_check import check_world_size, describe_world
 from rlsteps.errors import UsageError
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission, read_log, worker_command
 from rlsteps.launch.job import Job
+from rlsteps.secrets import is_secret_key
 
 LOG_FILE = "worker.log"
 PID_FILE = "worker.pid"
@@ -33,29 +40,72 @@ EXIT_CODE_WRAPPER = (
 )
 
 
+class LocalProfile(BaseModel):
+    """The launcher settings of a local profile; an unknown key is an error (a typo would be ignored otherwise)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    executor: str = "local"
+    nproc_per_node: int = Field(1, ge=1)  # worker processes on this machine; above 1 they run under torchrun
+    env_vars: dict[str, str | int | float | bool] = {}  # the job's environment; secret-looking names stay masked
+
+    def public_env(self) -> dict[str, str]:
+        """The env_vars that may be shown; the secret ones travel through Job.secret_env()."""
+        return {k: str(v) for k, v in self.env_vars.items() if not is_secret_key(k)}
+
+
+def load_profile(job: Job) -> LocalProfile:
+    try:
+        return LocalProfile.model_validate(job.launcher_settings)
+    except ValidationError as err:
+        causes = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'profile'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors()
+        )
+        known = ", ".join(k for k in LocalProfile.model_fields if k != "executor")
+        raise UsageError(
+            f"local profile '{job.profile_name}' is invalid: {causes}", fix=f"the known keys are {known}"
+        ) from None
+
+
+def process_command(profile: LocalProfile, job_dir: Path, passthrough: list[str]) -> list[str]:
+    """The worker, or a torchrun of nproc_per_node workers on this machine (a free rendezvous port of its own)."""
+    worker = worker_command(sys.executable, job_dir, passthrough)
+    if profile.nproc_per_node == 1:
+        return worker
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return [*torchrun, "--nproc-per-node", str(profile.nproc_per_node), *worker[1:]]  # torchrun's -m: the worker
+
+
 class LocalLauncher:
     name = "local"
     sees_local_files = True
 
     def check(self, job: Job) -> None:
-        """Anything this machine can compile, it can run."""
+        """Refuse a config its number of processes cannot run; anything else this machine compiles, it runs."""
+        profile = load_profile(job)
+        world = describe_world(job.profile_name or "local", 1, profile.nproc_per_node)
+        check_world_size(job.config, profile.nproc_per_node, world)
 
     def cluster_paths(self, job: Job) -> tuple[str, ...]:
         return ()
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
-        worker = worker_command(sys.executable, job_dir, job.passthrough)
+        profile = load_profile(job)
+        command = process_command(profile, job_dir, job.passthrough)
+        processes = "" if profile.nproc_per_node == 1 else f", {profile.nproc_per_node} processes under torchrun"
         if job.mode != "batch":
             return LaunchPlan(
                 launcher=self.name,
-                summary=f"run {job.step_id} on this machine, attached to this terminal",
-                command=worker,
+                summary=f"run {job.step_id} on this machine{processes}, attached to this terminal",
+                command=command,
+                env=profile.public_env(),
             )
         return LaunchPlan(
             launcher=self.name,
-            summary=f"run {job.step_id} on this machine, detached, logs to {job_dir / LOG_FILE}",
-            command=["/bin/sh", "-c", EXIT_CODE_WRAPPER, "rlsteps-job", str(job_dir / EXIT_FILE), *worker],
-            env={"PYTHONUNBUFFERED": "1"},
+            summary=f"run {job.step_id} on this machine{processes}, detached, logs to {job_dir / LOG_FILE}",
+            command=["/bin/sh", "-c", EXIT_CODE_WRAPPER, "rlsteps-job", str(job_dir / EXIT_FILE), *command],
+            env={"PYTHONUNBUFFERED": "1", **profile.public_env()},
         )
 
     def submit(self, job: Job, plan: LaunchPlan, job_dir: Path) -> Submission:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlsteps.engine.world_check import check_world_size, describe_world
 from rlsteps.errors import RunFailed, UsageError
 from rlsteps.launch import containers
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission, read_log
@@ -54,14 +55,11 @@ class SlurmLauncher:
     sees_local_files = True  # the submitting machine shares the cluster's filesystem (the job dir lives there)
 
     def check(self, job: Job) -> None:
-        """What refuses the job before anything is written: a world size the engine cannot run, no sbatch here."""
+        """What refuses the job before anything is written: a config its world size cannot run, no sbatch here."""
         profile = load_profile(job)
-        if profile.world_size > 1:
-            raise UsageError(
-                f"the profile asks for {profile.nodes} node(s) x {profile.gpus_per_node} GPU(s), but the embedded "
-                "engine runs a single process",
-                fix="set nodes: 1 and gpus_per_node: 1 (or 0 for CPU)",
-            )
+        check_world_size(
+            job.config, profile.world_size, describe_world(job.profile_name, profile.nodes, profile.nprocs)
+        )
         _require("sbatch")
 
     def cluster_paths(self, job: Job) -> tuple[str, ...]:
@@ -74,7 +72,7 @@ class SlurmLauncher:
         notes = [
             f"{'attached (logs streamed here)' if job.mode == 'attached' else 'detached'}",
             f"partition {profile.partition_for(job.mode) or '(cluster default)'}",
-            f"{profile.nodes} node(s) x {profile.gpus_per_node} GPU(s)",
+            f"{profile.nodes} node(s) x {profile.gpus_per_node} GPU(s), {profile.nprocs} process(es) per node",
             f"job dir {where.run_dir}",
         ]
         if where.container:
@@ -100,10 +98,6 @@ class SlurmLauncher:
             notes.append(
                 f"checkpoint {profile.checkpoint_before_limit_s}s before the time limit"
                 + (", then requeue" if profile.requeue else "")
-            )
-        if profile.world_size > 1:
-            notes.append(
-                "note: the embedded engine is single-process for now, so submitting refuses a world size above 1"
             )
         return LaunchPlan(
             launcher=self.name,

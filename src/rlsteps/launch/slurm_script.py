@@ -1,12 +1,28 @@
 """The sbatch script of a Slurm job, built from its profile: pure, deterministic, every value quoted.
 
 The dry run prints exactly the file that is submitted. Secrets are never in it: sbatch passes the
-submitting process's environment to the job (--export=ALL), and that is where they are put. With
-nodes * gpus_per_node > 1 each node runs one task, a torchrun whose rendezvous comes from the Slurm
-variables; otherwise the task is the worker itself. Unless the profile says the environment already
-has rlsteps (`code: installed`), the task runs with the job's own wheel of rlsteps first on PYTHONPATH.
-With a time limit, Slurm sends USR1 `checkpoint_before_limit_s` before it: the worker checkpoints and
-exits 75, and with `requeue: true` the script requeues the job, which resumes from that checkpoint.
+submitting process's environment to the job (--export=ALL), and that is where they are put. Unless the
+profile says the environment already has rlsteps (`code: installed`), the task runs with the job's own
+wheel of rlsteps first on PYTHONPATH.
+
+Processes: each node runs one Slurm task. With one process in all (nodes * nprocs_per_node == 1) the task
+is the worker itself; otherwise it is a torchrun that starts nprocs_per_node workers on its node, alone
+(--standalone) on one node, or meeting the other nodes' torchruns at the head node (c10d rendezvous).
+srun ends every task 60 s after the first one ends, at once if that one failed (--kill-on-bad-exit=1
+--wait=60), so a dead node or process never leaves the others waiting in a collective until the time limit;
+with a single task the flags change nothing, and every srun line carries them.
+
+Time limit: Slurm sends USR1 `checkpoint_before_limit_s` before it, to every process of the step; the
+worker checkpoints after the step in progress and exits 75 (EXIT_CHECKPOINTED), and with `requeue: true`
+the script requeues the job, which resumes from that checkpoint. Under torchrun two things change:
+  - torchrun itself would die of USR1 (its default action), taking its workers down before they
+    checkpoint: the task starts it with USR1 ignored. An ignored signal stays ignored across fork and exec,
+    and each worker installs its own USR1 handler, which replaces the inherited ignore.
+  - torchrun exits 1 whatever code its workers exit with (all of them exiting 75 included), so each worker
+    runs under a small shell (torchrun --no-python) that writes CHECKPOINTED_FILE into the job dir when its
+    worker exits 75. The script reads a failed task with that file as exit 75. One rank is enough: the
+    checkpoint is written by all processes together before any of them exits 75, and srun or torchrun may
+    stop the other ranks before they get to exit by themselves.
 """
 
 from __future__ import annotations
@@ -30,6 +46,18 @@ EXIT_CHECKPOINTED = 75  # the worker's exit after a checkpoint it was asked for 
 SCRIPT_FILE = "sbatch.sh"
 LOG_NAME = "slurm-{job_id}.log"
 RDZV_PORT = 29500
+CHECKPOINTED_FILE = "checkpointed"  # in the job dir: some rank exited EXIT_CHECKPOINTED (torchrun exits 1)
+SRUN_END = ("--kill-on-bad-exit=1", "--wait=60")  # one task ending ends the others: no rank waits forever
+# The task's first words under torchrun: torchrun, and every process it starts, ignore USR1 until the worker
+# installs its own handler ($0 is only a name for the shell).
+IGNORE_USR1 = 'trap "" USR1; exec "$@"'
+# What torchrun starts for each rank: the worker, then the marker ($0) when it exits EXIT_CHECKPOINTED. The shell
+# outlives torchrun's SIGTERM to its rank's process group (a trap, which the worker does not inherit), so torchrun
+# waits for the worker itself to unwind.
+RANK_WRAPPER = (
+    f'trap : TERM INT HUP; marker=$0; "$@"; code=$?; if [ "$code" -eq {EXIT_CHECKPOINTED} ]; then : > "$marker"; fi; '
+    'exit "$code"'
+)
 
 
 class SlurmProfile(BaseModel):
@@ -44,6 +72,7 @@ class SlurmProfile(BaseModel):
     batch_partition: str | None = None  # for -b (detached)
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(0, ge=0)
+    nprocs_per_node: int | None = Field(None, ge=1)  # worker processes per node; default gpus_per_node, else 1
     ntasks_per_node: int = 1
     cpus_per_task: int | None = Field(None, ge=1)
     mem: str | int | None = None  # sbatch --mem: 0 is all of the node's memory
@@ -74,7 +103,9 @@ class SlurmProfile(BaseModel):
     @classmethod
     def _one_task_per_node(cls, value: int) -> int:
         if value != 1:
-            raise ValueError("must be 1: the job runs one task per node, and torchrun starts a process per GPU")
+            raise ValueError(
+                "must be 1: the job runs one task per node, and torchrun starts nprocs_per_node processes in it"
+            )
         return value
 
     @field_validator("env_vars")
@@ -89,8 +120,13 @@ class SlurmProfile(BaseModel):
         return (self.run_partition if mode == "attached" else self.batch_partition) or self.partition
 
     @property
+    def nprocs(self) -> int:
+        """Worker processes per node: nprocs_per_node, else one per GPU, else one."""
+        return self.nprocs_per_node or self.gpus_per_node or 1
+
+    @property
     def world_size(self) -> int:
-        return self.nodes * max(self.gpus_per_node, 1)
+        return self.nodes * self.nprocs
 
 
 def load_profile(job: Job) -> SlurmProfile:
@@ -141,7 +177,7 @@ def shell_join(words: list[str]) -> str:
 
 
 def task_command(job: Job, profile: SlurmProfile, where: Placement) -> list[str]:
-    """What each Slurm task runs: the worker, or a torchrun of it that meets the other nodes at the head node."""
+    """What each Slurm task runs: the worker, or a torchrun that starts the node's workers (module docstring)."""
     worker = worker_command(where.python, where.run_dir, job.passthrough)
     if profile.world_size == 1:
         return code.on_path(str(where.wheel), worker) if where.wheel else worker
@@ -149,21 +185,43 @@ def task_command(job: Job, profile: SlurmProfile, where: Placement) -> list[str]
         where.python,
         "-m",
         "torch.distributed.run",
+        *rendezvous(profile),
+        f"--nproc-per-node={profile.nprocs}",
+        "--no-python",  # each rank is RANK_WRAPPER, which runs the worker
+        "/bin/sh",
+        "-c",
+        RANK_WRAPPER,
+        str(where.run_dir / CHECKPOINTED_FILE),
+        *worker,
+    ]
+    task = code.on_path(str(where.wheel), torchrun) if where.wheel else torchrun
+    return ["/bin/sh", "-c", IGNORE_USR1, "rlsteps-task", *task]
+
+
+def rendezvous(profile: SlurmProfile) -> list[str]:
+    """How torchrun finds its peers: alone on one node (a free port of its own), else at the head node."""
+    if profile.nodes == 1:
+        return ["--standalone"]
+    return [
         Expansion('--nnodes="$SLURM_NNODES"'),
-        f"--nproc-per-node={max(profile.gpus_per_node, 1)}",
         "--rdzv-backend=c10d",
         Expansion('--rdzv-id="$SLURM_JOB_ID"'),
         Expansion(f'--rdzv-endpoint="$head_node:{RDZV_PORT}"'),
-        *worker[1:],
-    ]  # torchrun's -m runs the worker module in each process
-    return code.on_path(str(where.wheel), torchrun) if where.wheel else torchrun
+    ]
 
 
 def srun_words(job: Job, profile: SlurmProfile, where: Placement) -> list[str]:
     container = (
         containers.pyxis_options(where.container, profile.container_mounts, where.workdir) if where.container else []
     )
-    return ["srun", f"--nodes={profile.nodes}", "--ntasks-per-node=1", *container, *task_command(job, profile, where)]
+    return [
+        "srun",
+        f"--nodes={profile.nodes}",
+        "--ntasks-per-node=1",
+        *SRUN_END,
+        *container,
+        *task_command(job, profile, where),
+    ]
 
 
 def directives(job: Job, profile: SlurmProfile, where: Placement) -> list[tuple[str, Any]]:
@@ -184,10 +242,7 @@ def directives(job: Job, profile: SlurmProfile, where: Placement) -> list[tuple[
         ("export", "ALL"),
         ("dependency", "afterok:" + ":".join(job.depends_on) if job.depends_on else None),
         ("kill-on-invalid-dep", "yes" if job.depends_on else None),  # a failed stage cancels what waits on it
-        (
-            "signal",
-            f"USR1@{profile.checkpoint_before_limit_s}" if profile.time and profile.checkpoint_before_limit_s else None,
-        ),
+        ("signal", _checkpoint_signal(profile)),
         ("requeue", profile.requeue or None),
     ]
     return [(flag, value) for flag, value in wanted if value is not None]
@@ -217,10 +272,9 @@ def sbatch_script(job: Job, profile: SlurmProfile, where: Placement) -> str:
     if profile.setup_lines:
         lines += ["", "# setup_lines from the profile", *profile.setup_lines]
     lines.append("")
-    if profile.world_size > 1:
+    if profile.nodes > 1:
         lines.append('head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
-    srun = shell_join(srun_words(job, profile, where))
-    lines += [srun, ""] if not profile.requeue else _requeue_on_checkpoint(srun)
+    lines += _run_lines(shell_join(srun_words(job, profile, where)), profile, where)
     return "\n".join(lines)
 
 
@@ -229,20 +283,29 @@ def _checkpoint_signal(profile: SlurmProfile) -> str | None:
     return f"USR1@{profile.checkpoint_before_limit_s}" if profile.time and profile.checkpoint_before_limit_s else None
 
 
-def _requeue_on_checkpoint(srun: str) -> list[str]:
-    """The task's exit code decides: EXIT_CHECKPOINTED (stopped before the time limit) requeues the job."""
-    return [
-        "set +e",
-        srun,
-        "code=$?",
-        "set -e",
-        f'if [ "$code" -eq {EXIT_CHECKPOINTED} ]; then',
-        '    echo "rlsteps: checkpointed before the time limit; requeueing job $SLURM_JOB_ID to resume from it"',
-        '    scontrol requeue "$SLURM_JOB_ID"',
-        "fi",
-        'exit "$code"',
-        "",
-    ]
+def _run_lines(srun: str, profile: SlurmProfile, where: Placement) -> list[str]:
+    """The srun line, and what its exit code decides: under torchrun the marker file stands for exit
+    EXIT_CHECKPOINTED, and with `requeue: true` that exit requeues the job. Without either, set -e passes the
+    task's exit code on."""
+    torchrun = profile.world_size > 1
+    if not torchrun and not profile.requeue:
+        return [srun, ""]
+    marker = shlex.quote(str(where.run_dir / CHECKPOINTED_FILE))
+    lines = [f"rm -f {marker}"] if torchrun else []
+    lines += ["set +e", srun, "code=$?", "set -e"]
+    if torchrun:
+        lines += [
+            f"# torchrun exits 1 when its workers exit {EXIT_CHECKPOINTED}: a worker that did left {CHECKPOINTED_FILE}",
+            f'if [ "$code" -ne 0 ] && [ -e {marker} ]; then code={EXIT_CHECKPOINTED}; fi',
+        ]
+    if profile.requeue:
+        lines += [
+            f'if [ "$code" -eq {EXIT_CHECKPOINTED} ]; then',
+            '    echo "rlsteps: checkpointed before the time limit; requeueing job $SLURM_JOB_ID to resume from it"',
+            '    scontrol requeue "$SLURM_JOB_ID"',
+            "fi",
+        ]
+    return [*lines, 'exit "$code"', ""]
 
 
 def public_env(profile: SlurmProfile) -> dict[str, str]:
