@@ -1,5 +1,5 @@
 """Tiny runs on two processes (torchrun, gloo, FSDP2), as a user starts them: a local profile with
-nproc_per_node: 2. They learn, end with the weights one process ends with, and resume on another count."""
+nprocs_per_node: 2. They learn, end with the weights one process ends with, and resume on another count."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from run_helpers import FAST, kill_group, rlsteps, run_dir, series, start_rlstep
 
 pytestmark = pytest.mark.slow
 
-TWO_PROCESSES = "profiles:\n  two:\n    executor: local\n    nproc_per_node: 2\n"
+TWO_PROCESSES = "profiles:\n  two:\n    executor: local\n    nprocs_per_node: 2\n"
 SAME_BATCHES = ["train.micro_batch_size=8"]  # 16 rows per optimizer step: 8 per process, one micro-batch each
 
 

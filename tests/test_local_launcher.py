@@ -201,9 +201,9 @@ def test_ctrl_c_lets_an_attached_worker_finish_its_cleanup(tmp_path):
     assert marker.read_text() == "yes"
 
 
-# ----- processes: nproc_per_node ----------------------------------------------------------------------------------
+# ----- processes: nprocs_per_node ----------------------------------------------------------------------------------
 
-TWO_PROCESSES = "profiles:\n  two: {executor: local, nproc_per_node: 2, env_vars: {HF_HOME: /tmp/hf, HF_TOKEN: t0k}}\n"
+TWO_PROCESSES = "profiles:\n  two: {executor: local, nprocs_per_node: 2, env_vars: {HF_HOME: /tmp/hf, HF_TOKEN: t0k}}\n"
 
 
 def compiled_two(here: Path, batch: bool, overrides: tuple[str, ...] = ("train.micro_batch_size=8",)):
@@ -212,7 +212,7 @@ def compiled_two(here: Path, batch: bool, overrides: tuple[str, ...] = ("train.m
     return compile_request(load_catalog(), RunRequest(step="rs", config="tiny", overrides=overrides, **profile))
 
 
-def test_nproc_per_node_runs_the_worker_under_torchrun_attached_and_detached(here):
+def test_nprocs_per_node_runs_the_worker_under_torchrun_attached_and_detached(here):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     attached = compiled_two(here, batch=False)
     assert attached.plan.command == [*torchrun, "-m", "rlsteps.engine.worker", str(attached.job_dir / "config.yaml")]
@@ -236,10 +236,10 @@ def test_nproc_per_node_runs_the_worker_under_torchrun_attached_and_detached(her
 
 
 def test_an_unknown_local_key_is_a_usage_error_that_lists_the_known_ones(here):
-    (here / "rlsteps.yaml").write_text("profiles:\n  typo: {executor: local, nprocs_per_node: 2}\n")
-    with pytest.raises(UsageError, match="local profile 'typo' is invalid: nprocs_per_node") as err:
+    (here / "rlsteps.yaml").write_text("profiles:\n  typo: {executor: local, nproc_per_node: 2}\n")  # torchrun's
+    with pytest.raises(UsageError, match="local profile 'typo' is invalid: nproc_per_node") as err:
         compile_request(load_catalog(), RunRequest(step="rs", config="tiny", batch_profile="typo"))
-    assert err.value.fix == "the known keys are nproc_per_node, env_vars"
+    assert err.value.fix == "the known keys are nprocs_per_node, env_vars"
 
 
 def test_a_config_two_processes_cannot_run_is_refused_before_the_job_dir_is_written(tiny_world, here):

@@ -1,6 +1,6 @@
 """Run here: an attached subprocess that streams to this terminal, or (-b) a detached one with a pid file.
 
-The subprocess is the worker, or with `nproc_per_node: N` above 1 a torchrun (--standalone) that starts N
+The subprocess is the worker, or with `nprocs_per_node: N` above 1 a torchrun (--standalone) that starts N
 workers on this machine.
 
 A detached job runs under a small shell wrapper that writes the worker's exit code to `exit_code`
@@ -46,7 +46,7 @@ class LocalProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     executor: str = "local"
-    nproc_per_node: int = Field(1, ge=1)  # worker processes on this machine; above 1 they run under torchrun
+    nprocs_per_node: int = Field(1, ge=1)  # worker processes on this machine; above 1 they run under torchrun
     env_vars: dict[str, str | int | float | bool] = {}  # the job's environment; secret-looking names stay masked
 
     def public_env(self) -> dict[str, str]:
@@ -69,12 +69,12 @@ def load_profile(job: Job) -> LocalProfile:
 
 
 def process_command(profile: LocalProfile, job_dir: Path, passthrough: list[str]) -> list[str]:
-    """The worker, or a torchrun of nproc_per_node workers on this machine (a free rendezvous port of its own)."""
+    """The worker, or a torchrun of nprocs_per_node workers on this machine (a free rendezvous port of its own)."""
     worker = worker_command(sys.executable, job_dir, passthrough)
-    if profile.nproc_per_node == 1:
+    if profile.nprocs_per_node == 1:
         return worker
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    return [*torchrun, "--nproc-per-node", str(profile.nproc_per_node), *worker[1:]]  # torchrun's -m: the worker
+    return [*torchrun, "--nproc-per-node", str(profile.nprocs_per_node), *worker[1:]]  # torchrun's -m: the worker
 
 
 class LocalLauncher:
@@ -84,8 +84,8 @@ class LocalLauncher:
     def check(self, job: Job) -> None:
         """Refuse a config its number of processes cannot run; anything else this machine compiles, it runs."""
         profile = load_profile(job)
-        world = describe_world(job.profile_name or "local", 1, profile.nproc_per_node)
-        check_world_size(job.config, profile.nproc_per_node, world)
+        world = describe_world(job.profile_name or "local", 1, profile.nprocs_per_node)
+        check_world_size(job.config, profile.nprocs_per_node, world)
 
     def cluster_paths(self, job: Job) -> tuple[str, ...]:
         return ()
@@ -93,7 +93,7 @@ class LocalLauncher:
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
         profile = load_profile(job)
         command = process_command(profile, job_dir, job.passthrough)
-        processes = "" if profile.nproc_per_node == 1 else f", {profile.nproc_per_node} processes under torchrun"
+        processes = "" if profile.nprocs_per_node == 1 else f", {profile.nprocs_per_node} processes under torchrun"
         if job.mode != "batch":
             return LaunchPlan(
                 launcher=self.name,
