@@ -89,3 +89,39 @@ def test_bf16_compute_moves_the_weights_like_fp32_at_a_small_learning_rate():
     assert fp32 > 0.95
     assert mixed > 0.95  # fp32 master weights: every update lands
     assert pure < 0.2  # bf16 weights lose updates below 2^-8 of the weight: most of them at lr 1e-6
+
+
+def _update_after_one_step(activation_checkpointing: bool) -> tuple[float, dict]:
+    from distributed_update import config
+    from rlsteps.engine.algorithms.rs import RejectionSampling
+    from rlsteps.engine.distributed import SINGLE
+    from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
+    from rlsteps.engine.policy.parallel import Precision, place_policy
+    from rlsteps.engine.update import PolicyUpdate
+
+    cfg, cpu = config(8, 8, 4), torch.device("cpu")
+    model = place_policy(fixed_model(), SINGLE, cpu, Precision(), activation_checkpointing=activation_checkpointing)
+    optimizer = build_optimizer(model, 1e-3, 0.0)
+    scheduler = build_scheduler(optimizer, warmup_steps=0, total_steps=10)
+    result = PolicyUpdate(model, optimizer, scheduler, RejectionSampling(cfg), cfg.train, cpu)(fixed_batch(8))
+    return result.stats["train/loss"], model.state_dict()
+
+
+def test_activation_checkpointing_recomputes_the_same_update():
+    loss, weights = _update_after_one_step(activation_checkpointing=False)
+    recomputed_loss, recomputed = _update_after_one_step(activation_checkpointing=True)
+    assert recomputed_loss == pytest.approx(loss, rel=1e-6)
+    assert_same_weights(weights, recomputed, tolerance=1e-6)
+
+
+def test_the_reference_is_a_frozen_copy_in_the_compute_dtype_kept_in_cpu_memory_when_offloaded():
+    from rlsteps.engine.distributed import SINGLE
+    from rlsteps.engine.policy.parallel import Precision, gathered, reference_copy
+
+    policy = fixed_model()
+    reference = reference_copy(policy, SINGLE, torch.device("cpu"), Precision.named("bfloat16"), offload=True)
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in reference.parameters())
+    assert not reference.training and next(reference.parameters()).device.type == "cpu"
+    assert all(p.dtype == torch.float32 for p in policy.parameters())  # the policy keeps its fp32 weights
+    with gathered(reference, torch.device("cpu")) as whole:
+        assert whole is reference
