@@ -417,14 +417,16 @@ def test_rlsteps_run_submits_a_batch_job_and_writes_no_secret(tiny_world, profil
         ("lep2", {"nprocs_per_node": 64}, "(profile lep2: 2 node(s) x 64 process(es)): train.global_batch_size=64"),
     ],
 )
-def test_check_refuses_a_config_its_world_size_cannot_run(rs, profiles, name, change, refused):
+def test_a_config_its_processes_cannot_split_is_refused(rs, profiles, name, change, refused):
+    from rlsteps.plan.runner import check_processes
+
     job = make_job(rs, profiles, name=name)
     job = job.model_copy(update={"launcher_settings": {**job.launcher_settings, **change}})
     if refused is None:
-        lepton.LAUNCHER.check(job)
+        check_processes(lepton.LAUNCHER, job)
         return
     with pytest.raises(UsageError) as err:
-        lepton.LAUNCHER.check(job)
+        check_processes(lepton.LAUNCHER, job)
     assert refused in err.value.message
 
 
@@ -433,10 +435,13 @@ def test_an_unservable_run_is_refused_before_anything_is_written_or_sent(
 ):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RLSTEPS_PROFILES", str(profiles))
-    dry = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep2", "--dry-run", f"rm.token={RM_TOKEN}")
+    fits = "train.micro_batch_size=1"  # 16 rows split in 16
+    dry = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep2", "--dry-run", f"rm.token={RM_TOKEN}", fits)
     shown = " ".join((dry.output + "".join(capfd.readouterr())).split())
     assert dry.exit_code == 0, shown
     assert "2 x gpu.8xh100-80gb, 8 process(es) per node" in shown and "single-process" not in shown
+    dry = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep2", "--dry-run", f"rm.token={RM_TOKEN}")  # the dry run says it
+    assert dry.exit_code == 2 and "is not a multiple of world size 16" in dry.output + "".join(capfd.readouterr())
     result = invoke("run", "rl/rs", "-c", "tiny", "-b", "lep2", f"rm.token={RM_TOKEN}")  # 16 rows on 16 x 16
     out = result.output + "".join(capfd.readouterr())
     assert result.exit_code == 2, out

@@ -92,11 +92,16 @@ def add_profile(project: Path, text: str) -> None:
         profiles.write(text)
 
 
-def compiled(profile: str, attached: bool = False, overrides: tuple[str, ...] = (), config: str = "tiny"):
+SPLITS = ("train.micro_batch_size=1",)  # tiny's 16 rows per optimizer step split over up to 16 processes
+
+
+def compiled(
+    profile: str, attached: bool = False, overrides: tuple[str, ...] = (), config: str = "tiny", split: bool = True
+):
     request = RunRequest(
         step="rs",
         config=config,
-        overrides=overrides,
+        overrides=(*SPLITS, *overrides) if split else overrides,
         **({"run_profile": profile} if attached else {"batch_profile": profile}),
     )
     return compile_request(load_catalog(), request)
@@ -199,12 +204,11 @@ def test_torchrun_starts_with_usr1_ignored_and_each_worker_under_the_rank_wrappe
     assert task[9:11] == ["-m", "torch.distributed.run"]
 
 
-def test_check_refuses_a_config_its_world_size_cannot_run_and_writes_nothing(tiny_world, project, monkeypatch):
+def test_a_config_its_processes_cannot_split_is_refused_at_compile_and_writes_nothing(tiny_world, project, monkeypatch):
     with pytest.raises(UsageError) as err:
-        slurm.LAUNCHER.check(compiled("big").job)  # tiny: 16 rows, micro batches of 16, on 8 processes
+        compiled("big", split=False)  # tiny: 16 rows, micro batches of 16, on 8 processes
     assert "(profile big: 2 node(s) x 4 process(es)): train.global_batch_size=16" in err.value.message
-    monkeypatch.setattr(slurm, "_require", lambda tool: None)  # a cluster's login node, as far as check goes
-    slurm.LAUNCHER.check(compiled("big", overrides=("train.micro_batch_size=2",)).job)
+    assert slurm.LAUNCHER.processes(compiled("big", overrides=("train.micro_batch_size=2",)).job) == (2, 4)
     result = invoke("run", "rs", "-c", "tiny", "-b", "big")
     assert result.exit_code == 2 and "train.global_batch_size=16 is not a multiple" in result.output
     assert not (project / ".rlsteps").exists()

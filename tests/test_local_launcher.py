@@ -243,11 +243,10 @@ def test_an_unknown_local_key_is_a_usage_error_that_lists_the_known_ones(here):
 
 
 def test_a_config_two_processes_cannot_run_is_refused_before_the_job_dir_is_written(tiny_world, here):
-    compiled = compiled_two(here, batch=True, overrides=())  # tiny: 16 rows in micro batches of 16
     with pytest.raises(UsageError) as err:
-        LAUNCHER.check(compiled.job)
+        compiled_two(here, batch=True, overrides=())  # tiny: 16 rows in micro batches of 16
     assert "(profile two: 1 node(s) x 2 process(es)): train.global_batch_size=16" in err.value.message
     result = invoke("run", "rs", "-c", "tiny", "-b", "two")
     assert result.exit_code == 2 and "train.micro_batch_size=8" in result.output
     assert not (here / ".rlsteps").exists()
-    LAUNCHER.check(compiled_two(here, batch=True).job)  # micro batches of 8: 16 rows split in two
+    assert LAUNCHER.processes(compiled_two(here, batch=True).job) == (1, 2)  # micro batches of 8: 16 rows in two

@@ -5,8 +5,7 @@ import sys
 
 import pytest
 
-from rlsteps.engine.world_check import check_world_size, describe_world, world_size_problems
-from rlsteps.errors import UsageError
+from rlsteps.engine.world_check import world_size_problems
 
 
 def rl_config(prompts: int = 16, rows: int = 64, micro: int = 4, algorithm: str = "rs") -> dict:
@@ -55,14 +54,21 @@ def test_keys_left_to_the_configs_own_validation_are_no_problem_here():
     assert world_size_problems(rl_config(prompts="???", rows=True, micro=0), 4) == []  # type: ignore[arg-type]
 
 
-def test_check_names_the_source_and_every_problem_at_once():
+def test_the_refusal_names_the_profiles_processes_and_every_problem_at_once(tiny_world, tmp_path, monkeypatch):
+    from rlsteps.catalog import load_catalog
+    from rlsteps.errors import UsageError
+    from rlsteps.plan.runner import RunRequest, compile_request
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rlsteps.yaml").write_text("profiles:\n  three: {executor: local, nprocs_per_node: 3}\n")
+    request = RunRequest(step="rs", config="tiny", batch_profile="three", dry_run=True)
     with pytest.raises(UsageError) as err:
-        check_world_size(rl_config(prompts=10, rows=16, micro=16), 4, describe_world("big", 2, 2))
+        compile_request(load_catalog(), request)
     message = err.value.message
-    assert message.startswith("the step cannot run on 4 processes (profile big: 2 node(s) x 2 process(es)): ")
-    assert "rollout.prompts_per_step=10" in message and "train.global_batch_size=16" in message
+    assert message.startswith("the step cannot run on 3 processes (profile three: 1 node(s) x 3 process(es)): ")
+    assert "rollout.prompts_per_step=16" in message and "train.global_batch_size=16" in message
     assert "key=value" in err.value.fix and err.value.exit_code == 2
-    check_world_size(rl_config(), 8, "torchrun: WORLD_SIZE=8")  # fits: nothing raised
+    assert not (tmp_path / ".rlsteps").exists()
 
 
 def test_the_module_imports_without_torch_or_pydantic():

@@ -1,7 +1,8 @@
 """Whether a step's config can run on a given number of processes (the world size of a data-parallel run).
 
-The launchers ask before they write or submit anything (the world size their profile plans), and the worker asks
-again under torchrun (the world size it was started with): both read the same rules from here. Torch-free and
+The command line asks before it writes or submits anything (the world size the profile's launcher plans:
+plan.runner), and the worker asks again under torchrun (the world size it was started with): both read the same
+rules from here. Torch-free and
 standard library only, so the command line can import it without the engine's dependencies.
 
 Each process generates `rollout.prompts_per_step / W` prompt groups (a group, all the rollouts of one prompt, never
@@ -12,8 +13,6 @@ spans processes) and trains `train.global_batch_size / W` rows per optimizer ste
 from __future__ import annotations
 
 from typing import Any
-
-from rlsteps.errors import UsageError
 
 SINGLE_PROCESS_ALGORITHMS = ("convert",)  # steps that run in one process whatever the world size
 
@@ -33,24 +32,6 @@ def world_size_problems(config: dict[str, Any], world_size: int) -> list[str]:
         for problem in (_prompts_problem(config, world_size), _batch_problem(config, world_size))
         if problem is not None
     ]
-
-
-def check_world_size(config: dict[str, Any], world_size: int, source: str) -> None:
-    """Refuse a config that cannot run on `world_size` processes, with every problem at once.
-
-    `source` says where the world size comes from: describe_world() for a profile, "torchrun: WORLD_SIZE=8"."""
-    problems = world_size_problems(config, world_size)
-    if problems:
-        raise UsageError(
-            f"the step cannot run on {world_size} processes ({source}): " + "; ".join(problems),
-            fix="change the config as each problem says (key=value on the command line, or the profile's config:), "
-            "or run on a world size that fits it",
-        )
-
-
-def describe_world(profile: str | None, nodes: int, nprocs_per_node: int) -> str:
-    """A profile's world for messages: "profile my_slurm: 2 node(s) x 8 process(es)"."""
-    return f"profile {profile}: {nodes} node(s) x {nprocs_per_node} process(es)"
 
 
 def _prompts_problem(config: dict[str, Any], world_size: int) -> str | None:

@@ -115,6 +115,10 @@ class Launcher(Protocol):
     def check(self, job: Job) -> None:
         """Refuse a job this launcher cannot run (UsageError), before anything is written or sent."""
 
+    def processes(self, job: Job) -> tuple[int, int]:
+        """(nodes, processes per node) the job runs: the engine splits the step over their product."""
+        ...
+
     def cluster_paths(self, job: Job) -> tuple[str, ...]:
         """Folders only the job's machines see (the profile's mounts): inputs there are checked in the job."""
 

@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rlsteps.engine.world_check import check_world_size, describe_world
 from rlsteps.errors import RunFailed
 from rlsteps.launch import code
 from rlsteps.launch import lepton_api as api
@@ -55,11 +54,12 @@ class LeptonLauncher:
         return tuple(str(m["mount_path"]) for m in LeptonProfile.of(job).mounts if m.get("mount_path"))
 
     def check(self, job: Job) -> None:
-        """Refuse what cannot run, before anything is written or sent: a config its world size cannot run."""
+        """Refuse what cannot run, before anything is written or sent: a profile with an unknown key."""
+        LeptonProfile.of(job)
+
+    def processes(self, job: Job) -> tuple[int, int]:
         profile = LeptonProfile.of(job)
-        check_world_size(
-            job.config, profile.world_size, describe_world(job.profile_name, profile.nodes, profile.nprocs)
-        )
+        return profile.nodes, profile.nprocs
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
         api.require_sdk()

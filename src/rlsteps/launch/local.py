@@ -20,7 +20,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rlsteps.engine.world_check import check_world_size, describe_world
 from rlsteps.errors import UsageError
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission, read_log, worker_command
 from rlsteps.launch.job import Job
@@ -82,10 +81,11 @@ class LocalLauncher:
     sees_local_files = True
 
     def check(self, job: Job) -> None:
-        """Refuse a config its number of processes cannot run; anything else this machine compiles, it runs."""
-        profile = load_profile(job)
-        world = describe_world(job.profile_name or "local", 1, profile.nprocs_per_node)
-        check_world_size(job.config, profile.nprocs_per_node, world)
+        """Refuse a profile with an unknown key; anything else this machine compiles, it runs."""
+        load_profile(job)
+
+    def processes(self, job: Job) -> tuple[int, int]:
+        return 1, load_profile(job).nprocs_per_node
 
     def cluster_paths(self, job: Job) -> tuple[str, ...]:
         return ()

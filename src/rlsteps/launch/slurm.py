@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlsteps.engine.world_check import check_world_size, describe_world
 from rlsteps.errors import RunFailed, UsageError
 from rlsteps.launch import containers
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission, read_log
@@ -55,12 +54,12 @@ class SlurmLauncher:
     sees_local_files = True  # the submitting machine shares the cluster's filesystem (the job dir lives there)
 
     def check(self, job: Job) -> None:
-        """What refuses the job before anything is written: a config its world size cannot run, no sbatch here."""
-        profile = load_profile(job)
-        check_world_size(
-            job.config, profile.world_size, describe_world(job.profile_name, profile.nodes, profile.nprocs)
-        )
+        """What refuses the job before anything is written: no sbatch here."""
         _require("sbatch")
+
+    def processes(self, job: Job) -> tuple[int, int]:
+        profile = load_profile(job)
+        return profile.nodes, profile.nprocs
 
     def cluster_paths(self, job: Job) -> tuple[str, ...]:
         return tuple(load_profile(job).cluster_paths)

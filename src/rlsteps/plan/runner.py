@@ -76,6 +76,7 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
     )
     job = _with_store_references(step, job)
     launcher = get_launcher(job.executor)
+    check_processes(launcher, job)
     config = job.config
     for key in job.unset_keys:  # an unset input is "not set" in the dry run's table, not a path named ???
         config = with_value(config, key, None)
@@ -87,6 +88,22 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
     plan = launcher.plan(job, job_dir)
     needs = _needs(catalog, step, config, inputs, job.unset_keys)
     return Compiled(job=job, plan=plan, job_dir=job_dir, inputs=inputs, needs=needs)
+
+
+def check_processes(launcher: Launcher, job: Job) -> None:
+    """Refuse a config the profile's processes cannot split, with every problem at once, before anything is
+    written or submitted (the dry run says it too)."""
+    from rlsteps.engine.world_check import world_size_problems  # torch-free
+
+    nodes, per_node = launcher.processes(job)
+    problems = world_size_problems(job.config, nodes * per_node)
+    if problems:
+        where = f"profile {job.profile_name or job.executor}: {nodes} node(s) x {per_node} process(es)"
+        raise UsageError(
+            f"the step cannot run on {nodes * per_node} processes ({where}): " + "; ".join(problems),
+            fix="change the config as each problem says (key=value on the command line, or the profile's config:), "
+            "or run on a number of processes that fits it",
+        )
 
 
 def reach_of(launcher: Launcher, job: Job) -> Reach:
