@@ -28,8 +28,11 @@ def assert_close_weights(a: dict, b: dict, atol: float) -> None:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=name)
 
 
-def test_a_tiny_run_on_two_processes_raises_the_reward_and_ends_where_one_process_ends(tiny_world, tmp_path):
+def test_a_tiny_run_on_two_processes_raises_the_reward_and_ends_where_one_process_ends(
+    tiny_world, tmp_path, monkeypatch
+):
     one, two = project(tmp_path / "one"), project(tmp_path / "two")
+    monkeypatch.setenv("RLSTEPS_PEAK_TFLOPS", "1")  # a CPU has no known peak: give one, so MFU is logged
     assert rlsteps("run", "rl/rs", "-c", "tiny", *SAME_BATCHES, *FAST, cwd=one).returncode == 0
     done = rlsteps("run", "rl/rs", "-c", "tiny", "-r", "two", *SAME_BATCHES, *FAST, cwd=two)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -39,7 +42,8 @@ def test_a_tiny_run_on_two_processes_raises_the_reward_and_ends_where_one_proces
     assert "process 1 of 2" in (run / "train.rank1.log").read_text()
     assert series(run, "train/reward") == pytest.approx(series(run_dir(one, "rl_rs"), "train/reward"), abs=1e-4)
     assert_close_weights(weights(run_dir(one, "rl_rs") / "policy"), weights(run / "policy"), atol=1e-4)
-    assert all(v > 0 for v in series(run, "perf/train_tokens_per_s"))
+    assert all(v > 0 for v in series(run, "perf/train_tokens_per_s") + series(run, "perf/generation_tokens_per_s"))
+    assert all(0 < v < 1 for v in series(run, "perf/train_mfu")) and len(series(run, "perf/peak_rss_gb")) == 16
 
 
 def test_a_two_process_run_killed_mid_run_resumes_on_one_process_to_the_same_weights(tiny_world, tmp_path):

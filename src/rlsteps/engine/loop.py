@@ -57,7 +57,15 @@ from rlsteps.engine.resume import (
 from rlsteps.engine.rewards.functions import RewardFunction, load_reward_functions
 from rlsteps.engine.rewards.sources import RewardSource, Scores
 from rlsteps.engine.samples import SampleLog, sample_records, show_samples
-from rlsteps.engine.throughput import attended_length, mfu, model_flops, peak_memory_gb, peak_rss_gb, reset_peak_memory
+from rlsteps.engine.throughput import (
+    attended_length,
+    mfu,
+    model_flops,
+    peak_flops,
+    peak_memory_gb,
+    peak_rss_gb,
+    reset_peak_memory,
+)
 from rlsteps.engine.train_state import read_train_state, write_train_state
 from rlsteps.engine.update import PolicyUpdate, UpdateResult
 
@@ -106,6 +114,7 @@ def train(
     Every process of `world` calls train; the result's model is whole on the main process only."""
     device = join(world, resolve_device(cfg.run.device))
     precision = Precision.named(cfg.run.dtype)
+    peak_flops(device, precision.compute)  # a malformed RLSTEPS_PEAK_TFLOPS stops the run now, not after a step
     initial, tokenizer = load_policy(cfg.inputs.policy, device="cpu", dtype=torch.float32)
     reference = (
         reference_copy(initial, world, device, precision, cfg.run.offload_reference) if recipe.needs_reference else None
@@ -356,17 +365,26 @@ class _Run:
             "perf/generation_tokens_per_s": generated / max(seconds.get("timers/rollout", 0.0), 1e-9),
             "perf/train_tokens_per_s": result.tokens / train_seconds,
         }
-        if len(trained):
-            seq_len = attended_length(trained.sequence_lengths)
-            flops = model_flops(self.model.config, result.tokens, seq_len, lm_head_tokens=result.response_tokens)
-            utilisation = mfu(flops / self.world.size, train_seconds, self.device, self.precision.compute)
-            if utilisation is not None:
-                perf["perf/train_mfu"] = utilisation
+        utilisation = self._train_mfu(trained, result, train_seconds)
+        if utilisation is not None:
+            perf["perf/train_mfu"] = utilisation
         on_gpu = peak_memory_gb(self.device)
         name = "perf/peak_memory_gb" if on_gpu is not None else "perf/peak_rss_gb"
         perf[name] = reduce_max(self.world, on_gpu if on_gpu is not None else peak_rss_gb())
         reset_peak_memory(self.device)
         return perf
+
+    def _train_mfu(self, trained: RolloutBatch, result: UpdateResult, seconds: float) -> float | None:
+        """Model FLOPs of the train phase over the device's peak; None where either is unknown (a CPU, a mixture
+        of experts)."""
+        if not len(trained):
+            return None
+        try:
+            seq_len = attended_length(trained.sequence_lengths)
+            flops = model_flops(self.model.config, result.tokens, seq_len, lm_head_tokens=result.response_tokens)
+        except ValueError:
+            return None
+        return mfu(flops / self.world.size, seconds, self.device, self.precision.compute)
 
     def _count_update(self, updated: bool) -> None:
         self.no_update_streak = 0 if updated else self.no_update_streak + 1

@@ -77,7 +77,11 @@ def place_policy(
     """The trained policy: fp32 weights, sharded over several processes or on the device of one."""
     model = model.float()
     if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers' newer name
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False  # generation asks for the cache itself
     if world.is_distributed:
         return shard(model, world, device, precision)
