@@ -20,6 +20,7 @@ from rlsteps.engine.policy.logprobs import (
     token_logprobs,
 )
 from rlsteps.tiny.models import build_random_causal_lm
+from test_policy import rollout_batch as policy_rollout_batch
 
 ARCHS = ["llama", "qwen2", "gpt2"]
 CHUNK = 7  # divides no vocabulary size used here, so the last chunk is a short one
@@ -48,17 +49,7 @@ def tiny_gemma2(vocab: int, softcap: float | None) -> Gemma2ForCausalLM:
 
 
 def rollout_batch(rows: list[list[int]] = ROWS, prompt_lengths: list[int] = PROMPT_LENGTHS) -> RolloutBatch:
-    width = max(map(len, rows))
-    return RolloutBatch(
-        tokens=torch.tensor([row + [0] * (width - len(row)) for row in rows]),
-        prompt_lengths=torch.tensor(prompt_lengths),
-        response_lengths=torch.tensor([len(r) - p for r, p in zip(rows, prompt_lengths)]),
-        is_end=torch.ones(len(rows), dtype=torch.bool),
-        prompt_ids=[str(i) for i in range(len(rows))],
-        prompt_texts=[""] * len(rows),
-        response_texts=[""] * len(rows),
-        pad_id=0,
-    )
+    return policy_rollout_batch(rows, prompt_lengths)
 
 
 def reference_logprobs(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor, wanted: torch.Tensor):

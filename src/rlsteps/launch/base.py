@@ -15,11 +15,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from rlsteps.errors import UsageError
 from rlsteps.launch.job import Job
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+ProfileModel = TypeVar("ProfileModel", bound="BaseModel")
 WORKER_MODULE = "rlsteps.engine.worker"
 LAUNCHERS = ("lepton", "local", "slurm")  # the modules of this package that define LAUNCHER
 
@@ -175,3 +179,20 @@ def get_launcher(name: str) -> Launcher:
         raise UsageError(f"unknown executor '{name}'", fix=f"use one of: {', '.join(available_launchers())}")
     module = importlib.import_module(f"rlsteps.launch.{name}")
     return module.LAUNCHER
+
+
+def validated_profile(schema: type[ProfileModel], job: Job, label: str) -> ProfileModel:
+    """The job's launcher settings read through a launcher's profile schema; every problem at once otherwise,
+    with the keys the schema knows."""
+    from pydantic import ValidationError
+
+    try:
+        return schema.model_validate(job.launcher_settings)
+    except ValidationError as err:
+        causes = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'profile'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors()
+        )
+        known = ", ".join(k for k in schema.model_fields if k != "executor")
+        problem = f"{label} profile '{job.profile_name}' is invalid: {causes}"
+        raise UsageError(problem, fix=f"the known keys are {known}") from None

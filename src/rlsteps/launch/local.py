@@ -18,10 +18,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from rlsteps.errors import UsageError
-from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission, read_log, worker_command
+from rlsteps.launch.base import (
+    JobRecord,
+    JobState,
+    JobStatus,
+    LaunchPlan,
+    Submission,
+    read_log,
+    validated_profile,
+    worker_command,
+)
 from rlsteps.launch.job import Job
 from rlsteps.secrets import is_secret_key
 
@@ -54,17 +63,7 @@ class LocalProfile(BaseModel):
 
 
 def load_profile(job: Job) -> LocalProfile:
-    try:
-        return LocalProfile.model_validate(job.launcher_settings)
-    except ValidationError as err:
-        causes = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'profile'}: {e['msg'].removeprefix('Value error, ')}"
-            for e in err.errors()
-        )
-        known = ", ".join(k for k in LocalProfile.model_fields if k != "executor")
-        raise UsageError(
-            f"local profile '{job.profile_name}' is invalid: {causes}", fix=f"the known keys are {known}"
-        ) from None
+    return validated_profile(LocalProfile, job, "local")
 
 
 def process_command(profile: LocalProfile, job_dir: Path, passthrough: list[str]) -> list[str]:

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlsteps.errors import UsageError
 from rlsteps.launch import code, containers
-from rlsteps.launch.base import comment_safe, worker_command
+from rlsteps.launch.base import comment_safe, validated_profile, worker_command
 from rlsteps.launch.job import Job
 from rlsteps.secrets import is_secret_key
 
@@ -130,17 +130,7 @@ class SlurmProfile(BaseModel):
 
 
 def load_profile(job: Job) -> SlurmProfile:
-    try:
-        return SlurmProfile.model_validate(job.launcher_settings)
-    except ValidationError as err:
-        causes = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'profile'}: {e['msg'].removeprefix('Value error, ')}"
-            for e in err.errors()
-        )
-        known = ", ".join(k for k in SlurmProfile.model_fields if k != "executor")
-        raise UsageError(
-            f"Slurm profile '{job.profile_name}' is invalid: {causes}", fix=f"the known keys are {known}"
-        ) from None
+    return validated_profile(SlurmProfile, job, "Slurm")
 
 
 @dataclass(frozen=True)
