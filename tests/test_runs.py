@@ -202,7 +202,12 @@ def test_a_differently_configured_architecture_trains(tiny_world, tmp_path, arch
 
         assert load_policy(run_dir(tmp_path, slug) / "policy")[0].config.model_type == arch
         meta = artifact_metadata(run_dir(tmp_path, slug))
-        assert meta["type"] == output and meta["counters"]["optimizer_steps"] >= 2
+        assert meta["type"] == output and meta["counters"]["step"] == 2
+        # rejection sampling learns from every scored row; REINFORCE only from ended ones, and a random policy
+        # ends a 12-token response now and then: a step updates exactly when one of its 64 rows ended
+        ended = series(run_dir(tmp_path, slug), "train/fraction_ended")
+        learning_steps = 2 if step == "rl/rs" else sum(fraction > 0 for fraction in ended)
+        assert meta["counters"]["optimizer_steps"] == learning_steps, ended
 
 
 def test_a_policy_without_a_megatron_layout_fails_before_training_when_megatron_output_is_asked(tiny_world, tmp_path):
