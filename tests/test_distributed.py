@@ -174,3 +174,19 @@ def _tokenizer(vocab: int):
     from model_fixtures import build_tokenizer
 
     return build_tokenizer(vocab_size=vocab)
+
+
+def test_gathered_weights_that_do_not_fit_the_architecture_write_no_output(tmp_path):
+    from distributed_update import VOCAB
+    from model_fixtures import build_tokenizer
+    from rlsteps.engine.policy.parallel import unsharded_copy
+
+    model = fixed_model()
+    model.save_pretrained(tmp_path / "policy")
+    build_tokenizer(vocab_size=VOCAB).save_pretrained(tmp_path / "policy")
+    state = {k: v + 1 for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied: one name is enough
+    whole = unsharded_copy(tmp_path / "policy", state)
+    assert torch.equal(whole.lm_head.weight, state["model.embed_tokens.weight"])
+    del state["model.layers.0.mlp.up_proj.weight"]
+    with pytest.raises(RuntimeError, match="missing .'model.layers.0.mlp.up_proj.weight'.*none is written"):
+        unsharded_copy(tmp_path / "policy", state)

@@ -155,5 +155,13 @@ def unsharded_copy(initial_policy: str | Path, state: dict[str, torch.Tensor]) -
     from rlsteps.engine.policy.model import load_policy
 
     model, _ = load_policy(initial_policy, device="cpu", dtype=torch.float32)
-    model.load_state_dict(state, strict=False)  # tied weights appear under one name
+    result = model.load_state_dict(state, strict=False)  # tied weights may appear under one name only
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded = {params[name].data_ptr() for name in state if name in params}
+    untrained = [name for name in result.missing_keys if name not in params or params[name].data_ptr() not in loaded]
+    if untrained or result.unexpected_keys:
+        raise RuntimeError(
+            f"the gathered weights do not fit {initial_policy}'s architecture (missing {untrained[:5]}, unexpected "
+            f"{result.unexpected_keys[:5]}); the output would hold untrained weights, so none is written"
+        )
     return model
