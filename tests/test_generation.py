@@ -445,7 +445,7 @@ ROLLOUT = RolloutConfig(
 
 def test_sampler_asks_its_backend_for_n_adjacent_rows_per_prompt_each_with_its_row_seed(tokenizer):
     backend = RecordingBackend(tokenizer.eos_token_id)
-    sampler = Sampler(tokenizer, ROLLOUT, torch.device("cpu"), backend=backend)
+    sampler = Sampler(tokenizer, ROLLOUT, backend=backend)
     prompts = [Prompt(id="a", text="the cat"), Prompt(id="b", text="two")]
     batch = sampler.rollouts(None, prompts, 3, seed=(5, 2))
     token_ids, params, seeds = backend.calls[-1]
@@ -483,7 +483,7 @@ def test_row_seeds_are_distinct_int63_and_laid_out_by_global_row():
     ],
 )
 def test_unusable_prompt_positions_are_clear_errors(tokenizer, positions, message):
-    sampler = Sampler(tokenizer, ROLLOUT, torch.device("cpu"), backend=RecordingBackend(tokenizer.eos_token_id))
+    sampler = Sampler(tokenizer, ROLLOUT, backend=RecordingBackend(tokenizer.eos_token_id))
     prompts = [Prompt(id="a", text="the cat"), Prompt(id="b", text="two")]
     with pytest.raises(ValueError, match=re.escape(message)):
         sampler.rollouts(None, prompts, 2, seed=(0, 0), prompt_positions=positions)
@@ -494,7 +494,7 @@ def test_unusable_prompt_positions_are_clear_errors(tokenizer, positions, messag
 def test_sampler_defaults_to_the_builtin_sampler_seeded_per_step(tokenizer):
     model = tiny_model("llama", tokenizer)
     prompts = [Prompt(id=str(i), text=t) for i, t in enumerate(PROMPTS[:3])]
-    batch = Sampler(tokenizer, ROLLOUT, torch.device("cpu")).rollouts(model, prompts, 2, seed=(0, 4))
+    batch = Sampler(tokenizer, ROLLOUT).rollouts(model, prompts, 2, seed=(0, 4))
     token_ids = [ids for ids in prompt_ids(tokenizer, PROMPTS[:3]) for _ in range(2)]
     expected = generate(
         model,
@@ -537,7 +537,7 @@ def _assert_same_rows(ours: list[tuple], theirs: list[tuple]) -> None:
 
 def test_two_data_parallel_shares_draw_exactly_the_rows_of_the_whole_step(tiny_tokenizer, tiny_qwen2):
     """Process 0 samples prompts 0 and 2, process 1 prompts 1 and 3: together, the rows of one process doing all."""
-    sampler = Sampler(tiny_tokenizer, ROLLOUT, torch.device("cpu"))
+    sampler = Sampler(tiny_tokenizer, ROLLOUT)
     prompts = tiny_prompts(tiny_tokenizer, 4)
     whole = _rows(sampler.rollouts(tiny_qwen2, prompts, 3, seed=(9, 2)))
     share_0 = _rows(sampler.rollouts(tiny_qwen2, prompts[0::2], 3, seed=(9, 2), prompt_positions=[0, 2]))
@@ -558,9 +558,9 @@ def test_a_resumed_run_draws_the_same_rollouts_again(tiny_tokenizer, tiny_qwen2)
     """A fresh Sampler, other global RNG state: the same (run seed, step) draws the same rows; the next step others."""
     prompts = tiny_prompts(tiny_tokenizer, 4)
     torch.manual_seed(0)
-    first = _rows(Sampler(tiny_tokenizer, ROLLOUT, torch.device("cpu")).rollouts(tiny_qwen2, prompts, 2, seed=(4, 7)))
+    first = _rows(Sampler(tiny_tokenizer, ROLLOUT).rollouts(tiny_qwen2, prompts, 2, seed=(4, 7)))
     torch.manual_seed(1)
-    sampler = Sampler(tiny_tokenizer, ROLLOUT, torch.device("cpu"))
+    sampler = Sampler(tiny_tokenizer, ROLLOUT)
     _assert_same_rows(_rows(sampler.rollouts(tiny_qwen2, prompts, 2, seed=(4, 7))), first)
     next_step = _rows(sampler.rollouts(tiny_qwen2, prompts, 2, seed=(4, 8)))
     assert [row[1] for row in next_step] != [row[1] for row in first]

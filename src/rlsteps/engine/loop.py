@@ -141,7 +141,7 @@ def train(
         tokenizer,
         reference,
         checkpoints,
-        Sampler(tokenizer, cfg.rollout, device),
+        Sampler(tokenizer, cfg.rollout),
         counters,
         device,
         PolicyUpdate(model, optimizer, scheduler, recipe, cfg.train, device, precision, world),
@@ -337,7 +337,7 @@ class _Run:
         c.step += 1
         c.consumed_samples += cfg.rollout.prompts_per_step
         stats.update(result.stats)
-        stats.update(scored.metrics)
+        stats.update(scored.whole.metrics)  # the reward source's
         seconds = self.timers.pop()
         stats.update(seconds)
         stats.update(self._throughput(batch, train_batch, result, seconds))
@@ -422,7 +422,7 @@ class _Run:
             outcome = self._score_on_main(whole)
             if isinstance(outcome, Scores):
                 self._write_samples(step, "train", whole, outcome)
-                outcome = _Scored(outcome, rollout_stats(whole, outcome), outcome.metrics)
+                outcome = _Scored(outcome, rollout_stats(whole, outcome))
         outcome = from_main(self.world, outcome)
         if isinstance(outcome, str):
             self._stop_without_rewards(f"at step {self.counters.step + 1}", outcome)
@@ -522,7 +522,6 @@ class _Run:
 class _Scored:
     whole: Scores  # every row of the step, in prompt order
     rollout_stats: dict[str, float]  # over the whole step
-    metrics: dict[str, float]  # the reward source's
     mine: Scores | None = None  # this process's rows
 
 

@@ -106,7 +106,8 @@ class PolicyUpdate:
         """A forward pass that adds nothing to the gradient: this process has no rows left in this step."""
         tokens = torch.zeros(1, 2, dtype=torch.long, device=self.device)
         with self.precision.autocast(self.device):
-            logprobs = token_logprobs(self.model, tokens, torch.ones_like(tokens), positions=torch.ones(1, 1))
+            wanted = torch.ones(1, 1, device=self.device)
+            logprobs = token_logprobs(self.model, tokens, torch.ones_like(tokens), positions=wanted)
         return logprobs.sum() * 0.0
 
 

@@ -26,10 +26,9 @@ from rlsteps.engine.policy.model import eval_mode
 class BuiltinBackend:
     """The GenerationBackend that samples from the policy itself, in this process, with `generate`."""
 
-    def __init__(self, tokenizer: Any, batch_size: int, device: torch.device) -> None:
+    def __init__(self, tokenizer: Any, batch_size: int) -> None:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.device = device
 
     def generate(
         self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seeds: list[int]

@@ -43,12 +43,10 @@ def rollout_seeds(seed: int, prompt_positions: Sequence[int], n: int) -> list[in
 class Sampler:
     """Rollout batches for the loop; a GenerationBackend samples the responses."""
 
-    def __init__(
-        self, tokenizer, rollout: RolloutConfig, device: torch.device, backend: GenerationBackend | None = None
-    ) -> None:
+    def __init__(self, tokenizer, rollout: RolloutConfig, backend: GenerationBackend | None = None) -> None:
         self.tokenizer = tokenizer
         self.rollout = rollout
-        self.backend = backend or BuiltinBackend(tokenizer, rollout.generation_batch_size, device)
+        self.backend = backend or BuiltinBackend(tokenizer, rollout.generation_batch_size)
 
     def rollouts(
         self,

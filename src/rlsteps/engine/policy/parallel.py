@@ -40,7 +40,8 @@ class Precision:
         return self.compute != torch.float32
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
-        """bf16 compute over fp32 weights in one process; nothing to do in fp32 (or when FSDP2 casts)."""
+        """bf16 compute over fp32 weights (in one process; over FSDP2's gathered bf16 parameters it changes
+        nothing but the few ops autocast runs in fp32); nothing to do in fp32."""
         if not self.mixed:
             return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=self.compute)
