@@ -19,9 +19,12 @@ from rlsteps.tiny.recipe import INIT_STD
 
 
 def build_random_causal_lm(
-    arch: str, tokenizer: PreTrainedTokenizerFast, seed: int, hidden: int = 64, layers: int = 2
+    arch: str, tokenizer: PreTrainedTokenizerFast, seed: int, hidden: int = 64, layers: int = 2, heads: int = 4
 ) -> PreTrainedModel:
-    """A randomly initialised causal LM for `tokenizer`: "llama", "qwen2" (grouped KV heads, qkv bias) or "gpt2"."""
+    """A randomly initialised causal LM for `tokenizer`: "llama", "qwen2" (grouped KV heads, qkv bias) or "gpt2".
+
+    Qwen2 shares each KV head between two query heads (heads must be even for it).
+    """
     special = {
         "vocab_size": len(tokenizer),
         "pad_token_id": tokenizer.pad_token_id,
@@ -30,13 +33,13 @@ def build_random_causal_lm(
         "tie_word_embeddings": True,
         "initializer_range": INIT_STD,
     }
-    decoder = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4, max_position_embeddings=256)
+    decoder = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, max_position_embeddings=256)
     if arch == "llama":
-        config = LlamaConfig(intermediate_size=4 * hidden, num_key_value_heads=4, **decoder, **special)
+        config = LlamaConfig(intermediate_size=4 * hidden, num_key_value_heads=heads, **decoder, **special)
     elif arch == "qwen2":
-        config = Qwen2Config(intermediate_size=3 * hidden, num_key_value_heads=2, **decoder, **special)
+        config = Qwen2Config(intermediate_size=3 * hidden, num_key_value_heads=max(1, heads // 2), **decoder, **special)
     elif arch == "gpt2":
-        config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=256, **special)
+        config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=256, **special)
     else:
         raise ValueError(f"unknown tiny architecture {arch!r}: use one of 'llama', 'qwen2', 'gpt2'")
     with torch.random.fork_rng(devices=[]):

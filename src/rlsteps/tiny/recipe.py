@@ -5,7 +5,7 @@ Changing any of it changes the world: bump TINY_WORLD_VERSION (rlsteps.tiny.layo
 
 BUILD_THREADS = 1  # fixed, so the weights do not depend on the machine; also the fastest on a shared CPU
 TOKENIZER_VOCAB = 640  # an upper bound: the merges run out near 580, with every task word one token
-POLICY_SIZE = {"hidden": 64, "layers": 2}
+POLICY_SIZE = {"hidden": 64, "layers": 2, "heads": 2}  # head_dim 32: the smallest vLLM's CPU attention serves
 SFT = {"steps": 250, "batch": 32, "lr": 3e-3}
 RM = {"steps": 240, "batch": 32, "lr": 5e-3, "heldout_pairs": 512}
 EVAL = {"samples": 128, "max_new_tokens": 32}
