@@ -23,6 +23,7 @@ from rlsteps.engine.algorithms.groups import (
     number_of_groups,
 )
 from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
+from rlsteps.engine.algorithms.sampler_gap import IMPORTANCE_WEIGHTS
 from rlsteps.engine.config import GRPOConfig
 
 
@@ -81,10 +82,12 @@ def clipped_policy_loss(
     eps_high: float = 0.2,
     ref_logprobs: torch.Tensor | None = None,
     kl_beta: float = 0.0,
+    importance_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped surrogate plus beta * k3 KL, summed over masked tokens and divided by `normaliser`.
+    """The clipped surrogate (times the truncated importance weight w_t, when given) plus beta * k3 KL, summed
+    over masked tokens and divided by `normaliser`.
 
-    logprobs, old_logprobs, ref_logprobs, mask: [b, T-1]; advantages: [b].
+    logprobs, old_logprobs, ref_logprobs, mask, importance_weights: [b, T-1]; advantages: [b].
     """
     if kl_beta and ref_logprobs is None:
         raise ValueError("kl_beta > 0 needs ref_logprobs: compute the reference policy's log-probs or set kl_beta=0")
@@ -93,6 +96,8 @@ def clipped_policy_loss(
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
     unclipped_loss, clipped_loss = -a * ratio, -a * clipped
     token_loss = torch.maximum(unclipped_loss, clipped_loss)
+    if importance_weights is not None:
+        token_loss = token_loss * importance_weights
     kl = k3_kl(logprobs, ref_logprobs.detach()) if ref_logprobs is not None else torch.zeros_like(logprobs)
     token_loss = token_loss + kl_beta * kl
     loss = (token_loss * mask).sum() / max(normaliser, 1.0)
@@ -157,6 +162,7 @@ class GRPO(Recipe):
         batch.extras["advantages"] = advantages
         batch.extras[ROW_MASK] = valid.float()
         batch.extras["old_logprobs"] = policy_logprobs(batch)  # [B, T-1]: the ratio's denominator
+        stats.update(self.compare_with_sampler(batch, batch.extras["old_logprobs"]))
         if self.needs_reference:
             batch.extras["ref_logprobs"] = reference_logprobs(batch)
         stats.update(
@@ -180,4 +186,5 @@ class GRPO(Recipe):
             eps_high=g.eps_high,
             ref_logprobs=batch.extras.get("ref_logprobs"),
             kl_beta=g.kl_beta,
+            importance_weights=batch.extras.get(IMPORTANCE_WEIGHTS),
         )

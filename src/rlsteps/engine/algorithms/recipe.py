@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rlsteps.engine.algorithms.sampler_gap import IMPORTANCE_WEIGHTS, sampler_gap_stats, truncated_importance_weights
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import RecipeConfig
 
@@ -54,6 +55,18 @@ class Recipe:
         self, batch: RolloutBatch, scores: Scores, policy_logprobs: LogprobFn, reference_logprobs: LogprobFn | None
     ) -> tuple[RolloutBatch, dict[str, float]]:
         raise NotImplementedError
+
+    def compare_with_sampler(self, batch: RolloutBatch, trainer_logprobs: torch.Tensor) -> dict[str, float]:
+        """The sampler's agreement with the trainer on these rollouts, and (when asked) the truncated importance
+        weights the policy-gradient loss multiplies its tokens by, set in batch.extras."""
+        train = self.cfg.train
+        sampler = batch.gen_logprobs
+        if train.truncated_importance_sampling and sampler is not None:
+            weights = truncated_importance_weights(
+                trainer_logprobs, sampler.to(trainer_logprobs.device), train.importance_sampling_cap
+            )
+            batch.extras[IMPORTANCE_WEIGHTS] = weights
+        return sampler_gap_stats(trainer_logprobs, sampler, batch.response_mask().to(trainer_logprobs.device))
 
     def loss_normaliser(self, global_batch: RolloutBatch) -> float:
         """The loss tokens of one global batch (all its micro-batches): every micro-batch's loss divides by it."""

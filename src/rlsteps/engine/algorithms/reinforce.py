@@ -19,6 +19,7 @@ import torch
 
 from rlsteps.engine.algorithms.groups import leave_one_out_mean
 from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
+from rlsteps.engine.algorithms.sampler_gap import IMPORTANCE_WEIGHTS
 from rlsteps.engine.config import ReinforceConfig
 
 
@@ -47,15 +48,22 @@ def rloo_baseline(rewards: torch.Tensor, group_index: torch.Tensor, is_end: torc
 
 
 def reinforce_loss(
-    logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, normaliser: float
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    normaliser: float,
+    importance_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Policy-gradient loss -logp_t * A over masked tokens, summed and divided by `normaliser`.
+    """Policy-gradient loss -w_t * logp_t * A over masked tokens, summed and divided by `normaliser`.
 
     logprobs, mask: [b, T-1]; advantages: [b] (R - b, treated as a constant). To count only the
-    samples that ended, the caller multiplies `mask` by is_end[:, None].
+    samples that ended, the caller multiplies `mask` by is_end[:, None]. importance_weights: [b, T-1]
+    constants w_t (truncated importance sampling), 1 when None.
     """
     advantages = advantages.detach()[:, None]  # [b, 1]: one advantage per sequence
     token_loss = -logprobs * advantages * mask  # [b, T-1]
+    if importance_weights is not None:
+        token_loss = token_loss * importance_weights
     loss = token_loss.sum() / max(normaliser, 1.0)
     stats = {"loss": loss.item(), "tokens": float(mask.sum()), "advantage_mean": float(advantages.mean())}
     return loss, stats
@@ -83,8 +91,11 @@ class ReinforceRLOO(Recipe):
             "train/init_policy_kl": kl.mean().item(),
             "train/fraction_of_samples_properly_ended": batch.is_end.float().mean().item(),
             "train/advantage_abs_mean": advantages.abs().mean().item(),
+            **self.compare_with_sampler(batch, logp),
         }
         return batch, stats
 
     def loss(self, logprobs, batch, normaliser):
-        return reinforce_loss(logprobs, batch.extras["advantages"], loss_mask(batch), normaliser)
+        return reinforce_loss(
+            logprobs, batch.extras["advantages"], loss_mask(batch), normaliser, batch.extras.get(IMPORTANCE_WEIGHTS)
+        )

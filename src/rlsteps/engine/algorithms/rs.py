@@ -65,7 +65,12 @@ class RejectionSampling(Recipe):
         keep = select_topk(rewards, group, self.cfg.rollout.top_n_rollouts)  # [n * groups] row indices
         selected = batch.select(keep)
         selected.extras[ROW_MASK] = scores.valid[keep].float()
-        stats = {**rollout_stats(batch, scores), "train/selected_reward_mean": scores.rewards[keep].mean().item()}
+        stats = {
+            **rollout_stats(batch, scores),
+            "train/selected_reward_mean": scores.rewards[keep].mean().item(),
+        }
+        if selected.gen_logprobs is not None:  # the sampler's agreement, on the kept rows: a pass over few
+            stats.update(self.compare_with_sampler(selected, policy_logprobs(selected)))
         return selected, stats
 
     def loss(self, logprobs, batch, normaliser):
