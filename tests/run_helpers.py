@@ -17,10 +17,13 @@ from rlsteps.engine.metrics import metric_series, read_metrics
 FAST = ["run.num_threads=1"]  # one thread: steadier and faster for tiny models on a shared 2-core machine
 
 
-def rlsteps(*argv: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+def rlsteps(
+    *argv: str, cwd: Path, timeout: float = 600, python: Path | str = sys.executable
+) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it; python: the environment's interpreter (the vLLM one, say)."""
     env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "rlsteps.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [str(python), "-m", "rlsteps.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 

@@ -48,6 +48,9 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     true = series(run, "val/true_reward")  # what the reward model stands for: a hacked reward would not move it
     assert len(true) == 5 and true[-1] - true[0] >= TRUE_REWARD_GAIN[step], true
     assert series(run, "train/steps_without_update") == [0] * 16
+    agreement = series(run, "train/token_mult_prob_error")  # the built-in sampler is the trainer's own model
+    assert len(agreement) == 16 and all(1.0 <= x < 1.001 for x in agreement), agreement
+    assert "rollouts: the built-in sampler, 128 rows per batch" in done.stderr
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert {s["split"] for s in samples} == {"train", "val"} and len(
         [s for s in samples if s["split"] == "train"]

@@ -45,13 +45,28 @@ class SamplingConfig(Section):
     top_k: NonNegativeInt = 0
 
 
+class VllmConfig(Section):
+    """vLLM in the training process (rollout.backend=vllm): its memory and how it shares the device."""
+
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.3  # of the GPU, weights and KV cache; the
+    # rest stays for training
+    kv_cache_gb: PositiveFloat = 4.0  # on a CPU, the KV cache's size (vLLM's VLLM_CPU_KVCACHE_SPACE)
+    enforce_eager: bool = False  # true: no CUDA graphs / torch.compile (faster start, slower decoding)
+    sleep: bool = True  # on a GPU, free the KV cache and offload vLLM's weights while the policy trains
+
+
 class RolloutConfig(Section):
     prompts_per_step: PositiveInt = 64
     num_rollouts_per_prompt: PositiveInt = 4
     top_n_rollouts: PositiveInt | None = None  # rejection sampling only
-    generation_batch_size: PositiveInt = 64
+    # who samples: builtin (the policy itself, in this process), vllm (vLLM in this process, sent the new weights
+    # after every update) or auto (vllm on a GPU where it is installed, else builtin)
+    backend: Literal["auto", "builtin", "vllm"] = "auto"
+    # rows per batch of the built-in sampler; None: sized to the device (engine.generation.sizing); vLLM batches itself
+    generation_batch_size: PositiveInt | None = None
     logprob_micro_batch_size: PositiveInt = 8
     sampling: SamplingConfig = SamplingConfig()
+    vllm: VllmConfig = VllmConfig()
 
     @model_validator(mode="after")
     def _top_n_within_rollouts(self) -> RolloutConfig:
@@ -76,6 +91,10 @@ class TrainConfig(Section):
     min_lr_ratio: Probability = 0.1
     max_grad_norm: PositiveFloat = 1.0
     max_steps_without_update: NonNegativeInt = 3  # RL steps in a row with no update that stop the run; 0 = never
+    # weigh each token's policy-gradient loss by min(p_trainer / p_sampler, importance_sampling_cap): corrects for
+    # the sampler's log-probs differing from the trainer's (another engine, another precision); not for rs
+    truncated_importance_sampling: bool = False
+    importance_sampling_cap: PositiveFloat = 2.0
     activation_checkpointing: bool = False  # recompute each layer's activations in backward: less memory, more compute
 
     @model_validator(mode="after")
@@ -170,6 +189,11 @@ class RSConfig(RecipeConfig):
     def _needs_top_n(self) -> RSConfig:
         if self.rollout.top_n_rollouts is None:
             raise ValueError("rollout.top_n_rollouts is required for rejection sampling")
+        if self.train.truncated_importance_sampling:
+            raise ValueError(
+                "train.truncated_importance_sampling is for policy-gradient losses; rejection sampling fine-tunes on "
+                "the kept rollouts, with no sampler probability in its loss"
+            )
         return self
 
 

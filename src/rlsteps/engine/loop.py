@@ -33,7 +33,9 @@ from rlsteps.engine.distributed import (
     reduce_max,
     reduce_sum,
 )
+from rlsteps.engine.generation.choice import backend_name, build_backend, engine_checkpoint, processes_on_this_node
 from rlsteps.engine.generation.rollouts import Sampler
+from rlsteps.engine.generation.sizing import check_rollout_fits, rollout_shape
 from rlsteps.engine.metrics import MetricsWriter, Timers, TrainingProgress
 from rlsteps.engine.policy.logprobs import batched_token_logprobs
 from rlsteps.engine.policy.model import load_policy
@@ -112,10 +114,31 @@ def train(
     """run_prompts: the prompts already loaded and measured (the worker does it before the policy loads); else
     they are loaded here, with the policy's tokenizer. rewards: the main process's source (None elsewhere).
     Every process of `world` calls train; the result's model is whole on the main process only."""
+    with contextlib.ExitStack() as cleanup:  # what the run made for itself, removed however it ends
+        return _train(cleanup, cfg, recipe, rewards, run_dir, say, run_prompts, world)
+
+
+def _train(
+    cleanup: contextlib.ExitStack,
+    cfg: RecipeConfig,
+    recipe: Recipe,
+    rewards: RewardSource | None,
+    run_dir: Path,
+    say: Callable[[str], None],
+    run_prompts: RunPrompts | None,
+    world: World,
+) -> RunResult:
     device = join(world, resolve_device(cfg.run.device))
     precision = Precision.named(cfg.run.dtype)
     peak_flops(device, precision.compute)  # a malformed RLSTEPS_PEAK_TFLOPS stops the run now, not after a step
     initial, tokenizer = load_policy(cfg.inputs.policy, device="cpu", dtype=torch.float32)
+    check_rollout_fits(rollout_shape(cfg), initial.config)
+    sampler_name = backend_name(cfg.rollout.backend, device, processes_on_this_node())
+    engine_dir = (
+        cleanup.enter_context(engine_checkpoint(cfg.inputs.policy, initial, tokenizer, run_dir, world))
+        if sampler_name == "vllm"
+        else None
+    )  # written before the policy is sharded
     reference = (
         reference_copy(initial, world, device, precision, cfg.run.offload_reference) if recipe.needs_reference else None
     )  # the initial policy, frozen; taken before the policy moves, so a resume never holds three copies
@@ -133,6 +156,7 @@ def train(
     )
     optimizer, scheduler = _optimizer_and_schedule(cfg, recipe, model, total_steps)
     counters = _resume(checkpoints, model, optimizer, scheduler, world, say)
+    backend = build_backend(sampler_name, cfg, model, tokenizer, device, precision.compute, engine_dir, say, cleanup)
     run = _Run(
         cfg,
         recipe,
@@ -141,7 +165,7 @@ def train(
         tokenizer,
         reference,
         checkpoints,
-        Sampler(tokenizer, cfg.rollout),
+        Sampler(tokenizer, cfg.rollout, backend),
         counters,
         device,
         PolicyUpdate(model, optimizer, scheduler, recipe, cfg.train, device, precision, world),
@@ -314,7 +338,7 @@ class _Run:
         started = time.perf_counter()
         indices, c.epoch = prompt_indices(cfg.seed, c.consumed_samples, cfg.rollout.prompts_per_step, len(prompts))
         mine = self.world.mine(len(indices))  # this process's prompt groups
-        with self.timers("rollout"), gathered(self.model, self.device), self.precision.autocast(self.device):
+        with self.timers("rollout"), self._sampling():
             batch = self.sampler.rollouts(
                 self.model,
                 [prompts[indices[j]] for j in mine],
@@ -331,6 +355,9 @@ class _Run:
             stats = {**_row_weighted_mean(self.world, stats, len(batch)), **scored.rollout_stats}
         with self.timers("train"):
             result = self.update(train_batch)
+        if result.optimizer_steps:
+            with self.timers("weight_sync"):
+                self.sampler.load_weights(self.model)
         c.optimizer_steps += result.optimizer_steps
         self.skipped_updates += result.skipped
         self._count_update(result.optimizer_steps > 0)
@@ -353,6 +380,17 @@ class _Run:
             }
         )
         return stats
+
+    @contextlib.contextmanager
+    def _sampling(self):
+        """Rollouts from the policy: gathered whole for a sampler that reads its weights; the sampler's memory
+        given back to training after."""
+        with contextlib.ExitStack() as stack:
+            if self.sampler.samples_from_policy:
+                stack.enter_context(gathered(self.model, self.device))
+                stack.enter_context(self.precision.autocast(self.device))
+            yield
+        self.sampler.release()
 
     def _throughput(
         self, batch: RolloutBatch, trained: RolloutBatch, result: UpdateResult, seconds: dict[str, float]
@@ -453,7 +491,7 @@ class _Run:
         n = int(from_main(self.world, n))
         mine = self.world.mine(len(prompts))
         with self.timers("validation"):
-            with gathered(self.model, self.device), self.precision.autocast(self.device):  # every process gathers
+            with self._sampling():  # every process gathers the policy, when the sampler reads it
                 batch = None  # more processes than validation prompts: this one has none
                 if mine:
                     batch = self.sampler.validation_rollouts(

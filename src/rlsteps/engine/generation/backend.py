@@ -47,9 +47,24 @@ class GenerationBackend(Protocol):
     vLLM's per-request `seed` has the same meaning, so a vLLM backend follows this protocol too.
     """
 
+    samples_from_policy: bool  # True: generate reads the policy's own weights (a sharded policy is gathered first)
+
     def generate(
         self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seeds: list[int]
     ) -> Generation: ...
+
+    def load_weights(self, model: nn.Module) -> None:
+        """Take the policy's current weights (after an update): a backend with its own copy replaces it."""
+
+    def release(self) -> None:
+        """Rollouts are done until the next update: give back what memory the backend can."""
+
+
+def eos_token_ids(model: nn.Module, tokenizer) -> list[int]:
+    """The ids that end a response: the model's generation config's EOS, else the tokenizer's."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = configured if configured is not None else tokenizer.eos_token_id
+    return [ids] if isinstance(ids, int) else list(ids or [])
 
 
 def check_seeds(seeds: list[int], rows: int) -> None:

@@ -19,6 +19,7 @@ from rlsteps.engine.config import RolloutConfig
 from rlsteps.engine.data import Prompt, encode_prompt_text
 from rlsteps.engine.generation.backend import Generation, GenerationBackend, SamplingParams
 from rlsteps.engine.generation.builtin import BuiltinBackend, splitmix64
+from rlsteps.engine.generation.sizing import CPU_BATCH
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -46,7 +47,20 @@ class Sampler:
     def __init__(self, tokenizer, rollout: RolloutConfig, backend: GenerationBackend | None = None) -> None:
         self.tokenizer = tokenizer
         self.rollout = rollout
-        self.backend = backend or BuiltinBackend(tokenizer, rollout.generation_batch_size)
+        self.backend = backend or BuiltinBackend(tokenizer, rollout.generation_batch_size or CPU_BATCH)
+
+    @property
+    def samples_from_policy(self) -> bool:
+        """Whether rollouts read the policy's own weights (then a sharded policy is gathered for them)."""
+        return self.backend.samples_from_policy
+
+    def load_weights(self, model) -> None:
+        """After an update: the backend samples from the policy's new weights from now on."""
+        self.backend.load_weights(model)
+
+    def release(self) -> None:
+        """The step's rollouts are done: the backend may give its memory to training until the next update."""
+        self.backend.release()
 
     def rollouts(
         self,

