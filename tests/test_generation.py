@@ -22,13 +22,17 @@ from rlsteps.engine.config import RolloutConfig, SamplingConfig
 from rlsteps.engine.data import Prompt
 from rlsteps.engine.generation.backend import Generation, SamplingParams
 from rlsteps.engine.generation.builtin import (
+    DecodeOptions,
+    PreallocatedLayer,
     generate,
     position_uniforms,
+    preallocated_cache,
     sample_next_token,
     splitmix64,
     splitmix64_stream,
     token_from_uniform,
     top_k_filter,
+    top_k_weights,
     top_p_filter,
 )
 from rlsteps.engine.generation.rollouts import (
@@ -234,6 +238,26 @@ def test_sampling_follows_the_tempered_and_filtered_distribution(params, expecte
 
 
 @pytest.mark.parametrize(
+    ("k", "p"), [(1, 1.0), (3, 1.0), (5, 1.0), (3, 0.61), (5, 0.47), (8, 0.93), (12, 0.29), (40, 0.987)]
+)
+def test_top_k_weights_keep_the_distribution_of_the_filters_ties_included(k, p):
+    """Integer logits tie often, at the k-th and at the top-p boundary: top_k_weights keeps as many tokens of each
+    logit as the filters do (which of the tied ones is a free choice), with the filters' probabilities. (p is
+    no sum of these probabilities: where it is one, float rounding decides the boundary token, either way.)"""
+    g = torch.Generator().manual_seed(k)
+    logits = torch.randint(-3, 4, (64, 40), generator=g).float()
+    weights, most_likely = top_k_weights(logits, k, p)
+    filtered = top_p_filter(top_k_filter(logits, k), p)
+    assert torch.equal(logits.gather(-1, most_likely[:, None]).squeeze(-1), logits.amax(-1))
+    for row in range(len(logits)):
+        kept = weights[row] > 0
+        assert logits[row, kept].sort().values.tolist() == logits[row, filtered[row].isfinite()].sort().values.tolist()
+        ours = (weights[row, kept] / weights[row].sum()).sort().values
+        theirs = filtered[row].softmax(-1)[filtered[row].isfinite()].sort().values
+        torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         (dict(max_new_tokens=0), "max_new_tokens"),
@@ -333,6 +357,110 @@ def test_a_rows_sample_does_not_depend_on_the_rows_beside_it(tiny_tokenizer, tin
         for i, (response, ended, logprobs) in sample(rows, batch_size).items():
             assert (response, ended) == together[i][:2], (rows, batch_size, i)
             assert logprobs == pytest.approx(together[i][2], abs=1e-5)
+
+
+def _sample_tiny(model, tokenizer, params, decode=DecodeOptions(), eos=None, batch_size=3) -> Generation:
+    ids = tokenize_prompts(tiny_prompts(tokenizer, 5), tokenizer)
+    return generate(
+        model,
+        ids,
+        params,
+        eos_token_id=tokenizer.eos_token_id if eos is None else eos,
+        pad_token_id=tokenizer.pad_token_id,
+        seeds=[row_seed(3, i) for i in range(len(ids))],
+        batch_size=batch_size,
+        decode=decode,
+    )
+
+
+def _assert_same_generation(ours: Generation, theirs: Generation) -> None:
+    assert ours.response_ids == theirs.response_ids and ours.is_end == theirs.is_end
+    for a, b in zip(ours.logprobs, theirs.logprobs):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def _common_tokens(tokenizer, model, count: int) -> list[int]:
+    """The tokens the model samples most: as end tokens, they end rows at different steps."""
+    drawn = _sample_tiny(model, tokenizer, SamplingParams(16)).response_ids
+    return torch.bincount(torch.tensor([t for row in drawn for t in row])).argsort(descending=True)[:count].tolist()
+
+
+@pytest.mark.parametrize("interval", [2, 5, 64])
+def test_looking_for_the_end_every_few_steps_changes_nothing(tiny_tokenizer, tiny_qwen2, interval):
+    """Rows that end early get padding until the batch stops: a later look at whether all ended only costs steps."""
+    eos = _common_tokens(tiny_tokenizer, tiny_qwen2, 3)
+    params = SamplingParams(16, top_k=20, top_p=0.9)
+    every_step = _sample_tiny(tiny_qwen2, tiny_tokenizer, params, DecodeOptions(end_check_interval=1), eos)
+    assert any(every_step.is_end) and not all(len(r) == 16 for r in every_step.response_ids)
+    later = _sample_tiny(tiny_qwen2, tiny_tokenizer, params, DecodeOptions(end_check_interval=interval), eos)
+    _assert_same_generation(later, every_step)
+
+
+@pytest.mark.parametrize(("interval", "forwards"), [(1, 1), (3, 3), (8, 8)])
+def test_a_batch_whose_rows_all_ended_stops(tiny_tokenizer, tiny_qwen2, interval, forwards):
+    """Every token ends a response: each row ends at its first token, and the batch stops at the first look."""
+    calls = []
+    hook = tiny_qwen2.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        every_token = list(range(tiny_qwen2.config.vocab_size))
+        options = DecodeOptions(end_check_interval=interval)
+        generation = _sample_tiny(tiny_qwen2, tiny_tokenizer, SamplingParams(20), options, every_token, batch_size=8)
+    finally:
+        hook.remove()
+    assert all(generation.is_end) and all(len(r) == 1 for r in generation.response_ids)
+    assert len(calls) == forwards  # the prefill, then a step per response position before the look
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "mistral"])
+def test_the_static_cache_gives_the_tokens_of_the_dynamic_one(tokenizer, family):
+    model = tiny_model(family, tokenizer)
+    ids = prompt_ids(tokenizer)
+    for params in (SamplingParams(12, temperature=0), SamplingParams(12, temperature=0.8, top_k=30, top_p=0.9)):
+
+        def sample(decode: DecodeOptions, params=params) -> Generation:
+            eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+            seeds = list(range(len(ids)))
+            return generate(
+                model, ids, params, eos_token_id=eos, pad_token_id=pad, seeds=seeds, batch_size=2, decode=decode
+            )
+
+        _assert_same_generation(sample(DecodeOptions(static_cache=True)), sample(DecodeOptions()))
+
+
+def test_the_cache_preallocates_plain_layers_and_keeps_sliding_ones(tokenizer):
+    """The default cache writes a step's keys and values in place; a sliding-window layer keeps transformers' own."""
+    llama = preallocated_cache(tiny_model("llama", tokenizer).config, 40)
+    assert all(type(layer) is PreallocatedLayer for layer in llama.layers)
+    keys, values = llama.update(torch.ones(2, 2, 30, 16), torch.ones(2, 2, 30, 16), 0)
+    step_keys, _ = llama.update(torch.full((2, 2, 1, 16), 2.0), torch.full((2, 2, 1, 16), 2.0), 0)
+    assert step_keys.shape == (2, 2, 31, 16) and step_keys.data_ptr() == keys.data_ptr()  # same buffer, no copy
+    assert step_keys[:, :, -1].eq(2).all() and step_keys[:, :, :30].eq(1).all() and llama.get_seq_length() == 31
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=len(tokenizer), sliding_window=8, **decoder_shape()))
+    assert not any(isinstance(layer, PreallocatedLayer) for layer in preallocated_cache(mistral.config, 40).layers)
+
+
+def test_the_compiled_decode_step_gives_the_tokens_of_the_eager_one(tiny_tokenizer, tiny_qwen2):
+    """torch.compile traces decode_step over the static cache. aot_eager runs the traced graph without inductor,
+    whose C++ build takes a minute or more per shape on a CPU (it gave the same tokens when tried)."""
+    compiled = DecodeOptions(compile=True, compile_backend="aot_eager")
+    for params in (SamplingParams(10, temperature=0), SamplingParams(10, top_k=20, top_p=0.9)):
+        eager = _sample_tiny(tiny_qwen2, tiny_tokenizer, params, batch_size=5)
+        _assert_same_generation(_sample_tiny(tiny_qwen2, tiny_tokenizer, params, compiled, batch_size=5), eager)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (DecodeOptions(compile=True, static_cache=False), "a compiled decode step needs the static cache"),
+        (DecodeOptions(end_check_interval=0), "end_check_interval must be at least 1, got 0"),
+    ],
+)
+def test_unusable_decode_options_are_clear_errors(tokenizer, options, message):
+    with pytest.raises(ValueError, match=message):
+        generate(
+            tiny_model("llama", tokenizer), [[5]], SamplingParams(2), eos_token_id=1, pad_token_id=0, seeds=[0],
+            decode=options,
+        )  # fmt: skip
 
 
 def test_generate_restores_training_mode(tokenizer):

@@ -7,28 +7,63 @@ shifts them; a row that has ended keeps receiving pad tokens until the whole bat
 Sampling draws no random state: the token of row i at response position t is the inverse-CDF
 sample of the filtered distribution at the uniform number hashed from (seeds[i], t). A row's
 response therefore depends on its own prompt and seed only, never on the rows that share its batch.
+
+The decode loop allocates the attention mask, the positions and the KV cache for the whole batch
+once, and reads nothing back from the device per step but, every few steps, whether every row has
+ended. One decode step (feed a token, sample the next) is one function, `decode_step`: on a GPU it is
+compiled (CUDA graphs, over transformers' StaticCache so that its shapes stay fixed); see DecodeOptions.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache
 
 from rlsteps.engine.generation.backend import Generation, SamplingParams, check_seeds
 from rlsteps.engine.policy.logprobs import position_ids_from_mask
 from rlsteps.engine.policy.model import eval_mode
 
+STATIC_CACHE_MULTIPLE = 64  # a static cache's length is rounded up to this, so batches of similar length share a graph
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How the decode loop runs; None picks by device. None of them changes a row's tokens, up to float rounding."""
+
+    compile: bool | None = None  # torch.compile the decode step (CUDA graphs on a GPU); None: on CUDA only
+    compile_backend: str = "inductor"  # torch.compile's backend ("eager" checks the traced step without inductor)
+    static_cache: bool | None = None  # transformers' StaticCache, not a preallocated dynamic one; None: if compiled
+    end_check_interval: int | None = None  # steps between looks at whether every row ended; None: 1 on CPU, else 8
+
+    def for_device(self, device: torch.device) -> DecodeOptions:
+        """These options with every None decided for `device`; a ValueError for a combination that cannot work."""
+        compiled = device.type == "cuda" if self.compile is None else self.compile
+        static = compiled if self.static_cache is None else self.static_cache
+        interval = (1 if device.type == "cpu" else 8) if self.end_check_interval is None else self.end_check_interval
+        if compiled and not static:
+            raise ValueError("a compiled decode step needs the static cache (static_cache=True): its shapes stay fixed")
+        if interval < 1:
+            raise ValueError(f"end_check_interval must be at least 1, got {interval}")
+        return DecodeOptions(compiled, self.compile_backend, static, interval)
+
 
 class BuiltinBackend:
     """The GenerationBackend that samples from the policy itself, in this process, with `generate`."""
 
-    def __init__(self, tokenizer: Any, batch_size: int) -> None:
+    samples_from_policy = True
+
+    def __init__(self, tokenizer: Any, batch_size: int, *, decode: DecodeOptions = DecodeOptions()) -> None:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.decode = decode
 
     def generate(
         self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seeds: list[int]
@@ -41,7 +76,14 @@ class BuiltinBackend:
             pad_token_id=self.tokenizer.pad_token_id,
             seeds=seeds,
             batch_size=self.batch_size,
+            decode=self.decode,
         )
+
+    def load_weights(self, model: nn.Module) -> None:
+        """Nothing to load: generate reads the policy's weights as they are."""
+
+    def release(self) -> None:
+        """Nothing held between steps: each batch's cache is freed when the batch is done."""
 
     def _eos_ids(self, model: nn.Module) -> int | list[int]:
         configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -76,28 +118,76 @@ def sample_next_token(logits: torch.Tensor, params: SamplingParams, uniforms: to
     """[B, V] fp32 logits, [B] uniforms in (0, 1) -> [B] token ids.
 
     Greedy (argmax, the uniforms unused) at temperature 0; else temperature, top-k, top-p, then
-    the inverse-CDF sample of each row's filtered distribution at its own uniform number.
+    the inverse-CDF sample of each row's filtered distribution at its own uniform number. Top-k
+    sorts the k largest logits only (top_k_weights), not the vocabulary; a filter that is off costs nothing.
     """
     if params.temperature == 0:
         return logits.argmax(-1)
-    filtered = top_p_filter(top_k_filter(logits / params.temperature, params.top_k), params.top_p)
-    return token_from_uniform(filtered.softmax(-1), uniforms)
+    scaled = logits if params.temperature == 1 else logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        weights, most_likely = top_k_weights(scaled, params.top_k, params.top_p)
+        return token_from_uniform(weights, uniforms, most_likely)
+    return token_from_uniform(top_p_filter(scaled, params.top_p).softmax(-1), uniforms)
 
 
-def token_from_uniform(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+def top_k_weights(logits: torch.Tensor, k: int, p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unnormalised probabilities [B, V] of top-k then top-p sampling, and each row's most likely token [B].
+
+    The distribution of top_p_filter(top_k_filter(logits, k), p), without sorting the vocabulary: only the k
+    largest logits are sorted (topk). Tokens tied with the k-th are kept, as top_k_filter keeps them; where
+    top-p keeps only some of the tokens that share a logit (the same probability), it keeps those of lowest id.
+    """
+    top, top_ids = logits.topk(k)  # [B, k], descending
+    keep = logits >= top[:, -1:]
+    if p < 1.0:
+        cut, quota = _nucleus_cut(top, keep.sum(-1, keepdim=True) - k, p)
+        tied = logits == cut
+        keep = (logits > cut) | (tied & (tied.int().cumsum(-1, dtype=torch.int32) <= quota))
+    return (logits - top[:, :1]).exp() * keep, top_ids[:, 0]
+
+
+def _nucleus_cut(top: torch.Tensor, tied_beyond: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-p within the top-k: the smallest logit kept [B, 1], and how many tokens of that logit are kept [B, 1].
+
+    top: the k largest logits [B, k], descending; tied_beyond [B, 1]: the tokens outside them tied with the k-th,
+    which follow it in descending order. As in top_p_filter, a token is kept while the probability of the tokens
+    before it in that order stays below p: a prefix of `top`, then maybe some of the tied tokens beyond it.
+    """
+    weights = (top - top[:, :1]).exp()  # [B, k]: unnormalised probabilities, the first 1
+    kth = weights[:, -1:]
+    top_mass = weights.sum(-1, keepdim=True)
+    budget = p * (top_mass + tied_beyond * kth)  # p times the mass of every token that top-k keeps
+    kept_top = ((weights.cumsum(-1) - weights) < budget).sum(-1, keepdim=True)  # [B, 1], at least 1
+    tied_kept = ((budget - top_mass) / kth).ceil().clamp(min=0).minimum(tied_beyond)  # none where kth is 0 (-inf)
+    kept = kept_top + torch.where(kept_top == top.shape[-1], tied_kept, 0).long()
+    cut = top.gather(-1, kept_top - 1)
+    return cut, kept - (top > cut).sum(-1, keepdim=True)
+
+
+def token_from_uniform(
+    probs: torch.Tensor, uniforms: torch.Tensor, most_likely: torch.Tensor | None = None
+) -> torch.Tensor:
     """Inverse-CDF sampling: [B, V] probabilities and [B] uniforms u in (0, 1) -> [B] token ids.
 
     A row's token is the first index whose cumulative probability (fp64) exceeds u * total, so
     token i is drawn for u in [c(i-1), c(i)) / total: exactly its probability, and never a token of
     probability 0 (filtered). The rows never mix. A cumulative sum done as a parallel scan (on a
     GPU) is not exactly sequential, so a u within rounding distance of a boundary could still land
-    on a zero-probability token or past the end; such a row takes its most likely token instead.
+    on a zero-probability token or past the end; such a row takes its most likely token instead
+    (`most_likely` [B] where the caller knows it, else the argmax of `probs`).
     """
     cumulative = probs.double().cumsum(-1)  # [B, V]
     threshold = uniforms.to(cumulative)[:, None] * cumulative[:, -1:]  # [B, 1]
     token = torch.searchsorted(cumulative, threshold, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
     drawn_zero = probs.gather(-1, token[:, None]).squeeze(-1) == 0  # [B]
-    return torch.where(drawn_zero, probs.argmax(-1), token)
+    return torch.where(drawn_zero, probs.argmax(-1) if most_likely is None else most_likely, token)
+
+
+def choose_token(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """[B, V] fp32 logits -> the sampled tokens [B] and their log-probs under the raw (unfiltered) distribution [B]."""
+    token = sample_next_token(logits, params, uniforms)
+    # log_softmax then gather: on a CPU one fused pass, cheaper than logsumexp's several
+    return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,6 +258,7 @@ def generate(
     pad_token_id: int,
     seeds: list[int],
     batch_size: int = 64,
+    decode: DecodeOptions = DecodeOptions(),
 ) -> Generation:
     """Sample one response per prompt. Prompts are batched by length; results come back in input order.
 
@@ -184,7 +275,9 @@ def generate(
     if eos_ids.numel() == 0:
         raise ValueError("eos_token_id is an empty list; give at least one end-of-sequence token id")
     _check_context(model, max(map(len, prompt_token_ids), default=0), params.max_new_tokens)
+    options = decode.for_device(next(model.parameters()).device)
     by_length = sorted(range(len(prompt_token_ids)), key=lambda i: len(prompt_token_ids[i]))
+    caches: dict[tuple[int, int], Cache] = {}  # static caches by shape, reused from batch to batch
     response_ids: list[list[int]] = [[] for _ in prompt_token_ids]
     is_end = [False] * len(prompt_token_ids)
     logprobs: list[list[float]] = [[] for _ in prompt_token_ids]
@@ -194,7 +287,8 @@ def generate(
         for start in range(0, len(by_length), batch_size):
             rows = by_length[start : start + batch_size]
             prompts = [prompt_token_ids[i] for i in rows]
-            outputs = _generate_batch(model, prompts, [seeds[i] for i in rows], params, eos_ids, pad_token_id)
+            row_seeds = [seeds[i] for i in rows]
+            outputs = _generate_batch(model, prompts, row_seeds, params, eos_ids, pad_token_id, options, caches)
             tokens, token_logprobs, lengths, ended = (x.cpu() for x in outputs)
             for j, row in enumerate(rows):
                 n = int(lengths[j])
@@ -204,6 +298,29 @@ def generate(
     return Generation(response_ids=response_ids, is_end=is_end, logprobs=logprobs)
 
 
+def decode_step(
+    model: nn.Module,
+    token: torch.Tensor,
+    position: torch.Tensor,
+    attention_mask: torch.Tensor,
+    cache: Cache | None,
+    uniforms: torch.Tensor,
+    params: SamplingParams,
+) -> tuple[torch.Tensor, ...]:
+    """One decode step: feed each row's token [B] at its position [B, 1] with the cache, and sample the next.
+
+    Returns the next tokens [B] and their raw log-probs [B]. The unit that DecodeOptions.compile compiles.
+    """
+    out = model(
+        input_ids=token[:, None],
+        attention_mask=attention_mask,
+        position_ids=position,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return choose_token(out.logits[:, -1].float(), params, uniforms)
+
+
 def _generate_batch(
     model: nn.Module,
     prompts: list[list[int]],
@@ -211,44 +328,187 @@ def _generate_batch(
     params: SamplingParams,
     eos_ids: torch.Tensor,
     pad_id: int,
+    options: DecodeOptions,
+    caches: dict[tuple[int, int], Cache],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Responses [B, N], their raw log-probs [B, N] fp32, lengths [B] and ended [B] for one batch."""
     device = next(model.parameters()).device
-    input_ids, attention_mask = _left_pad(prompts, pad_id, device)  # [B, P]
-    eos_ids = eos_ids.to(device)
-    batch, steps = len(prompts), params.max_new_tokens
-    uniforms = position_uniforms(torch.tensor(seeds, dtype=torch.long, device=device), steps)  # [B, N]
-    responses = torch.full((batch, steps), pad_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros(batch, steps, device=device)
-    lengths = torch.zeros(batch, dtype=torch.long, device=device)
-    ended = torch.zeros(batch, dtype=torch.bool, device=device)
+    batch = _Batch.build(prompts, seeds, pad_id, params.max_new_tokens, options.static_cache, device)
+    cache = _kv_cache(model, len(prompts), batch.attention_mask.shape[1], options.static_cache, caches)
+    logits, cache = _prefill(model, batch.input_ids, batch.prompt_mask, cache)  # [B, V]
+    first = choose_token(logits, params, batch.uniforms[:, 0])
+    is_eos = _eos_table(eos_ids, logits.shape[-1], device)
+    return _decode(model, cache, batch, first, params, is_eos, pad_id, options)
 
-    position_ids = position_ids_from_mask(attention_mask)
-    prefill = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
-    out = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **prefill
-    )
+
+@dataclass(frozen=True)
+class _Batch:
+    """A batch's inputs for every step, allocated once: nothing is concatenated or rebuilt per step."""
+
+    input_ids: torch.Tensor  # [B, P] left-padded prompts
+    prompt_mask: torch.Tensor  # [B, P]
+    attention_mask: torch.Tensor  # [B, L]: the prompt mask, then ones up to the cache's length L >= P + N
+    positions: torch.Tensor  # [B, N]: where response token t sits (a row's prompt length + t)
+    uniforms: torch.Tensor  # [B, N] fp64: the uniform number of response position t
+    static: bool  # attend to the whole static cache, not to the slots filled so far
+
+    @classmethod
+    def build(
+        cls, prompts: list[list[int]], seeds: list[int], pad_id: int, steps: int, static: bool, device: torch.device
+    ) -> _Batch:
+        input_ids, prompt_mask = _left_pad(prompts, pad_id, device)
+        width = prompt_mask.shape[1] + steps
+        if static:  # rounded up, so that batches of similar length share a compiled graph
+            width = -(-width // STATIC_CACHE_MULTIPLE) * STATIC_CACHE_MULTIPLE
+        attention_mask = prompt_mask.new_ones(len(prompts), width)
+        attention_mask[:, : prompt_mask.shape[1]] = prompt_mask
+        positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(steps, device=device)
+        uniforms = position_uniforms(torch.tensor(seeds, dtype=torch.long, device=device), steps)
+        return cls(input_ids, prompt_mask, attention_mask, positions, uniforms, static)
+
+    def step_mask(self, t: int) -> torch.Tensor:
+        """The mask with which response token t is fed: it sits at slot P + t. A static cache is attended whole
+        (the causal mask hides the slots not written yet); a dynamic one holds the slots up to P + t."""
+        return self.attention_mask if self.static else self.attention_mask[:, : self.prompt_mask.shape[1] + t + 1]
+
+
+def _decode(
+    model: nn.Module,
+    cache: Cache | None,
+    batch: _Batch,
+    first: tuple[torch.Tensor, ...],
+    params: SamplingParams,
+    is_eos: torch.Tensor,
+    pad_id: int,
+    options: DecodeOptions,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The decode loop from the first sampled tokens and their log-probs: responses, log-probs, lengths, ended."""
+    rows, steps = batch.positions.shape
+    device = batch.positions.device
+    responses = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros(rows, steps, device=device)
+    lengths = torch.zeros(rows, dtype=torch.long, device=device)
+    ended = torch.zeros(rows, dtype=torch.bool, device=device)
+    step = _decode_function(options, device)
+    token, logprob = first
     for t in range(steps):
-        logits = out.logits[:, -1].float()  # [B, V]
         active = ~ended
-        token = torch.where(active, sample_next_token(logits, params, uniforms[:, t]), pad_id)  # [B]
-        raw_logprob = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)  # [B]
+        token = torch.where(active, token, pad_id)  # a row that has ended is fed padding
         responses[:, t] = token
-        logprobs[:, t] = torch.where(active, raw_logprob, 0.0)
-        lengths += active.long()
-        ended |= active & torch.isin(token, eos_ids)
-        if t == steps - 1 or bool(ended.all()):
+        logprobs[:, t] = torch.where(active, logprob, 0.0)
+        lengths += active
+        ended |= is_eos[token]
+        # the look at whether all rows ended waits for the device: only every end_check_interval steps
+        if t + 1 == steps or ((t + 1) % options.end_check_interval == 0 and bool(ended.all())):
             break
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, 1)], dim=1)
-        position_ids = position_ids[:, -1:] + 1
-        out = model(
-            input_ids=token[:, None],
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=out.past_key_values,
-            use_cache=True,
-        )
+        position, uniforms = batch.positions[:, t : t + 1], batch.uniforms[:, t + 1]
+        token, logprob = step(model, token, position, batch.step_mask(t), cache, uniforms, params)
     return responses, logprobs, lengths, ended
+
+
+def _prefill(
+    model: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor, cache: Cache | None
+) -> tuple[torch.Tensor, Cache]:
+    """Run the prompts through the model: the logits of each row's first response token [B, V] and the filled cache
+    (the one given, or the model's own where none was)."""
+    last_only = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+    out = model(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=position_ids_from_mask(mask),
+        past_key_values=cache,
+        use_cache=True,
+        **last_only,
+    )
+    return out.logits[:, -1].float(), out.past_key_values
+
+
+def _decode_function(options: DecodeOptions, device: torch.device) -> Callable[..., tuple[torch.Tensor, ...]]:
+    if not options.compile:
+        return decode_step
+    compiled = _compiled_decode_step(options.compile_backend, device.type == "cuda")
+    if device.type != "cuda":
+        return compiled
+
+    def step(*args: Any) -> tuple[torch.Tensor, ...]:
+        torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs have been read: they may be reused
+        return compiled(*args)
+
+    return step
+
+
+@functools.cache
+def _compiled_decode_step(backend: str, cuda_graphs: bool) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """decode_step compiled once per process: shapes are static (dynamic=False), one graph per batch shape."""
+    mode = "reduce-overhead" if cuda_graphs and backend == "inductor" else None
+    return torch.compile(decode_step, backend=backend, mode=mode, dynamic=False)
+
+
+def _eos_table(eos_ids: torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
+    """[V] bool: which token ids end a response (ids outside the vocabulary are never sampled)."""
+    table = torch.zeros(vocab, dtype=torch.bool)
+    table[eos_ids[(eos_ids >= 0) & (eos_ids < vocab)]] = True
+    return table.to(device)
+
+
+def _kv_cache(
+    model: nn.Module, rows: int, length: int, static: bool, caches: dict[tuple[int, int], Cache]
+) -> Cache | None:
+    """A KV cache for `rows` x `length` tokens: transformers' StaticCache, or a dynamic one with preallocated layers.
+
+    A static cache is kept in `caches` and reset for the next batch of its shape: a compiled step sees the same
+    buffers again (CUDA graphs replay rather than record anew). None for a model without a config: it makes its own.
+    """
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    if not static:
+        return preallocated_cache(config, length)
+    if (rows, length) in caches:
+        caches[rows, length].reset()
+    else:
+        caches[rows, length] = StaticCache(config=config, max_cache_len=length)
+    return caches[rows, length]
+
+
+def preallocated_cache(config: Any, length: int) -> DynamicCache:
+    """transformers' DynamicCache for `config`, its plain layers preallocated (sliding-window ones stay as they are)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [PreallocatedLayer(length) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    if cache.layer_class_to_replicate is DynamicLayer:
+        cache.layer_class_to_replicate = functools.partial(PreallocatedLayer, length)
+    return cache
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A DynamicLayer whose keys and values live in buffers of `length` tokens allocated at its first update.
+
+    Each update writes into the buffers in place and returns views of the part filled so far, where DynamicLayer
+    concatenates: appending a token copies one token's keys and values, not the whole cache. Attention sees
+    exactly the tokens seen so far, as with DynamicLayer; `length` is a hard limit.
+    """
+
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        self.length = length
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._key_buffer = key_states.new_empty(*key_states.shape[:2], self.length, key_states.shape[-1])
+        self._value_buffer = value_states.new_empty(*value_states.shape[:2], self.length, value_states.shape[-1])
+        self.keys, self.values = self._key_buffer[:, :, :0], self._value_buffer[:, :, :0]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        self._key_buffer[:, :, start:end] = key_states
+        self._value_buffer[:, :, start:end] = value_states
+        self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+        return self.keys, self.values
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
