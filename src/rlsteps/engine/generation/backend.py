@@ -67,6 +67,13 @@ def eos_token_ids(model: nn.Module, tokenizer) -> list[int]:
     return [ids] if isinstance(ids, int) else list(ids or [])
 
 
+def check_requests(prompt_token_ids: list[list[int]], seeds: list[int]) -> None:
+    """Raise a ValueError unless every prompt has a token to continue from and its own seed (check_seeds)."""
+    if any(len(ids) == 0 for ids in prompt_token_ids):
+        raise ValueError("every prompt needs at least one token; an empty prompt cannot be continued")
+    check_seeds(seeds, len(prompt_token_ids))
+
+
 def check_seeds(seeds: list[int], rows: int) -> None:
     """Raise a ValueError unless there is one seed per row, each an int in [0, 2**63)."""
     if len(seeds) != rows:

@@ -27,7 +27,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache
 
-from rlsteps.engine.generation.backend import Generation, SamplingParams, check_seeds
+from rlsteps.engine.generation.backend import Generation, SamplingParams, check_requests, eos_token_ids
+from rlsteps.engine.generation.sizing import context_length
 from rlsteps.engine.policy.logprobs import position_ids_from_mask
 from rlsteps.engine.policy.model import eval_mode
 
@@ -72,7 +73,7 @@ class BuiltinBackend:
             model,
             prompt_token_ids,
             params,
-            eos_token_id=self._eos_ids(model),
+            eos_token_id=eos_token_ids(model, self.tokenizer),
             pad_token_id=self.tokenizer.pad_token_id,
             seeds=seeds,
             batch_size=self.batch_size,
@@ -84,10 +85,6 @@ class BuiltinBackend:
 
     def release(self) -> None:
         """Nothing held between steps: each batch's cache is freed when the batch is done."""
-
-    def _eos_ids(self, model: nn.Module) -> int | list[int]:
-        configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        return configured if configured is not None else self.tokenizer.eos_token_id
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,9 +263,7 @@ def generate(
     params, seed and the weights, not on the other rows, their order or batch_size (up to the
     float rounding of batched matmuls). No random state is read or advanced.
     """
-    if any(len(ids) == 0 for ids in prompt_token_ids):
-        raise ValueError("every prompt needs at least one token; an empty prompt cannot be continued")
-    check_seeds(seeds, len(prompt_token_ids))
+    check_requests(prompt_token_ids, seeds)
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     eos_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id, dtype=torch.long)
@@ -527,7 +522,9 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
 
 
 def _check_context(model: nn.Module, longest_prompt: int, max_new_tokens: int) -> None:
-    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    """A guard for callers of generate: a run has checked its longest rollout at its start (sizing)."""
+    config = getattr(model, "config", None)
+    context = context_length(config) if config is not None else None
     if context is not None and longest_prompt + max_new_tokens > context:
         raise ValueError(
             f"a prompt of {longest_prompt} tokens plus max_new_tokens={max_new_tokens} exceeds the model's "

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from rlsteps.engine.config import VllmConfig
-from rlsteps.engine.generation.backend import Generation, SamplingParams, check_seeds
+from rlsteps.engine.generation.backend import Generation, SamplingParams, check_requests
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +71,7 @@ class VllmBackend:
     ) -> Generation:
         from vllm.inputs import TokensPrompt
 
-        if any(len(ids) == 0 for ids in prompt_token_ids):
-            raise ValueError("every prompt needs at least one token; an empty prompt cannot be continued")
-        check_seeds(seeds, len(prompt_token_ids))
+        check_requests(prompt_token_ids, seeds)
         self._wake()
         requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
         outputs = self.llm.generate(requests, [self._sampling(params, seed) for seed in seeds], use_tqdm=False)
