@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# A real single-node Slurm cluster on this machine, for the launcher tests.
+# A real two-node Slurm cluster on this machine, for the launcher tests: two slurmd daemons, nodes "node1"
+# and "node2", each with all of this machine's CPUs and memory (multi-node jobs, such as a Ray job's head
+# and worker, run for real; single-node jobs land on either).
 #
 #   bash .ci/slurm.sh up       install Debian's slurm-wlm and munge if needed, configure, start, wait until idle
 #   bash .ci/slurm.sh down     stop the daemons this script started (by their pid files)
 #   bash .ci/slurm.sh status   print sinfo
 #
-# Both are idempotent. Runs as root on Debian 12. The node is "localhost" with this machine's CPUs
-# and memory; one partition "debug". No accounting daemon: finished jobs stay visible to
+# Both are idempotent. Runs as root on Debian 12. One partition "debug" over both nodes. No accounting daemon: finished jobs stay visible to
 # `scontrol show job` for MinJobAge seconds, which is how rlsteps reads their final state.
 set -euo pipefail
 
@@ -16,7 +17,8 @@ RUN_DIR=/run/rlsteps-slurm
 LOG_DIR=/var/log/slurm
 MUNGE_PID=/run/munge/munged.pid
 CTLD_PID="$RUN_DIR/slurmctld.pid"
-SLURMD_PID="$RUN_DIR/slurmd.pid"
+NODES=(node1 node2)
+slurmd_pid() { echo "$RUN_DIR/slurmd-$1.pid"; }
 PACKAGES=(slurm-wlm munge)
 
 say() { echo "slurm.sh: $*" >&2; }
@@ -47,10 +49,10 @@ write_config() {
     cpus=$(nproc)
     mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
     mem_mb=$(( mem_mb > 2048 ? mem_mb - 1024 : mem_mb * 3 / 4 ))  # leave a margin for the daemons
-    mkdir -p "$CONF_DIR" "$RUN_DIR" "$LOG_DIR" /var/spool/slurmctld /var/spool/slurmd
+    mkdir -p "$CONF_DIR" "$RUN_DIR" "$LOG_DIR" /var/spool/slurmctld /var/spool/slurmd/node1 /var/spool/slurmd/node2
     conf_tmp=$(mktemp)
     cat >"$conf_tmp" <<EOF
-# Written by .ci/slurm.sh: a single-node cluster on localhost.
+# Written by .ci/slurm.sh: a two-node cluster on this machine (two slurmd, one per node name).
 ClusterName=rlsteps-ci
 SlurmctldHost=localhost
 SlurmUser=root
@@ -72,15 +74,16 @@ JobCompType=jobcomp/none
 MinJobAge=86400
 DefMemPerCPU=1024
 StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
+SlurmdSpoolDir=/var/spool/slurmd/%n
 SlurmctldPidFile=$CTLD_PID
-SlurmdPidFile=$SLURMD_PID
+SlurmdPidFile=$RUN_DIR/slurmd-%n.pid
 SlurmctldLogFile=$LOG_DIR/slurmctld.log
-SlurmdLogFile=$LOG_DIR/slurmd.log
+SlurmdLogFile=$LOG_DIR/slurmd-%n.log
 SlurmctldTimeout=30
 SlurmdTimeout=60
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+NodeName=node1 NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=6818 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
+NodeName=node2 NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=6819 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
+PartitionName=debug Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP
 EOF
     if cmp -s "$conf_tmp" "$CONF"; then
         rm -f "$conf_tmp"
@@ -107,7 +110,10 @@ start_munge() {
 
 start_slurm() {
     alive "$CTLD_PID" || { /usr/sbin/slurmctld -f "$CONF"; say "slurmctld started"; }
-    alive "$SLURMD_PID" || { /usr/sbin/slurmd -f "$CONF" -N localhost; say "slurmd started"; }
+    local node
+    for node in "${NODES[@]}"; do
+        alive "$(slurmd_pid "$node")" || { /usr/sbin/slurmd -f "$CONF" -N "$node"; say "slurmd $node started"; }
+    done
 }
 
 stop_pidfile() {  # stop_pidfile NAME PIDFILE: TERM, wait, then KILL
@@ -124,35 +130,42 @@ stop_pidfile() {  # stop_pidfile NAME PIDFILE: TERM, wait, then KILL
     say "$name stopped"
 }
 
-wait_idle() {
-    local state=""
+wait_idle() {  # wait_idle NODE
+    local node=$1 state=""
     for _ in $(seq 120); do
-        state=$(sinfo -h -n localhost -o %T 2>/dev/null | head -n 1 || true)
+        state=$(sinfo -h -n "$node" -o %T 2>/dev/null | head -n 1 || true)
         case "$state" in
-            idle|mixed|allocated) say "node localhost is $state"; return 0 ;;
-            down*|drain*|fail*) scontrol update NodeName=localhost State=RESUME >/dev/null 2>&1 || true ;;
+            idle|mixed|allocated) say "node $node is $state"; return 0 ;;
+            down*|drain*|fail*) scontrol update NodeName="$node" State=RESUME >/dev/null 2>&1 || true ;;
         esac
         sleep 0.5
     done
-    die "the node did not become idle (last state: '${state:-no answer}'); see $LOG_DIR/slurmctld.log and $LOG_DIR/slurmd.log"
+    die "node $node did not become idle (last state: '${state:-no answer}'); see $LOG_DIR/slurmctld.log and $LOG_DIR/slurmd-$node.log"
+}
+
+stop_slurmds() {
+    local node
+    for node in "${NODES[@]}"; do stop_pidfile "slurmd $node" "$(slurmd_pid "$node")"; done
+    stop_pidfile slurmd "$RUN_DIR/slurmd.pid"  # the single node of an older configuration
 }
 
 up() {
     need_root
     install_packages
-    if write_config && { alive "$CTLD_PID" || alive "$SLURMD_PID"; }; then
+    if write_config && alive "$CTLD_PID"; then
         say "configuration changed: restarting the daemons"
-        stop_pidfile slurmd "$SLURMD_PID"
+        stop_slurmds
         stop_pidfile slurmctld "$CTLD_PID"
     fi
     start_munge
     start_slurm
-    wait_idle
+    local node
+    for node in "${NODES[@]}"; do wait_idle "$node"; done
 }
 
 down() {
     need_root
-    stop_pidfile slurmd "$SLURMD_PID"
+    stop_slurmds
     stop_pidfile slurmctld "$CTLD_PID"
     stop_pidfile munged "$MUNGE_PID"
 }

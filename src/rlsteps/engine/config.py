@@ -166,9 +166,24 @@ class RewardModelClientConfig(Section):
     server: RewardServerConfig = RewardServerConfig()
 
 
+class NemoRlJobConfig(Section):
+    """engine=nemo_rl: how the job runs NeMo-RL inside its container (rlsteps.engine.nemo_rl)."""
+
+    workdir: str = "/opt/nemo-rl"  # NeMo-RL's checkout in its container: the driver and converters run there
+    python: str = "uv run python"  # what runs NeMo-RL's scripts, split like a shell would
+    driver: str | None = None  # the training command; None: <python> examples/run_grpo.py (with NeMo-Gym for rlhf)
+    export: str | None = None  # the command that writes a NeMo-RL checkpoint in HF form; None: NeMo-RL's converter
+    policy_backend: Literal["dtensor", "megatron"] = "dtensor"  # policy.dtensor_cfg or policy.megatron_cfg
+    gym_agent: str = "genrm_simple_agent"  # rl/rlhf: the NeMo-Gym agent each prompt row names (agent_ref)
+    ray_port: Annotated[int, Field(ge=1024, le=65535)] = 6379  # the Ray head's GCS port
+    nodes_timeout_s: PositiveFloat = 900  # how long the head waits for every node to join Ray
+
+
 class RecipeConfig(Section):
     algorithm: str
     seed: NonNegativeInt = 1234
+    # embedded: this package's own loop; nemo_rl: NeMo-RL's GRPO in its container (rl/rlhf, rl/reinforce)
+    engine: Literal["embedded", "nemo_rl"] = "embedded"
     run: RunConfig = RunConfig()
     inputs: Inputs
     data: DataConfig = DataConfig()
@@ -181,12 +196,22 @@ class RecipeConfig(Section):
     tiny_world: TinyWorldConfig | None = None
 
 
+class NemoRlEngine(Section):
+    """The keys of a recipe NeMo-RL can run: how the job runs it, and NeMo-RL's own keys passed through."""
+
+    nemo_rl_job: NemoRlJobConfig = NemoRlJobConfig()
+    # NeMo-RL master-config keys set as they are over the compiled ones (e.g. policy.dtensor_cfg.tensor_parallel_size)
+    nemo_rl: dict[str, Any] = {}
+
+
 class RSConfig(RecipeConfig):
     algorithm: Literal["rs"]
     rm: RewardModelClientConfig = RewardModelClientConfig()
 
     @model_validator(mode="after")
     def _needs_top_n(self) -> RSConfig:
+        if self.engine != "embedded":
+            raise ValueError("engine: rl/rs runs on the embedded engine only (NeMo-RL has no rejection-sampling recipe)")
         if self.rollout.top_n_rollouts is None:
             raise ValueError("rollout.top_n_rollouts is required for rejection sampling")
         if self.train.truncated_importance_sampling:
@@ -202,7 +227,7 @@ class ReinforceSection(Section):
     use_absolute_kl: bool = True
 
 
-class ReinforceConfig(RecipeConfig):
+class ReinforceConfig(NemoRlEngine, RecipeConfig):
     algorithm: Literal["reinforce"]
     rm: RewardModelClientConfig = RewardModelClientConfig()
     reinforce: ReinforceSection = ReinforceSection()
@@ -240,7 +265,7 @@ class JudgeConfig(Section):
     max_parse_failure_rate: Probability = 0.5  # a step whose share of unparsable answers is higher stops the run
 
 
-class GRPOConfig(RecipeConfig):
+class GRPOConfig(NemoRlEngine, RecipeConfig):
     algorithm: Literal["grpo"]
     grpo: GRPOSection = GRPOSection()
     judge: JudgeConfig = JudgeConfig()

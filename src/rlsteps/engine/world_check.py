@@ -19,7 +19,7 @@ SINGLE_PROCESS_ALGORITHMS = ("convert",)  # steps that run in one process whatev
 
 def world_size_problems(config: dict[str, Any], world_size: int) -> list[str]:
     """Every reason the config cannot run on `world_size` processes, one sentence each; empty when it can."""
-    if world_size <= 1:
+    if world_size <= 1 or config.get("engine") == "nemo_rl":  # NeMo-RL splits the work and checks it itself
         return []
     algorithm = config.get("algorithm")
     if algorithm in SINGLE_PROCESS_ALGORITHMS:

@@ -80,8 +80,15 @@ class LocalLauncher:
     sees_local_files = True
 
     def check(self, job: Job) -> None:
-        """Refuse a profile with an unknown key; anything else this machine compiles, it runs."""
+        """Refuse a profile with an unknown key, and a job for NeMo-RL's container; anything else this machine
+        compiles, it runs."""
         load_profile(job)
+        if job.config.get("engine") == "nemo_rl":
+            raise UsageError(
+                "engine=nemo_rl runs inside NeMo-RL's container on GPU nodes, not on this machine",
+                fix="submit it with -r or -b and a Slurm or Lepton profile whose container_image is NeMo-RL's; "
+                "add --dry-run to see the NeMo-RL config it compiles",
+            )
 
     def processes(self, job: Job) -> tuple[int, int]:
         return 1, load_profile(job).nprocs_per_node
@@ -90,6 +97,7 @@ class LocalLauncher:
         return ()
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
+        self.check(job)
         profile = load_profile(job)
         command = process_command(profile, job_dir, job.passthrough)
         processes = "" if profile.nprocs_per_node == 1 else f", {profile.nprocs_per_node} processes under torchrun"

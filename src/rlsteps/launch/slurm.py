@@ -14,10 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlsteps.errors import RunFailed, UsageError
-from rlsteps.launch import containers
+from rlsteps.launch import containers, ray_job
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission, read_log
 from rlsteps.launch.job import Job
-from rlsteps.launch.slurm_script import LOG_NAME, SCRIPT_FILE, SlurmProfile, load_profile, place, sbatch_script
+from rlsteps.launch.slurm_script import (
+    LOG_NAME,
+    SCRIPT_FILE,
+    SlurmProfile,
+    load_profile,
+    place,
+    ray_job_of,
+    sbatch_script,
+)
 
 POLL_S = 1.0
 CANCEL_WAIT_S = 20.0
@@ -68,10 +76,14 @@ class SlurmLauncher:
         profile = load_profile(job)
         where = place(job, profile, job_dir)
         files = {SCRIPT_FILE: sbatch_script(job, profile, where)}
+        nemo_rl = ray_job.uses_nemo_rl(job)
+        if nemo_rl:
+            files |= ray_job.job_files(job, ray_job_of(job, profile, where))
+        per_node = "NeMo-RL on Ray, one task" if nemo_rl else f"{profile.nprocs} process(es)"
         notes = [
             f"{'attached (logs streamed here)' if job.mode == 'attached' else 'detached'}",
             f"partition {profile.partition_for(job.mode) or '(cluster default)'}",
-            f"{profile.nodes} node(s) x {profile.gpus_per_node} GPU(s), {profile.nprocs} process(es) per node",
+            f"{profile.nodes} node(s) x {profile.gpus_per_node} GPU(s), {per_node} per node",
             f"job dir {where.run_dir}",
         ]
         if where.container:
@@ -93,7 +105,7 @@ class SlurmLauncher:
             if where.wheel
             else f"code: rlsteps as installed for {where.python} (code: installed)"
         )
-        if profile.time and profile.checkpoint_before_limit_s:
+        if profile.time and profile.checkpoint_before_limit_s and not nemo_rl:
             notes.append(
                 f"checkpoint {profile.checkpoint_before_limit_s}s before the time limit"
                 + (", then requeue" if profile.requeue else "")

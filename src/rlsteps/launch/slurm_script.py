@@ -31,13 +31,13 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlsteps.errors import UsageError
-from rlsteps.launch import code, containers
+from rlsteps.launch import code, containers, ray_job
 from rlsteps.launch.base import comment_safe, validated_profile, worker_command
 from rlsteps.launch.job import Job
 from rlsteps.secrets import is_secret_key
@@ -166,8 +166,23 @@ def shell_join(words: list[str]) -> str:
     return " ".join(w if isinstance(w, Expansion) else shlex.quote(w) for w in words)
 
 
+def ray_job_of(job: Job, profile: SlurmProfile, where: Placement) -> ray_job.RayJob:
+    """engine=nemo_rl: the job's nodes and paths as its node script sees them (rlsteps.launch.ray_job)."""
+    return ray_job.RayJob(
+        nodes=profile.nodes,
+        gpus_per_node=profile.gpus_per_node,
+        job_dir=PurePosixPath(where.run_dir),
+        run_dir=ray_job.absolute_run_dir(job, where.workdir),
+        python=where.python,
+    )
+
+
 def task_command(job: Job, profile: SlurmProfile, where: Placement) -> list[str]:
-    """What each Slurm task runs: the worker, or a torchrun that starts the node's workers (module docstring)."""
+    """What each Slurm task runs: the worker, a torchrun that starts the node's workers (module docstring), or
+    with engine=nemo_rl the node's part of a Ray job."""
+    if ray_job.uses_nemo_rl(job):
+        node = ray_job.node_command(ray_job_of(job, profile, where), Expansion('"$attempt"'))
+        return code.on_path(str(where.wheel), node) if where.wheel else node
     worker = worker_command(where.python, where.run_dir, job.passthrough)
     if profile.world_size == 1:
         return code.on_path(str(where.wheel), worker) if where.wheel else worker
@@ -232,7 +247,7 @@ def directives(job: Job, profile: SlurmProfile, where: Placement) -> list[tuple[
         ("export", "ALL"),
         ("dependency", "afterok:" + ":".join(job.depends_on) if job.depends_on else None),
         ("kill-on-invalid-dep", "yes" if job.depends_on else None),  # a failed stage cancels what waits on it
-        ("signal", _checkpoint_signal(profile)),
+        ("signal", _checkpoint_signal(job, profile)),
         ("requeue", profile.requeue or None),
     ]
     return [(flag, value) for flag, value in wanted if value is not None]
@@ -262,15 +277,38 @@ def sbatch_script(job: Job, profile: SlurmProfile, where: Placement) -> str:
     if profile.setup_lines:
         lines += ["", "# setup_lines from the profile", *profile.setup_lines]
     lines.append("")
-    if profile.nodes > 1:
-        lines.append('head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
-    lines += _run_lines(shell_join(srun_words(job, profile, where)), profile, where)
+    srun = shell_join(srun_words(job, profile, where))
+    if ray_job.uses_nemo_rl(job):
+        lines += _ray_run_lines(srun, ray_job_of(job, profile, where))
+    else:
+        if profile.nodes > 1:
+            lines.append('head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
+        lines += _run_lines(srun, profile, where)
     return "\n".join(lines)
 
 
-def _checkpoint_signal(profile: SlurmProfile) -> str | None:
-    """USR1 to the job's tasks (not the batch shell) this long before the time limit."""
-    return f"USR1@{profile.checkpoint_before_limit_s}" if profile.time and profile.checkpoint_before_limit_s else None
+def _checkpoint_signal(job: Job, profile: SlurmProfile) -> str | None:
+    """USR1 to the job's tasks (not the batch shell) this long before the time limit; not to NeMo-RL, which
+    saves on its own schedule and resumes from its checkpoints by itself."""
+    if ray_job.uses_nemo_rl(job) or not (profile.time and profile.checkpoint_before_limit_s):
+        return None
+    return f"USR1@{profile.checkpoint_before_limit_s}"
+
+
+def _ray_run_lines(srun: str, ray: ray_job.RayJob) -> list[str]:
+    """One task per node runs the node script; the job's exit code is what the head recorded (a worker node killed
+    as Ray stops exits otherwise), else srun's when the head never got that far."""
+    exit_file = shlex.quote(str(ray.paths.root / "ray")) + '/"$attempt"/' + ray_job.EXIT_CODE_FILE
+    return [
+        'attempt="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"  # this try of the job: its own Ray state folder',
+        "set +e",
+        srun,
+        "code=$?",
+        "set -e",
+        f"if [ -s {exit_file} ]; then code=$(cat {exit_file}); fi",
+        'exit "$code"',
+        "",
+    ]
 
 
 def _run_lines(srun: str, profile: SlurmProfile, where: Placement) -> list[str]:

@@ -3,6 +3,8 @@
 Order: the step config and the files it names under `defaults:` (each extends the previous, the
 step's own keys on top); then the profile's `config:` overlay; then `key=value` overrides, which win.
 An override of a key that does not exist is an error naming the closest key; `+key=value` adds one.
+Under a pass-through section (`nemo_rl.`: another engine's own config, which rlsteps does not model) every key
+is welcome without `+`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from rlsteps.plan import resolvers
 from rlsteps.plan.profiles import Profile
 
 resolvers.register()
+PASS_THROUGH_SECTIONS = ("nemo_rl",)  # keys of another tool's config, passed on as they are
 
 
 def config_source(step: Step, ref: str) -> Path:
@@ -65,7 +68,7 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         key, sep, _ = item.partition("=")
         if not sep or not key.strip("+"):
             raise UsageError(f"override '{item}' is not key=value", fix="write e.g. train.lr=1e-5")
-        adding = key.startswith("+")
+        adding = key.startswith("+") or _passed_through(cfg, key.lstrip("+"))
         key = key.lstrip("+")
         if not adding and not _has_key(cfg, key):
             raise UsageError(f"unknown config key '{key}'", fix=_closest_key_hint(cfg, key))
@@ -84,7 +87,11 @@ def overrides_for(step: Step, config_ref: str, overrides: list[str], strict: boo
     cfg = load_config_chain(config_source(step, config_ref))
     if strict:
         apply_overrides(cfg, overrides)
-    return [item for item in overrides if item.startswith("+") or _has_key(cfg, item.partition("=")[0])]
+    return [
+        item
+        for item in overrides
+        if item.startswith("+") or _has_key(cfg, key := item.partition("=")[0]) or _passed_through(cfg, key)
+    ]
 
 
 def compile_job(
@@ -180,6 +187,12 @@ def _describe(error: dict[str, Any]) -> str:
     if error["type"] == "value_error":  # cross-field checks name their keys themselves
         return message
     return f"{key}: {message} (got {error.get('input')!r})"
+
+
+def _passed_through(cfg: DictConfig, dotted: str) -> bool:
+    """A key under a pass-through section this config has: any key there is another tool's to judge."""
+    section, dot, rest = dotted.partition(".")
+    return bool(dot and rest) and section in PASS_THROUGH_SECTIONS and _has_key(cfg, section)
 
 
 def _has_key(cfg: Any, dotted: str) -> bool:
