@@ -33,6 +33,7 @@ from rlsteps.launch.lepton_spec import (
     build_spec,
     held_secrets,
     is_secret_of,
+    nemo_rl_files,
     secret_name,
     summary,
 )
@@ -75,7 +76,7 @@ class LeptonLauncher:
             summary=summary(job, profile, lepton_job.metadata.id_, len([n for n in plain if code.is_chunk(n)])),
             command=list(lepton_job.spec.container.command),
             env=plain,
-            files={SPEC_FILE: json.dumps(body, indent=2)},
+            files={SPEC_FILE: json.dumps(body, indent=2)} | nemo_rl_files(job, job_dir.name, profile),
             code=code.wheel_name() if profile.code == "ship" else None,
         )
 

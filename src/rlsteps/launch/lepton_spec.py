@@ -21,14 +21,14 @@ import base64
 import difflib
 import re
 import shlex
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlsteps.errors import UsageError
-from rlsteps.launch import code
+from rlsteps.launch import code, ray_job
 from rlsteps.launch.base import worker_command
 from rlsteps.launch.job import Job
 
@@ -175,6 +175,8 @@ def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile, shipped: d
     ]
     if profile.run_dir:
         lines.append(f"mkdir -p {shlex.quote(profile.run_dir)} && cd {shlex.quote(profile.run_dir)}")
+    if ray_job.uses_nemo_rl(job):
+        return "\n".join(lines + _ray_node_lines(job, profile, config_dir)) + "\n"
     worker = worker_command("python", Path(config_dir), job.passthrough)  # python -m rlsteps.engine.worker CONFIG ...
     if profile.world_size == 1:
         lines.append(f"exec {shlex.join(worker)}")
@@ -195,6 +197,37 @@ def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile, shipped: d
             f"{shlex.join(worker[1:])}"
         )
     return "\n".join(lines) + "\n"
+
+
+def ray_job_of(job: Job, profile: LeptonProfile, config_dir: str) -> ray_job.RayJob:
+    """engine=nemo_rl: every replica is one node of the Ray job; their shared state lives on the mount."""
+    if not profile.run_dir:
+        raise UsageError(
+            "engine=nemo_rl on Lepton needs a shared mount: the nodes meet through files under the run directory",
+            fix="add a mount to the profile (or set workdir to a folder on one)",
+        )
+    return ray_job.RayJob(
+        nodes=profile.nodes,
+        gpus_per_node=profile.gpus_per_node or 0,
+        job_dir=PurePosixPath(config_dir),
+        run_dir=ray_job.absolute_run_dir(job, Path(profile.run_dir)),
+        python="python",
+    )
+
+
+def nemo_rl_files(job: Job, job_dir_name: str, profile: LeptonProfile) -> dict[str, str]:
+    """The NeMo-RL files each replica writes for itself (the dry run shows them as they are)."""
+    return ray_job.job_files(job, ray_job_of(job, profile, f"{CONTAINER_JOBS_DIR}/{job_dir_name}"))
+
+
+def _ray_node_lines(job: Job, profile: LeptonProfile, config_dir: str) -> list[str]:
+    """Write the master config and the node script into the replica, then run this replica's part of the Ray job
+    (its node rank: LEPTON_JOB_WORKER_INDEX; the attempt: the job's name)."""
+    ray = ray_job_of(job, profile, config_dir)
+    files = ray_job.job_files(job, ray)
+    lines = [_text_into(f"{config_dir}/{name}", content) for name, content in files.items()]
+    node = ray_job.node_command(ray, "attempt")[:-1]
+    return [*lines, f'exec {shlex.join(node)} "${{LEPTON_JOB_NAME:-job}}"']
 
 
 def build_spec(job: Job, job_dir_name: str, profile: LeptonProfile) -> Any:
@@ -289,8 +322,13 @@ def _check_size(job: Job, script: str, env: dict[str, str]) -> None:
 
 
 def _decode_into(path: str, data: dict[str, Any]) -> str:
-    """A shell line that writes data as YAML to path; base64 needs no quoting and survives any content."""
-    encoded = base64.b64encode(OmegaConf.to_yaml(OmegaConf.create(data)).encode()).decode()
+    """A shell line that writes data as YAML to path."""
+    return _text_into(path, OmegaConf.to_yaml(OmegaConf.create(data)))
+
+
+def _text_into(path: str, text: str) -> str:
+    """A shell line that writes text to path; base64 needs no quoting and survives any content."""
+    encoded = base64.b64encode(text.encode()).decode()
     return f"echo {encoded} | base64 -d > {shlex.quote(path)}"
 
 

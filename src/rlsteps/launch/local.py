@@ -87,7 +87,7 @@ class LocalLauncher:
             raise UsageError(
                 "engine=nemo_rl runs inside NeMo-RL's container on GPU nodes, not on this machine",
                 fix="submit it with -r or -b and a Slurm or Lepton profile whose container_image is NeMo-RL's; "
-                "add --dry-run to see the NeMo-RL config it compiles",
+                "with --dry-run it prints the NeMo-RL config and scripts it compiles",
             )
 
     def processes(self, job: Job) -> tuple[int, int]:

@@ -120,7 +120,7 @@ def node_script(job: Job, ray: RayJob) -> str:
         f"python={q(ray.python)}",
         f"config={q(str(ray.job_dir / 'config.yaml'))}",
         f"workdir={q(settings['workdir'])}",
-        f"state={q(str(ray.paths.root / 'ray'))}/\"$attempt\"",
+        f'state={q(str(ray.paths.root / "ray"))}/"$attempt"',
         "driver=(" + " ".join(q(w) for w in driver_words(job, ray)) + ")",
     ]
     head = f"# rlsteps {comment_safe(job.step_id)} on NeMo-RL, job {comment_safe(job.name)}: one node's part"

@@ -15,18 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from rlsteps.engine.nemo_rl.environments import (
+    NemoRlConfigError,
+    environment,
+    reward_model_dtensor,
+    sequence_length,
+)
 from rlsteps.engine.nemo_rl.layout import NemoRlPaths
-
-NO_END = 1_000_000  # "no limit" for NeMo-RL's integer limits (its own default for grpo.max_num_steps)
-GYM_CONFIG_PATHS = [  # NeMo-Gym servers the rl/rlhf environment starts: the policy's model server and the judge
-    "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
-    "resources_servers/genrm_compare/configs/genrm_compare.yaml",
-]
-PAIRINGS = {"circular": "circular", "all": "all_pairs"}  # rlsteps judge.pairing -> genrm_compare comparison_strategy
-
-
-class NemoRlConfigError(ValueError):
-    """A step config NeMo-RL cannot run as asked; the message names the key and the fix."""
+from rlsteps.engine.nemo_rl.semantics import NO_END, differences
 
 
 @dataclass(frozen=True)
@@ -48,15 +44,14 @@ def compile_master_config(cfg: dict[str, Any], cluster: Cluster, run_dir: PurePo
     if not run_dir.is_absolute():
         raise NemoRlConfigError(f"the run directory must be absolute for NeMo-RL, got {run_dir}")
     paths = NemoRlPaths(run_dir)
-    rlhf = cfg["algorithm"] == "grpo"
-    notes = _common_notes(cfg) + (_rlhf_notes(cfg) if rlhf else _reinforce_notes(cfg))
+    notes = differences(cfg)
     config = {
         "grpo": _grpo(cfg),
         "loss_fn": _loss_fn(cfg),
         "checkpointing": _checkpointing(cfg, paths),
         "policy": _policy(cfg, paths),
         "data": _data(cfg, paths),
-        "env": _rlhf_env(cfg) if rlhf else _reward_model_env(cfg),
+        "env": environment(cfg),
         "logger": _logger(cfg, paths),
         "cluster": {"gpus_per_node": cluster.gpus_per_node, "num_nodes": cluster.nodes},
     }
@@ -155,7 +150,7 @@ def _policy(cfg: dict[str, Any], paths: NemoRlPaths) -> dict[str, Any]:
         "train_micro_batch_size": train["micro_batch_size"],
         "generation_batch_size": rollout["generation_batch_size"] or 32,
         "logprob_batch_size": rollout["logprob_micro_batch_size"],
-        "max_total_sequence_length": max_sequence_length(cfg),
+        "max_total_sequence_length": sequence_length(cfg),
         "precision": cfg["run"]["dtype"],
         "max_grad_norm": train["max_grad_norm"],
         "dtensor_cfg": _dtensor(cfg, enabled=not megatron),
@@ -174,21 +169,11 @@ def _policy(cfg: dict[str, Any], paths: NemoRlPaths) -> dict[str, Any]:
     return policy
 
 
-def max_sequence_length(cfg: dict[str, Any]) -> int:
-    """Prompt and response together: NeMo-RL's one length limit for training and vLLM."""
-    return cfg["data"]["max_prompt_tokens"] + cfg["rollout"]["sampling"]["max_new_tokens"]
-
-
 def _dtensor(cfg: dict[str, Any], enabled: bool) -> dict[str, Any]:
     return {
-        "_v2": True,
+        **reward_model_dtensor(),
         "enabled": enabled,
-        "cpu_offload": False,
-        "sequence_parallel": False,
         "activation_checkpointing": cfg["train"]["activation_checkpointing"],
-        "tensor_parallel_size": 1,
-        "context_parallel_size": 1,
-        "custom_parallel_plan": None,
     }
 
 
@@ -272,7 +257,7 @@ def _generation(cfg: dict[str, Any]) -> dict[str, Any]:
             "tensor_parallel_size": 1,
             "pipeline_parallel_size": 1,
             "gpu_memory_utilization": vllm["gpu_memory_utilization"],
-            "max_model_len": max_sequence_length(cfg),
+            "max_model_len": sequence_length(cfg),
             "enforce_eager": vllm["enforce_eager"],
             "expose_http_server": cfg["algorithm"] == "grpo",
         },
@@ -303,91 +288,6 @@ def _data(cfg: dict[str, Any], paths: NemoRlPaths) -> dict[str, Any]:
     }
 
 
-def _rlhf_env(cfg: dict[str, Any]) -> dict[str, Any]:
-    judge, group = cfg["judge"], cfg["rollout"]["num_rollouts_per_prompt"]
-    compare = {
-        "genrm_model_server": {"type": "responses_api_models", "name": "genrm_model"},
-        "genrm_responses_create_params": {
-            "max_output_tokens": judge["max_tokens"],
-            "temperature": judge["temperature"],
-            "top_p": judge["top_p"],
-        },
-        "comparison_strategy": PAIRINGS[judge["pairing"]],
-        "num_judges_per_comparison": 1,
-        "num_rollouts_per_prompt": group,  # genrm_compare buffers a whole group before it compares
-        "use_principle": judge["principle"] is not None,
-        "aggregator_method": "simple_tiebreaker",
-        "group_answer_length_penalty_coeff": judge["length_penalty"],
-        "default_score": 3.0,
-        "default_ranking": 3.5,
-        "genrm_parse_retries": judge["max_retries"],
-    }
-    if judge["principle"] is not None:
-        compare["default_principle"] = judge["principle"]
-    return {
-        "should_use_nemo_gym": True,
-        "use_genrm_compare": True,
-        "nemo_gym": {
-            "config_paths": list(GYM_CONFIG_PATHS),
-            "genrm_compare_resources_server": {"resources_servers": {"genrm_compare": compare}},
-            "genrm_model": {"responses_api_models": {"vllm_model": _judge_server(cfg)}},
-        },
-    }
-
-
-def _judge_server(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The judge NeMo-Gym reaches: a vLLM it starts on inputs.judge_model, or the server at judge.url."""
-    judge = cfg["judge"]
-    if judge["url"]:
-        if not judge["model"]:
-            raise NemoRlConfigError("judge.url is set but judge.model is not: name the model the server serves")
-        return {
-            "entrypoint": "app.py",
-            "base_url": judge["url"],
-            "api_key": judge["api_key"] or "dummy_key",
-            "model": judge["model"],
-            "spinup_server": False,
-            "return_token_id_information": False,
-        }
-    model = cfg["inputs"].get("judge_model")
-    if not model:
-        raise NemoRlConfigError("rl/rlhf on NeMo-RL needs inputs.judge_model (NeMo-Gym serves it) or judge.url")
-    return {
-        "entrypoint": "app.py",
-        "model": model,
-        "spinup_server": True,
-        "return_token_id_information": False,
-        "uses_reasoning_parser": False,
-        "server_args": {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.85, "max_model_len": 8192},
-    }
-
-
-def _reward_model_env(cfg: dict[str, Any]) -> dict[str, Any]:
-    model = cfg["inputs"].get("reward_model")
-    if not model:
-        raise NemoRlConfigError(
-            "rl/reinforce on NeMo-RL needs inputs.reward_model: NeMo-RL loads the reward model itself "
-            "(rm.url, a running server, is for the embedded engine)"
-        )
-    rm = cfg["rm"]
-    return {
-        "reward_model": {
-            "model_name": model,
-            "tokenizer": {"name": model},
-            "precision": cfg["run"]["dtype"],
-            "batch_size": rm["batch_size"],
-            "checkpoint_path": None,
-            "max_model_len": rm["max_length"] or max_sequence_length(cfg),
-            "resources": {"gpus_per_node": 1, "num_nodes": 1},
-            "dtensor_cfg": {**_dtensor(cfg, enabled=True), "activation_checkpointing": False},
-            "reward_model_cfg": {"enabled": True, "reward_model_type": "bradley_terry"},
-            "dynamic_batching": {"enabled": False},
-            "sequence_packing": {"enabled": False},
-            "max_grad_norm": None,
-        }
-    }
-
-
 def _logger(cfg: dict[str, Any], paths: NemoRlPaths) -> dict[str, Any]:
     logging = cfg["logging"]
     return {
@@ -402,47 +302,6 @@ def _logger(cfg: dict[str, Any], paths: NemoRlPaths) -> dict[str, Any]:
         "tensorboard": {},
         "gpu_monitoring": {"collection_interval": 10, "flush_interval": 10},
     }
-
-
-def _common_notes(cfg: dict[str, Any]) -> list[str]:
-    notes = [
-        "rollouts: NeMo-RL generates with vLLM colocated with training; rollout.backend does not apply",
-        "train.max_steps_without_update: NeMo-RL has no such guard; a run that never updates runs to its end",
-    ]
-    if cfg["train"]["max_epochs"] is None:
-        notes.append(f"train.max_epochs null: grpo.max_num_epochs {NO_END} (NeMo-RL needs a number)")
-    if cfg["validation"]["reward_functions"]:
-        notes.append("validation.reward_functions: NeMo-RL does not run them; only its own validation reward")
-    if cfg["checkpoint"]["keep_last"] > cfg["checkpoint"]["keep_top_k"]:
-        notes.append("checkpoint.keep_last and keep_top_k: NeMo-RL keeps one set, the larger of the two")
-    return notes
-
-
-def _rlhf_notes(cfg: dict[str, Any]) -> list[str]:
-    notes = [
-        f"grpo.std_floor: NeMo-RL divides by (std + 1e-6) whenever std > 0; rlsteps only when std > "
-        f"{cfg['grpo']['std_floor']} (a near-constant group gets a zero advantage there)",
-        "judge failures: NeMo-Gym gives an unparsable comparison the default score 3.0 (ranking 3.5) after "
-        "genrm_parse_retries; rlsteps masks the sample out of the loss (judge.on_failure) and stops above "
-        "judge.max_parse_failure_rate",
-        "judge.structured_output, extra_body, concurrency and timeout_s: NeMo-Gym's judge server sets its own",
-    ]
-    if cfg["judge"]["length_penalty"]:
-        notes.append("judge.length_penalty: NeMo-Gym's group_answer_length_penalty_coeff (zero-centred in the group)")
-    return notes
-
-
-def _reinforce_notes(cfg: dict[str, Any]) -> list[str]:
-    kl = "|logp - logp_init| (k1, absolute)" if cfg["reinforce"]["use_absolute_kl"] else "logp - logp_init (k1)"
-    return [
-        f"KL: rlsteps folds beta * mean_t {kl} into the sequence reward before the baseline; NeMo-RL adds beta * k3 "
-        "KL to the loss (loss_fn.use_kl_in_reward belongs to its Reinforce++ estimator)",
-        "baseline: rlsteps's leave-one-out mean counts only properly ended samples; NeMo-RL's counts every sample",
-        "loss: loss_fn.disable_ppo_ratio gives REINFORCE's -A * logp, as rlsteps does; no std normalisation",
-        "rm.*: NeMo-RL serves inputs.reward_model itself (env.reward_model, Bradley-Terry); rm.url, token and "
-        "chat_template do not apply",
-        "prompts: rl/reinforce on NeMo-RL takes single-turn prompts (NeMo-RL's math_hf_data_processor)",
-    ]
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
