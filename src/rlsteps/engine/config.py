@@ -211,7 +211,9 @@ class RSConfig(RecipeConfig):
     @model_validator(mode="after")
     def _needs_top_n(self) -> RSConfig:
         if self.engine != "embedded":
-            raise ValueError("engine: rl/rs runs on the embedded engine only (NeMo-RL has no rejection-sampling recipe)")
+            raise ValueError(
+                "engine: rl/rs runs on the embedded engine only (NeMo-RL has no rejection-sampling recipe)"
+            )
         if self.rollout.top_n_rollouts is None:
             raise ValueError("rollout.top_n_rollouts is required for rejection sampling")
         if self.train.truncated_importance_sampling:
