@@ -167,3 +167,17 @@ def test_the_drivers_exit_code_is_the_jobs_and_nothing_is_written(tiny_world, pr
     assert "NeMo-RL's driver failed (exit 7)" in log and "exit code 7" in log
     run = project / ".rlsteps" / "runs" / "rl_reinforce-tiny"
     assert not (run / "policy").exists()
+
+
+def test_a_pipeline_chains_an_embedded_stage_into_a_nemo_rl_stage(tiny_world, project):
+    from rlsteps.plan.pipeline import PipelineRequest, load_pipeline, plan_pipeline
+
+    tiny = Path(__file__).resolve().parents[1] / "examples" / "pipelines" / "tiny.yaml"
+    request = PipelineRequest(path=tiny, batch_profile="gpus", overrides=("reinforce:engine=nemo_rl", "train.micro_batch_size=1"))
+    rs, reinforce, rlhf = plan_pipeline(load_catalog(), load_pipeline(tiny), request)
+    assert rs.compiled.job.config["engine"] == "embedded" and MASTER_CONFIG_FILE not in rs.compiled.plan.files
+    rs_output = rs.outputs["policy"][1]
+    assert reinforce.compiled.job.config["inputs"]["policy"] == rs_output  # converted to HF in the job, then loaded
+    master = yaml.safe_load(reinforce.compiled.plan.files[MASTER_CONFIG_FILE])
+    assert master["policy"]["model_name"].endswith("/nemo_rl/policy_hf")
+    assert rlhf.compiled.job.config["inputs"]["policy"] == reinforce.outputs["policy"][1]  # its typed output, chained
