@@ -173,7 +173,8 @@ def test_a_pipeline_chains_an_embedded_stage_into_a_nemo_rl_stage(tiny_world, pr
     from rlsteps.plan.pipeline import PipelineRequest, load_pipeline, plan_pipeline
 
     tiny = Path(__file__).resolve().parents[1] / "examples" / "pipelines" / "tiny.yaml"
-    request = PipelineRequest(path=tiny, batch_profile="gpus", overrides=("reinforce:engine=nemo_rl", "train.micro_batch_size=1"))
+    overrides = ("reinforce:engine=nemo_rl", "train.micro_batch_size=1")
+    request = PipelineRequest(path=tiny, batch_profile="gpus", overrides=overrides)
     rs, reinforce, rlhf = plan_pipeline(load_catalog(), load_pipeline(tiny), request)
     assert rs.compiled.job.config["engine"] == "embedded" and MASTER_CONFIG_FILE not in rs.compiled.plan.files
     rs_output = rs.outputs["policy"][1]

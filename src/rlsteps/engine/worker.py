@@ -33,9 +33,6 @@ SUMMARISED = ["train/reward", "val/reward_mean"]  # first -> last at the end of 
 STEP_LOGGER = "rlsteps.steps"  # the loop's one line per step: train.log only
 
 
-OUTPUT_NAME = "policy"  # the output artifact is <output.dir>/policy, as every manifest names it
-
-
 def load_config(path: Path) -> StepConfig:
     from omegaconf import OmegaConf
 
@@ -52,6 +49,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
     from rlsteps.engine.config import ConvertConfig
     from rlsteps.engine.distributed import world_from_env
     from rlsteps.engine.input_check import check_inputs_in_job
+    from rlsteps.engine.output import job_record, write_policy_output
 
     cfg = load_config(config_path)
     world = world_from_env()  # torchrun's processes; one process when started plainly
@@ -59,7 +57,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     _log_to(run_dir / ("train.log" if world.is_main else f"train.rank{world.rank}.log"), log_level, world.rank)
     _refuse_world_size(cfg, world.size)
-    job = _job_record(config_path)
+    job = job_record(config_path)
     for checked in check_inputs_in_job(job.get("inputs_in_job") or []):  # on cluster paths: first, before any load
         log.info("input '%s': %s is a %s (checked in the job)", checked.name, checked.ref, checked.required_type)
     versions = input_versions(cfg.inputs.model_dump())  # before the step: what this run actually reads
@@ -90,7 +88,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
             return signals.EXIT_CHECKPOINTED
     if not world.is_main:
         return 0  # the main process writes the output
-    _write_output(cfg, model, tokenizer, counters, run_dir, job, versions)
+    write_policy_output(cfg, model, tokenizer, counters, job, versions)
     if not converting:
         _summarise(run_dir, [f"val/{name}" for name in cfg.validation.reward_functions])
     return 0
@@ -108,6 +106,7 @@ def _refuse_world_size(cfg: StepConfig, world_size: int) -> None:
 def _finished_output(cfg: StepConfig, run_dir: Path, versions: dict[str, str]) -> str | None:
     """What the run produced, when its output was written from this very config and these input versions."""
     from rlsteps.engine.artifact import config_hash, read_artifact_metadata
+    from rlsteps.engine.output import OUTPUT_NAME
 
     target = run_dir / OUTPUT_NAME
     written = read_artifact_metadata(target) or {}
@@ -212,38 +211,6 @@ def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:
     return model, tokenizer, {}
 
 
-def _write_output(
-    cfg: StepConfig,
-    model: Any,
-    tokenizer: Any,
-    counters: dict[str, int],
-    run_dir: Path,
-    job: dict[str, Any],
-    versions: dict[str, str],
-) -> None:
-    from rlsteps.engine.artifact import config_hash, write_artifact
-    from rlsteps.engine.policy.model import save_policy
-
-    form = cfg.output.type
-    metadata = {
-        "type": form,
-        "producer": {
-            "step": job.get("job", {}).get("step"),
-            "job": job.get("job", {}).get("name"),
-            "algorithm": cfg.algorithm,
-        },
-        "config_hash": config_hash(cfg.model_dump(mode="json")),
-        "inputs": {name: ref for name, ref in cfg.inputs.model_dump().items() if ref},
-        "input_versions": versions,  # what a pipeline compares to skip a stage
-        "counters": counters,
-    }
-    iteration = counters.get("optimizer_steps", 0)
-    target = write_artifact(
-        run_dir / OUTPUT_NAME, lambda d: save_policy(model, tokenizer, d, form, iteration), metadata
-    )
-    log.info("output artifact (%s): %s", form, target)
-
-
 def _summarise(run_dir: Path, extra_keys: list[str]) -> None:
     from rlsteps.engine.metrics import metric_series, plot_metrics, read_metrics
 
@@ -260,13 +227,6 @@ def _summarise(run_dir: Path, extra_keys: list[str]) -> None:
         log.info("metrics plot: %s", png)
     except (ValueError, ImportError) as error:
         log.warning("no metrics plot: %s", error)
-
-
-def _job_record(config_path: Path) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    job_file = config_path.parent / "job.yaml"
-    return OmegaConf.to_container(OmegaConf.load(job_file)) if job_file.is_file() else {}
 
 
 class _CurrentStderrHandler(logging.StreamHandler):

@@ -135,13 +135,17 @@ NODE_SCRIPT_HEAD = [
     f"rank={NODE_RANK}",
 ]
 NODE_SCRIPT_BODY = r"""
+LEAVE_S=6  # the other nodes look for the end marker every 2 s; their Ray drains in under one
 say() { echo "rlsteps[node $rank]: $*" >&2; }
 rlsteps() { "$python" -m rlsteps.engine.nemo_rl "$@"; }
 
 end_job() {  # the job's end, seen by every node: its exit code, the end marker; this node's Ray stops
     echo "$1" > "$state/exit_code.partial" && mv -f "$state/exit_code.partial" "$state/exit_code"
     : > "$state/ended"
-    if [ -n "${ray_pid:-}" ]; then kill "$ray_pid" 2>/dev/null; wait "$ray_pid" 2>/dev/null; fi
+    if [ -n "${ray_pid:-}" ]; then
+        [ "$nodes" -gt 1 ] && sleep "$LEAVE_S"  # the other nodes leave first, while the head can still drain them
+        kill "$ray_pid" 2>/dev/null; wait "$ray_pid" 2>/dev/null
+    fi
     say "job ended with exit code $1"
     exit "$1"
 }
@@ -150,7 +154,10 @@ run_head() {
     mkdir -p "$state" || exit 1
     trap 'end_job 143' TERM INT HUP
     rlsteps prepare "$config" || end_job $?
-    ip=${RLSTEPS_RAY_HEAD_IP:-$(hostname --ip-address | awk '{print $1}')}
+    # this node's first address other than loopback (`hostname --ip-address` may answer 127.0.1.1); a profile's
+    # env_vars can name another (RLSTEPS_RAY_HEAD_IP), say the fabric's
+    ip=${RLSTEPS_RAY_HEAD_IP:-$(hostname -I 2>/dev/null | awk '{print $1}')}
+    ip=${ip:-$(hostname --ip-address | awk '{print $1}')}
     ray start --head --node-ip-address="$ip" --port="$port" --num-gpus="$gpus" \
         --include-dashboard=false --disable-usage-stats --block &
     ray_pid=$!

@@ -1,0 +1,55 @@
+"""The step's output artifact, <output.dir>/policy: the policy in output.type, with the metadata a pipeline reads
+(producer, config hash, inputs and their versions, counters). Written by the worker at the end of a run, and by
+the NeMo-RL job's finish stage from NeMo-RL's last checkpoint."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("rlsteps")
+OUTPUT_NAME = "policy"  # the output artifact is <output.dir>/policy, as every manifest names it
+
+
+def job_record(config_path: Path) -> dict[str, Any]:
+    """The job.yaml beside a job's config.yaml (who compiled it, its inputs on cluster paths); {} without one."""
+    from omegaconf import OmegaConf
+
+    job_file = config_path.parent / "job.yaml"
+    return OmegaConf.to_container(OmegaConf.load(job_file)) if job_file.is_file() else {}
+
+
+def write_policy_output(
+    cfg: Any,
+    model: Any,
+    tokenizer: Any,
+    counters: dict[str, int],
+    job: dict[str, Any],
+    versions: dict[str, str],
+    engine: str = "embedded",
+) -> Path:
+    """<output.dir>/policy in cfg.output.type, written whole or not at all (engine.artifact.write_artifact)."""
+    from rlsteps.engine.artifact import config_hash, write_artifact
+    from rlsteps.engine.policy.model import save_policy
+
+    form = cfg.output.type
+    metadata = {
+        "type": form,
+        "producer": {
+            "step": job.get("job", {}).get("step"),
+            "job": job.get("job", {}).get("name"),
+            "algorithm": cfg.algorithm,
+            "engine": engine,
+        },
+        "config_hash": config_hash(cfg.model_dump(mode="json")),
+        "inputs": {name: ref for name, ref in cfg.inputs.model_dump().items() if ref},
+        "input_versions": versions,  # what a pipeline compares to skip a stage
+        "counters": counters,
+    }
+    iteration = counters.get("optimizer_steps", counters.get("step", 0))
+    target = write_artifact(
+        Path(cfg.output.dir) / OUTPUT_NAME, lambda d: save_policy(model, tokenizer, d, form, iteration), metadata
+    )
+    log.info("output artifact (%s): %s", form, target)
+    return target

@@ -1,0 +1,187 @@
+"""The NeMo-RL job's own stages on real files: prepare (the tiny Megatron policy converted to HF with rlsteps's
+converter, the prompts as NeMo-RL's rows) and finish (NeMo-RL's last checkpoint back as a typed artifact)."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlsteps.artifacts.detect import detect_types
+from rlsteps.catalog import load_catalog
+from rlsteps.engine.config import STEP_SCHEMAS
+from rlsteps.engine.data import PromptFileError
+from rlsteps.engine.input_check import InputProblem
+from rlsteps.engine.nemo_rl import stages
+from rlsteps.engine.nemo_rl.data import write_rows
+from rlsteps.engine.policy.model import load_policy
+from rlsteps.plan.compile import compile_job
+
+PROMPTS = [
+    {"prompt": "Describe the cat.", "id": "cat"},
+    {"messages": [{"role": "user", "content": "Name a dog."}], "id": 7},
+    {"prompt": "Count to three."},
+]
+
+
+def config_of(step: str, run: Path, *overrides: str):
+    job = compile_job(load_catalog().find(step), "tiny", overrides=["engine=nemo_rl", f"output.dir={run}", *overrides])
+    return STEP_SCHEMAS[job.algorithm].model_validate(job.config)
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_rlhf_rows_are_nemo_gym_rows_with_the_conversation_agent_and_prompt_id(tmp_path):
+    target = tmp_path / "rows.jsonl"
+    assert write_rows(str(write_jsonl(tmp_path / "p.jsonl", PROMPTS)), target, "grpo", "genrm_simple_agent") == 3
+    first, second, third = read_jsonl(target)
+    assert first == {
+        "responses_create_params": {"input": [{"role": "user", "content": "Describe the cat."}]},
+        "agent_ref": {"type": "responses_api_agents", "name": "genrm_simple_agent"},
+        "prompt_id": "cat",
+    }
+    assert second["responses_create_params"]["input"] == [{"role": "user", "content": "Name a dog."}]
+    assert second["prompt_id"] == "7" and third["prompt_id"] == "p:3"  # no id: file stem and line, as rlsteps names it
+
+
+def test_reinforce_rows_are_response_rows_and_a_multi_turn_prompt_is_refused(tmp_path):
+    target = tmp_path / "rows.jsonl"
+    write_rows(str(write_jsonl(tmp_path / "p.jsonl", PROMPTS)), target, "reinforce", "unused")
+    assert read_jsonl(target) == [
+        {"input": "Describe the cat.", "output": ""},
+        {"input": "Name a dog.", "output": ""},
+        {"input": "Count to three.", "output": ""},
+    ]
+    turns = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "?"},
+    ]
+    multi = write_jsonl(tmp_path / "multi.jsonl", [{"prompt": "ok"}, {"messages": turns}])
+    with pytest.raises(PromptFileError, match=r"multi.jsonl: prompt 2: .* has 3 messages: .*single-turn"):
+        write_rows(str(multi), tmp_path / "never.jsonl", "reinforce", "unused")
+    assert not (tmp_path / "never.jsonl").exists()
+
+
+def test_a_malformed_line_is_refused_with_its_file_and_line(tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "fine"}, '{"prompt": "cut off'])
+    with pytest.raises(PromptFileError, match=r"bad.jsonl:2: invalid JSON"):
+        write_rows(str(bad), tmp_path / "rows.jsonl", "grpo", "agent")
+
+
+def test_prepare_converts_the_megatron_policy_to_hf_with_the_same_logits_once(tiny_world, tmp_path):
+    cfg = config_of("reinforce", tmp_path / "run")
+    stages.prepare(cfg, job={})
+    paths = stages.paths_of(cfg)
+    hf_dir = Path(paths.policy)
+    assert (hf_dir / "config.json").is_file() and not hf_dir.with_name("policy_hf.partial").exists()
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    megatron_model, _ = load_policy(tiny_world.policy_megatron)
+    tokens = torch.randint(0, hf_model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(hf_model(tokens).logits, megatron_model.eval()(tokens).logits)
+    assert len(read_jsonl(Path(paths.train_data))) == len(tiny_world.train_prompts.read_text().splitlines())
+    assert Path(paths.val_data).is_file()
+    before = (hf_dir / "model.safetensors").stat().st_mtime_ns
+    stages.prepare(cfg, job={})  # a requeued job: the conversion is done, not redone
+    assert (hf_dir / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_prepare_links_an_hf_policy_and_refuses_a_missing_one(tiny_world, tmp_path):
+    cfg = config_of("rlhf", tmp_path / "run", f"inputs.policy={tiny_world.policy}")
+    stages.prepare(cfg, job={})
+    linked = Path(stages.paths_of(cfg).policy)
+    assert linked.is_symlink() and linked.resolve() == tiny_world.policy.resolve()
+    row = read_jsonl(Path(stages.paths_of(cfg).train_data))[0]
+    assert row["agent_ref"]["name"] == "genrm_simple_agent"
+    gone = config_of("rlhf", tmp_path / "other", f"inputs.policy={tmp_path / 'nowhere'}")
+    with pytest.raises(InputProblem, match="does not exist"):
+        stages.prepare(gone, job={})
+
+
+def fake_nemo_rl_checkpoints(root: Path, policy_hf: Path) -> None:
+    """NeMo-RL's layout: finished step_2 and step_4, and tmp_step_6 still being written (to be ignored)."""
+    for step in (2, 4, 6):
+        directory = root / (f"step_{step}" if step < 6 else f"tmp_step_{step}")
+        shutil.copytree(policy_hf, directory / "policy" / "weights")
+        (directory / "config.yaml").write_text("{}\n")
+        info = {"current_step": step, "consumed_samples": step * 16}
+        (directory / "training_info.json").write_text(json.dumps(info))
+
+
+STANDIN_EXPORT = "{python} -c 'import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])' {{weights}} {{hf_dir}}"
+
+
+def test_finish_writes_the_last_finished_checkpoint_as_a_typed_artifact(tiny_world, tmp_path):
+    export = STANDIN_EXPORT.format(python=sys.executable)  # stands in for NeMo-RL's converter
+    cfg = config_of("reinforce", tmp_path / "run", f"nemo_rl_job.export={export}", f"nemo_rl_job.workdir={tmp_path}")
+    stages.prepare(cfg, job={})
+    paths = stages.paths_of(cfg)
+    fake_nemo_rl_checkpoints(Path(paths.checkpoints), tiny_world.policy)
+    (Path(paths.checkpoints) / "step_4" / "policy" / "weights" / "tokenizer_config.json").unlink()
+    target = stages.finish(cfg, job={"job": {"step": "rl/reinforce", "name": "j1"}})
+    assert target == Path(cfg.output.dir) / "policy"
+    assert "checkpoint_megatron" in detect_types(load_catalog(), str(target))
+    written = json.loads((target / "rlsteps_artifact.json").read_text())
+    assert written["counters"] == {"step": 4, "consumed_samples": 64}
+    assert written["producer"] == {"step": "rl/reinforce", "job": "j1", "algorithm": "reinforce", "engine": "nemo_rl"}
+    model, tokenizer = load_policy(target)
+    expected, _ = load_policy(tiny_world.policy)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), expected.state_dict().values()))
+    assert tokenizer("a cat").input_ids  # the tokenizer came from the policy NeMo-RL started from
+
+
+def test_finish_says_when_there_is_nothing_to_export_or_the_export_fails(tiny_world, tmp_path):
+    failing = f"{sys.executable} -c 'import sys; sys.exit(5)'"
+    cfg = config_of("reinforce", tmp_path / "run", f"nemo_rl_job.export={failing}", f"nemo_rl_job.workdir={tmp_path}")
+    with pytest.raises(stages.NemoRlOutputError, match="no finished checkpoint"):
+        stages.finish(cfg, job={})
+    paths = stages.paths_of(cfg)
+    fake_nemo_rl_checkpoints(Path(paths.checkpoints), tiny_world.policy)
+    with pytest.raises(stages.NemoRlOutputError, match="step_4 failed with exit code 5"):
+        stages.finish(cfg, job={})
+    assert not (Path(cfg.output.dir) / "policy").exists()
+
+
+def test_the_default_export_is_nemo_rls_converter_for_the_backend(tmp_path):
+    checkpoint = tmp_path / "step_9"
+    dtensor = config_of("rlhf", tmp_path / "run")
+    assert stages.export_command(dtensor, checkpoint, tmp_path / "hf") == [
+        "uv", "run", "python", "examples/converters/convert_dcp_to_hf.py",
+        "--config", str(checkpoint / "config.yaml"),
+        "--dcp-ckpt-path", str(checkpoint / "policy" / "weights"),
+        "--hf-ckpt-path", str(tmp_path / "hf"),
+    ]  # fmt: skip
+    megatron = config_of("rlhf", tmp_path / "run", "nemo_rl_job.policy_backend=megatron")
+    words = stages.export_command(megatron, checkpoint, tmp_path / "hf")
+    assert "examples/converters/convert_megatron_to_hf.py" in words
+    assert str(checkpoint / "policy" / "weights" / "iter_0000000") in words
+
+
+def test_the_stage_command_exits_3_for_a_missing_input_and_0_when_prepared(tiny_world, tmp_path):
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    cfg = config_of("reinforce", tmp_path / "run")
+    (job_dir / "config.yaml").write_text(json.dumps(cfg.model_dump(mode="json")))
+    command = [sys.executable, "-m", "rlsteps.engine.nemo_rl", "prepare", str(job_dir / "config.yaml")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "converted to HF" in done.stderr
+    missing = cfg.model_copy(update={"inputs": cfg.inputs.model_copy(update={"policy": str(tmp_path / "gone")})})
+    moved = missing.model_dump(mode="json") | {"output": {"dir": str(tmp_path / "r2")}}
+    (job_dir / "config.yaml").write_text(json.dumps(moved))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert "does not exist" in done.stderr and "Traceback" not in done.stderr
