@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import yaml
+from omegaconf import OmegaConf
 
 from rlsteps.engine.nemo_rl.layout import MASTER_CONFIG_FILE, NODE_SCRIPT_FILE, NemoRlPaths
 from rlsteps.engine.nemo_rl.master_config import Cluster, MasterConfig, NemoRlConfigError, compile_master_config
@@ -92,7 +92,7 @@ def master_config_yaml(compiled: MasterConfig) -> str:
     if compiled.notes:
         header.append("# Where NeMo-RL's semantics differ from the embedded engine's:")
         header += [f"#  - {comment_safe(note)}" for note in compiled.notes]
-    body = yaml.safe_dump(compiled.config, sort_keys=False, default_flow_style=False, width=120)
+    body = OmegaConf.to_yaml(OmegaConf.create(compiled.config))
     return "\n".join(header) + "\n" + body
 
 
