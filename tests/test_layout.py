@@ -14,7 +14,7 @@ ALLOWED = {
     "cli": {"plan", "artifacts", "launch", "engine", "catalog", "secrets", "errors"},
     "plan": {"artifacts", "launch", "tiny", "engine", "catalog", "secrets", "errors"},
     "artifacts": {"engine", "catalog", "errors"},
-    "launch": {"secrets", "errors"},
+    "launch": {"secrets", "errors", "engine"},  # the engine's torch-free job files (NeMo-RL's master config)
     "tiny": {"engine"},
     "engine": set(),
     "catalog": {"errors"},

@@ -216,7 +216,10 @@ def ray_job_of(job: Job, profile: LeptonProfile, config_dir: str) -> ray_job.Ray
 
 
 def nemo_rl_files(job: Job, job_dir_name: str, profile: LeptonProfile) -> dict[str, str]:
-    """The NeMo-RL files each replica writes for itself (the dry run shows them as they are)."""
+    """The NeMo-RL files each replica writes for itself (the dry run shows them as they are); none for the
+    embedded engine."""
+    if not ray_job.uses_nemo_rl(job):
+        return {}
     return ray_job.job_files(job, ray_job_of(job, profile, f"{CONTAINER_JOBS_DIR}/{job_dir_name}"))
 
 
