@@ -185,3 +185,15 @@ def test_the_stage_command_exits_3_for_a_missing_input_and_0_when_prepared(tiny_
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr
     assert "does not exist" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_stages_ask_only_for_what_checkpoints_need(monkeypatch):
+    """NeMo-RL's container need not hold the engine's servers or plots: their absence stops the worker, not these."""
+    import importlib.util
+
+    from rlsteps.engine import preflight
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "matplotlib" else real(name))
+    assert preflight.shortfalls() == ["matplotlib (not installed)"]
+    assert preflight.problem(preflight.CHECKPOINT_NEEDS) is None

@@ -28,6 +28,9 @@ ENGINE_NEEDS = {
     "uvicorn": ("uvicorn", "0.29"),
     "matplotlib": ("matplotlib", "3.8"),
 }
+# What reading and writing checkpoints and configs needs, and no more: the NeMo-RL job's own stages run in
+# NeMo-RL's container, which has no reason to hold the engine's servers (fastapi, uvicorn) or plots (matplotlib).
+CHECKPOINT_NEEDS = ("omegaconf", "pydantic", "fsspec", "torch", "transformers", "tokenizers", "safetensors", "numpy")
 FIX = (
     "use an image or environment with them (pip install torch first, then pip install 'rlsteps[engine]' or the "
     "packages named), or point the profile's python (Slurm) at one that has them"
@@ -41,10 +44,11 @@ def release(version: str) -> tuple[int, ...]:
     return tuple(int(n) for n in numbers.group(0).split(".")) if numbers else ()
 
 
-def shortfalls() -> list[str]:
-    """Each engine dependency this Python cannot import, or has older than the bound, in words."""
+def shortfalls(needs=tuple(ENGINE_NEEDS)) -> list[str]:
+    """Each of these engine dependencies this Python cannot import, or has older than the bound, in words."""
     found = []
-    for distribution, (module, lower) in ENGINE_NEEDS.items():
+    for distribution in needs:
+        module, lower = ENGINE_NEEDS[distribution]
         if importlib.util.find_spec(module) is None:
             found.append(f"{distribution} (not installed)")
             continue
@@ -57,12 +61,12 @@ def shortfalls() -> list[str]:
     return found
 
 
-def problem() -> str | None:
-    """One line saying why this Python cannot run the engine, or None when it can."""
+def problem(needs=tuple(ENGINE_NEEDS)) -> str | None:
+    """One line saying why this Python cannot run the engine (or the part that needs only `needs`), or None."""
     where = f"the job's python ({sys.executable}, Python {sys.version.split()[0]})"
     if sys.version_info[:2] < PYTHON:
         return f"{where} is older than rlsteps needs (>={PYTHON[0]}.{PYTHON[1]}) (fix: {PYTHON_FIX})"
-    missing = shortfalls()
+    missing = shortfalls(needs)
     if missing:
         return f"{where} lacks what the engine needs: {', '.join(missing)} (fix: {FIX})"
     return None

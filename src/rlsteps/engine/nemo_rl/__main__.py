@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> None:
         return
     from rlsteps.engine import preflight
 
-    unable = preflight.problem()
+    unable = preflight.problem(preflight.CHECKPOINT_NEEDS)
     if unable:
         raise RuntimeError(unable)
     from rlsteps.engine.nemo_rl import stages
