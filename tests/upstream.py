@@ -1,0 +1,175 @@
+"""The pinned NeMo-RL and NeMo-Gym sources (../shared/upstream, or $RLSTEPS_UPSTREAM_DIR), unpacked once for tests.
+
+Tests judge what rlsteps writes for NeMo-RL with NeMo-RL's and NeMo-Gym's own code, imported from these unpacked
+copies (never copied into rlsteps). Without the archives a test skips with the reason, unless
+RLSTEPS_REQUIRE_UPSTREAM=1 (CI sets it) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.abc
+import importlib.machinery
+import os
+import shutil
+import sys
+import tarfile
+import types
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ARCHIVES = {"nemo_rl": "nemo-rl-v0.7.0.tar.gz", "nemo_gym": "nemo-gym-v0.4.0.tar.gz"}
+
+
+def upstream_dir() -> Path:
+    return Path(os.environ.get("RLSTEPS_UPSTREAM_DIR") or REPO.parent / "shared" / "upstream")
+
+
+def unpacked(name: str) -> Path:
+    """The unpacked source tree of `name` (nemo_rl or nemo_gym): the folder holding its package and examples."""
+    archive = upstream_dir() / ARCHIVES[name]
+    if not archive.is_file():
+        reason = f"{archive} is missing: the pinned {name} source that judges rlsteps's NeMo-RL output"
+        if os.environ.get("RLSTEPS_REQUIRE_UPSTREAM") == "1":
+            pytest.fail(f"{reason} (RLSTEPS_REQUIRE_UPSTREAM=1)")
+        pytest.skip(reason)
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:12]
+    cache = Path(os.environ.get("RLSTEPS_HOME") or Path.home() / ".cache" / "rlsteps") / "upstream"
+    target = cache / f"{archive.name.removesuffix('.tar.gz')}-{digest}"
+    if not target.is_dir():
+        staging = target.with_name(target.name + f".tmp{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(staging, filter="data")
+        (top,) = list(staging.iterdir())  # the archive's one top folder
+        try:
+            top.rename(target)
+        except OSError:  # another process unpacked it first
+            if not target.is_dir():
+                raise
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+class _InertMeta(type):
+    """Classes that stand in for a third-party module's names: any attribute, call, subscript or base class works."""
+
+    def __getattr__(cls, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return _inert(f"{cls.__qualname__}.{name}")
+
+    def __getitem__(cls, _item):
+        return cls
+
+    def __or__(cls, _other):
+        return cls
+
+    __ror__ = __or__
+
+
+def _inert(name: str) -> type:
+    def instance_attr(self, attr):
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        return _inert(f"{name}().{attr}")
+
+    def call(self, *args, **kwargs):
+        decorated = len(args) == 1 and callable(args[0]) and not kwargs
+        return args[0] if decorated else self  # a decorator keeps its target
+
+    return _InertMeta(
+        name, (), {"__getattr__": instance_attr, "__call__": call, "__init__": lambda self, *a, **k: None}
+    )
+
+
+class _InertModule(types.ModuleType):
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return _inert(f"{self.__name__}.{name}")
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves an inert module for every module under `names` (force: before the real one) or, as a fallback at the end
+    of sys.meta_path, for any module that is not installed."""
+
+    def __init__(self, names: frozenset[str], fallback: bool) -> None:
+        self.names, self.fallback = names, fallback
+
+    def find_spec(self, fullname, path=None, target=None):
+        top = fullname.partition(".")[0]
+        if top in self.names or (self.fallback and top not in _NEVER_STUBBED and _imported_by_upstream()):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _InertModule(spec.name)
+        module.__path__ = []
+        module.__version__ = "0.0.0"  # version checks at import time compare against it
+        return module
+
+    def exec_module(self, module):
+        return None
+
+
+def _imported_by_upstream() -> bool:
+    """Whether the import statement being run is NeMo-RL's or NeMo-Gym's (another package's optional import of a
+    missing module must still fail as it expects)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith(("importlib", "_frozen_importlib", __name__)):
+            return module.partition(".")[0] in _NEVER_STUBBED
+        frame = frame.f_back
+    return False
+
+
+_NEVER_STUBBED = frozenset({"nemo_rl", "nemo_gym", "pydantic", "typing_extensions", "yaml", "omegaconf"})
+HEAVY = frozenset(
+    {
+        "torch",
+        "ray",
+        "vllm",
+        "transformers",
+        "megatron",
+        "transformer_engine",
+        "torchdata",
+        "sglang",
+        "datasets",
+        "wandb",
+        "mlflow",
+        "swanlab",
+        "tensorboard",
+        "nvtx",
+        "accelerate",
+        "deep_ep",
+        "flash_attn",
+    }
+)
+
+
+@contextlib.contextmanager
+def nemo_rl_importable(stub: frozenset[str] = HEAVY):
+    """NeMo-RL's and NeMo-Gym's packages importable here (Python 3.11, no GPU): their sources on sys.path, the modules
+    in `stub` replaced by inert stand-ins, any other missing module stood in for, and typing.TypedDict served as
+    typing_extensions's (pydantic validates TypedDicts only in that form before Python 3.12). Run it in a process of
+    its own: the stand-ins stay in sys.modules."""
+    import typing
+
+    import typing_extensions
+
+    roots = [str(unpacked("nemo_rl")), str(unpacked("nemo_gym"))]
+    finders = [_StandInFinder(stub, fallback=False), _StandInFinder(frozenset(), fallback=True)]
+    sys.path[:0] = roots
+    sys.meta_path.insert(0, finders[0])
+    sys.meta_path.append(finders[1])
+    typed_dict = typing.TypedDict
+    typing.TypedDict = typing_extensions.TypedDict
+    try:
+        yield
+    finally:
+        typing.TypedDict = typed_dict
