@@ -8,7 +8,7 @@ import yaml
 
 from rlsteps.catalog import load_catalog
 from rlsteps.engine.config import STEP_SCHEMAS
-from rlsteps.engine.nemo_rl.master_config import Cluster, NemoRlConfigError, compile_master_config, torch_schedulers
+from rlsteps.engine.nemo_rl.master_config import Cluster, NemoRlConfigError, compile_master_config
 from rlsteps.errors import UsageError
 from rlsteps.launch.ray_job import master_config_yaml
 from rlsteps.plan.compile import compile_job
@@ -165,33 +165,14 @@ def test_the_megatron_backend_moves_optimizer_and_schedule_into_megatron_cfg():
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
 def test_nemo_rls_torch_schedulers_give_rlsteps_learning_rate_at_every_optimizer_step(schedule):
-    """Hand-built reference: rlsteps's own multiplier (engine.policy.optim.lr_multiplier)."""
-    torch = pytest.importorskip("torch")
-    from rlsteps.engine.policy.optim import lr_multiplier
+    """The compiled policy.scheduler set up and stepped by NeMo-RL's own DTensor worker code (the pinned source, real
+    torch, in a subprocess: tests/nemo_rl_schedule_check.py) against rlsteps's engine.policy.optim.lr_multiplier."""
+    from test_nemo_rl_schedule import config, nemo_rl_rates, rlsteps_rates
 
-    cfg = validated("rlhf", *RLHF_INPUTS, f"train.schedule={schedule}", "train.warmup_steps=4", "train.max_steps=10")
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg["train"]["lr"])
-    scheduler = _sequential(torch, optimizer, torch_schedulers(cfg))
-    for step in range(10):
-        expected = cfg["train"]["lr"] * lr_multiplier(
-            step, warmup_steps=4, total_steps=10, schedule=schedule, min_lr_ratio=cfg["train"]["min_lr_ratio"]
-        )
-        assert optimizer.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-6), step
-        optimizer.step()
-        scheduler.step()
-
-
-def _sequential(torch, optimizer, spec: list[dict]):
-    """The scheduler NeMo-RL builds from policy.scheduler: each entry by name, a milestones entry -> SequentialLR."""
-    milestones = [entry["milestones"] for entry in spec if "milestones" in entry]
-    built = [
-        getattr(torch.optim.lr_scheduler, entry["name"].rsplit(".", 1)[1])(optimizer, **entry["kwargs"])
-        for entry in spec
-        if "name" in entry
-    ]
-    if not milestones:
-        return built[0]
-    return torch.optim.lr_scheduler.SequentialLR(optimizer, built, milestones=milestones[0])
+    cfgs = [config(schedule, warmup) for warmup in (0, 1, 4)]
+    compiled = [compile_master_config(cfg, Cluster(1, 8), RUN).config["policy"] for cfg in cfgs]
+    for cfg, got in zip(cfgs, nemo_rl_rates(cfgs, policies=compiled), strict=True):
+        assert got == pytest.approx(rlsteps_rates(cfg), rel=1e-6), (cfg["train"]["warmup_steps"], got)
 
 
 def test_the_printed_yaml_reads_back_as_the_compiled_config_with_the_notes_on_top():
