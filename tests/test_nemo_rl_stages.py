@@ -1,8 +1,9 @@
 """The NeMo-RL job's own stages on real files: prepare (the tiny Megatron policy converted to HF with rlsteps's
-converter, the prompts as NeMo-RL's rows) and finish (NeMo-RL's last checkpoint back as a typed artifact)."""
+converter, the prompts as NeMo-RL's rows) and finish (NeMo-RL's last checkpoint, written by NeMo-RL's own
+CheckpointManager, back as a typed artifact)."""
 
 import json
-import shutil
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -10,12 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import upstream
 from rlsteps.artifacts.detect import detect_types
 from rlsteps.catalog import load_catalog
 from rlsteps.engine.config import STEP_SCHEMAS
 from rlsteps.engine.data import PromptFileError
 from rlsteps.engine.input_check import InputProblem
-from rlsteps.engine.nemo_rl import stages
+from rlsteps.engine.nemo_rl import schedule, stages
 from rlsteps.engine.nemo_rl.data import write_rows
 from rlsteps.engine.policy.model import load_policy
 from rlsteps.plan.compile import compile_job
@@ -111,36 +113,88 @@ def test_prepare_links_an_hf_policy_and_refuses_a_missing_one(tiny_world, tmp_pa
         stages.prepare(gone, job={})
 
 
-def fake_nemo_rl_checkpoints(root: Path, policy_hf: Path) -> None:
-    """NeMo-RL's layout: finished step_2 and step_4, and tmp_step_6 still being written (to be ignored)."""
-    for step in (2, 4, 6):
-        directory = root / (f"step_{step}" if step < 6 else f"tmp_step_{step}")
-        shutil.copytree(policy_hf, directory / "policy" / "weights")
-        (directory / "config.yaml").write_text("{}\n")
-        info = {"current_step": step, "consumed_samples": step * 16}
-        (directory / "training_info.json").write_text(json.dumps(info))
+CHECKPOINTS = Path(__file__).with_name("nemo_rl_checkpoints.py")
+STANDIN = Path(__file__).with_name("nemo_rl_standin.py")
+STANDIN_EXPORT = f"{shlex.quote(sys.executable)} {STANDIN} export {{weights}} {{hf_dir}}"  # for NeMo-RL's converter
+SCALE_PER_STEP = 0.01
 
 
-STANDIN_EXPORT = "{python} -c 'import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])' {{weights}} {{hf_dir}}"
+def nemo_rl_checkpoints(cfg, policy: Path, *, epochs: int, steps: int, per_epoch: int, **checkpointing) -> Path:
+    """NeMo-RL's GRPO checkpoints written by NeMo-RL's own CheckpointManager (tests/nemo_rl_checkpoints.py, the
+    pinned source, real torch, a process of its own) in the DTensor v2 worker's layout; the checkpoints folder."""
+    upstream.unpacked("nemo_rl")  # skips (or fails under RLSTEPS_REQUIRE_UPSTREAM=1) without the archive
+    folder = Path(stages.paths_of(cfg).checkpoints)
+    master = {
+        "grpo": {"max_num_epochs": epochs, "max_num_steps": steps, "num_prompts_per_step": 4},
+        "checkpointing": {
+            "enabled": True,
+            "checkpoint_dir": str(folder),
+            "metric_name": None,
+            "higher_is_better": True,
+            "keep_top_k": 2,
+            "save_period": 2,
+            "save_optimizer": True,
+            "model_save_format": "safetensors",
+            "save_consolidated": False,
+            **checkpointing,
+        },
+        "policy": {"model_name": str(policy)},
+    }
+    spec = {"master": master, "policy": str(policy), "steps_per_epoch": per_epoch, "scale_per_step": SCALE_PER_STEP}
+    spec_file = folder.parent / "checkpoints_run.json"
+    spec_file.parent.mkdir(parents=True, exist_ok=True)
+    spec_file.write_text(json.dumps(spec | {"cut_short": True}))
+    done = subprocess.run([sys.executable, str(CHECKPOINTS), str(spec_file)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return folder
 
 
-def test_finish_writes_the_last_finished_checkpoint_as_a_typed_artifact(tiny_world, tmp_path):
-    export = STANDIN_EXPORT.format(python=sys.executable)  # stands in for NeMo-RL's converter
-    cfg = config_of("reinforce", tmp_path / "run", f"nemo_rl_job.export={export}", f"nemo_rl_job.workdir={tmp_path}")
+def trained(policy: Path, step: int) -> dict:
+    """The weights the checkpoint of total step `step` holds: the policy's, scaled as the writer does."""
+    from safetensors.torch import load_file
+
+    return {name: t * (1.0 + SCALE_PER_STEP * step) for name, t in load_file(policy / "model.safetensors").items()}
+
+
+def test_finish_writes_the_checkpoint_of_the_last_total_step_with_nemo_rls_counters(tiny_world, tmp_path):
+    """Three epochs of 3 GRPO steps, cut at max_num_steps 7 (step 1 of epoch 3), a checkpoint every 2 steps and at
+    the end, the 2 latest kept, and a tmp_step_8 begun but never finished: step_7, with total_steps (not the
+    epoch's current_step 1)."""
+    cfg = config_of(
+        "reinforce", tmp_path / "run", f"nemo_rl_job.export={STANDIN_EXPORT}", f"nemo_rl_job.workdir={tmp_path}"
+    )
     stages.prepare(cfg, job={})
-    paths = stages.paths_of(cfg)
-    fake_nemo_rl_checkpoints(Path(paths.checkpoints), tiny_world.policy)
-    (Path(paths.checkpoints) / "step_4" / "policy" / "weights" / "tokenizer_config.json").unlink()
+    folder = nemo_rl_checkpoints(cfg, tiny_world.policy, epochs=3, steps=7, per_epoch=3)
+    assert sorted(p.name for p in folder.iterdir()) == ["step_6", "step_7", "tmp_step_8"]  # keep_top_k pruned 2, 4
+    info = json.loads((folder / "step_7" / "training_info.json").read_text())
+    assert (info["current_step"], info["current_epoch"], info["total_steps"]) == (1, 2, 7)
+    assert stages.last_checkpoint(folder) == folder / "step_7"
     target = stages.finish(cfg, job={"job": {"step": "rl/reinforce", "name": "j1"}})
     assert target == Path(cfg.output.dir) / "policy"
     assert "checkpoint_megatron" in detect_types(load_catalog(), str(target))
     written = json.loads((target / "rlsteps_artifact.json").read_text())
-    assert written["counters"] == {"step": 4, "consumed_samples": 64}
+    per_step = schedule.optimizer_steps_per_step(cfg.model_dump(mode="json"))
+    assert written["counters"] == {"step": 7, "consumed_samples": 28, "epoch": 2, "optimizer_steps": 7 * per_step}
     assert written["producer"] == {"step": "rl/reinforce", "job": "j1", "algorithm": "reinforce", "engine": "nemo_rl"}
+    exported = Path(stages.paths_of(cfg).exported)
+    from safetensors.torch import load_file
+
+    got, expected = load_file(exported / "model.safetensors"), trained(tiny_world.policy, 7)
+    assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in got)
+    assert (exported / "tokenizer_config.json").is_file()  # from the checkpoint's policy/tokenizer
     model, tokenizer = load_policy(target)
-    expected, _ = load_policy(tiny_world.policy)
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), expected.state_dict().values()))
-    assert tokenizer("a cat").input_ids  # the tokenizer came from the policy NeMo-RL started from
+    assert tokenizer("a cat").input_ids
+    start, _ = load_policy(tiny_world.policy)
+    assert not all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), start.state_dict().values()))
+
+
+def test_a_checkpoint_without_its_training_info_is_not_nemo_rls_and_is_passed_over(tiny_world, tmp_path):
+    cfg = config_of("reinforce", tmp_path / "run")
+    folder = nemo_rl_checkpoints(cfg, tiny_world.policy, epochs=1, steps=4, per_epoch=4, keep_top_k=None)
+    assert sorted(p.name for p in folder.iterdir()) == ["step_2", "step_4", "tmp_step_5"]
+    (folder / "step_9" / "policy").mkdir(parents=True)  # not written by NeMo-RL's CheckpointManager
+    assert stages.last_checkpoint(folder) == folder / "step_4"
+    assert stages.counters_of(folder / "step_4", cfg.model_dump(mode="json"))["step"] == 4
 
 
 def test_finish_says_when_there_is_nothing_to_export_or_the_export_fails(tiny_world, tmp_path):
@@ -148,8 +202,7 @@ def test_finish_says_when_there_is_nothing_to_export_or_the_export_fails(tiny_wo
     cfg = config_of("reinforce", tmp_path / "run", f"nemo_rl_job.export={failing}", f"nemo_rl_job.workdir={tmp_path}")
     with pytest.raises(stages.NemoRlOutputError, match="no finished checkpoint"):
         stages.finish(cfg, job={})
-    paths = stages.paths_of(cfg)
-    fake_nemo_rl_checkpoints(Path(paths.checkpoints), tiny_world.policy)
+    nemo_rl_checkpoints(cfg, tiny_world.policy, epochs=2, steps=4, per_epoch=2)
     with pytest.raises(stages.NemoRlOutputError, match="step_4 failed with exit code 5"):
         stages.finish(cfg, job={})
     assert not (Path(cfg.output.dir) / "policy").exists()

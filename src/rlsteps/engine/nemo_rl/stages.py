@@ -5,6 +5,11 @@ prepare: the job's inputs in the forms NeMo-RL loads, under <run dir>/nemo_rl: t
   NeMo-RL's rows. A requeued job finds them done and goes on; nothing is ever left half written.
 finish: NeMo-RL's last complete checkpoint exported to Hugging Face form (NeMo-RL's converter, or
   nemo_rl_job.export), then written as the step's typed output artifact with its metadata.
+
+NeMo-RL's GRPO (grpo_train, through its CheckpointManager) writes checkpoint_dir/tmp_step_N and renames it step_N
+once whole; N is total_steps, the GRPO steps of the whole run. Its training_info.json holds GRPOSaveState:
+consumed_samples (prompts), current_step (the step within the epoch: it restarts each epoch), current_epoch,
+total_steps. keep_top_k may prune earlier step_N folders, never the latest.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from rlsteps.engine.nemo_rl.layout import NemoRlPaths
 
 log = logging.getLogger("rlsteps")
 STEP_DIR = re.compile(r"step_(\d+)")  # NeMo-RL's finished checkpoints; tmp_step_N is one still being written
+TRAINING_INFO = "training_info.json"
 CONVERTERS = {  # NeMo-RL's converters to HF, per policy backend, relative to its checkout
     "dtensor": "examples/converters/convert_dcp_to_hf.py --config {config} --dcp-ckpt-path {weights} "
     "--hf-ckpt-path {hf_dir}",
@@ -97,11 +103,12 @@ def _convert_to_hf(source: Path, target: Path) -> None:
 
 
 def last_checkpoint(checkpoints: Path) -> Path:
-    """NeMo-RL's last finished checkpoint, step_N with the largest N."""
+    """NeMo-RL's last finished checkpoint: step_N with the largest N (its total_steps) among those with their
+    training_info.json, as NeMo-RL's own checkpoint history reads them."""
     steps = sorted(
         (int(match.group(1)), path)
         for path in (checkpoints.iterdir() if checkpoints.is_dir() else [])
-        if path.is_dir() and (match := STEP_DIR.fullmatch(path.name))
+        if path.is_dir() and (match := STEP_DIR.fullmatch(path.name)) and (path / TRAINING_INFO).is_file()
     )
     if not steps:
         raise NemoRlOutputError(f"NeMo-RL wrote no finished checkpoint (step_N) under {checkpoints}")
@@ -133,11 +140,13 @@ def export_to_hf(cfg: Any, checkpoint: Path, hf_dir: Path) -> None:
         raise NemoRlOutputError(f"the export of {checkpoint} wrote no HF model (config.json) at {hf_dir}")
 
 
-def copy_missing_tokenizer(source: Path, hf_dir: Path) -> None:
-    """NeMo-RL's converters write the weights and config; the tokenizer comes from the policy it started from."""
+def copy_missing_tokenizer(sources: list[Path], hf_dir: Path) -> None:
+    """A tokenizer beside exported weights that have none: the first of `sources` that holds one (the checkpoint's
+    policy/tokenizer, which NeMo-RL saves with each checkpoint, then the policy it started from)."""
     if (hf_dir / "tokenizer_config.json").is_file():
         return
-    for name in TOKENIZER_FILES:
+    source = next((s for s in sources if (s / "tokenizer_config.json").is_file()), None)
+    for name in TOKENIZER_FILES if source else ():
         if (source / name).is_file():
             shutil.copy2(source / name, hf_dir / name)
 
@@ -150,20 +159,31 @@ def finish(cfg: Any, job: dict[str, Any]) -> Path:
 
     paths = paths_of(cfg)
     checkpoint = last_checkpoint(Path(paths.checkpoints))
-    counters = _counters(checkpoint)
+    counters = counters_of(checkpoint, cfg.model_dump(mode="json"))
+    log.info("NeMo-RL's last checkpoint: %s (%s)", checkpoint, counters)
     hf_dir = Path(paths.exported)
     export_to_hf(cfg, checkpoint, hf_dir)
-    copy_missing_tokenizer(Path(paths.policy), hf_dir)
+    copy_missing_tokenizer([checkpoint / "policy" / "tokenizer", Path(paths.policy)], hf_dir)
     model, tokenizer = load_policy(hf_dir, dtype="auto")
     versions = input_versions(cfg.inputs.model_dump())
     return write_policy_output(cfg, model, tokenizer, counters, job, versions, engine="nemo_rl")
 
 
-def _counters(checkpoint: Path) -> dict[str, int]:
-    """step (NeMo-RL's current_step, else N of step_N) and consumed_samples where training_info.json has them."""
-    info_file = checkpoint / "training_info.json"
-    info = json.loads(info_file.read_text()) if info_file.is_file() else {}
-    counters = {"step": int(info.get("current_step", STEP_DIR.fullmatch(checkpoint.name).group(1)))}
+def counters_of(checkpoint: Path, cfg: dict[str, Any]) -> dict[str, int]:
+    """rlsteps's counters from NeMo-RL's GRPOSaveState: step = total_steps (the GRPO steps of the run; N of step_N
+    without it), consumed_samples (prompts, as rlsteps counts them), epoch = current_epoch, and optimizer_steps
+    (NeMo-RL makes a fixed number per GRPO step)."""
+    from rlsteps.engine.nemo_rl.schedule import optimizer_steps_per_step
+
+    info = json.loads((checkpoint / TRAINING_INFO).read_text())
+    named = int(STEP_DIR.fullmatch(checkpoint.name).group(1))
+    step = int(info.get("total_steps", named))
+    if step != named:
+        log.warning("%s holds total_steps %d (not %d as its name says); counting %d", checkpoint, step, named, step)
+    counters = {"step": step}
     if "consumed_samples" in info:
         counters["consumed_samples"] = int(info["consumed_samples"])
+    if "current_epoch" in info:
+        counters["epoch"] = int(info["current_epoch"])
+    counters["optimizer_steps"] = step * optimizer_steps_per_step(cfg)
     return counters
