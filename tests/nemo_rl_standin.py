@@ -71,7 +71,7 @@ def write_checkpoints(master: dict) -> None:
 
 def drive(master_path: Path) -> int:
     master = yaml.safe_load(master_path.read_text())
-    driver = "examples/nemo_gym/run_grpo_nemo_gym.py" if "nemo_gym" in master["env"] else "examples/run_grpo.py"
+    driver = "nemo_gym" if "nemo_gym" in master["env"] else "grpo"  # run_grpo_nemo_gym.py, else run_grpo.py
     problems = upstream.check_master_config(master, driver)
     if problems:
         print("stand-in: NeMo-RL would not take this master config:", *problems, sep="\n  ", file=sys.stderr)
