@@ -11,17 +11,43 @@ import contextlib
 import hashlib
 import importlib.abc
 import importlib.machinery
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
+import tempfile
 import types
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 ARCHIVES = {"nemo_rl": "nemo-rl-v0.7.0.tar.gz", "nemo_gym": "nemo-gym-v0.4.0.tar.gz"}
+ORACLE = Path(__file__).resolve().parent / "nemo_rl_oracle.py"
+# NeMo-Gym's row and server models are built on openai's types (Gym pins openai<=2.7.2) and its server modules import
+# itsdangerous; neither is an rlsteps dependency, so they are installed once, without dependencies, beside the
+# unpacked sources and put on sys.path only by the oracle.
+GYM_DEPS = ["openai==2.7.2", "jiter", "distro", "itsdangerous==2.2.0"]
+
+
+class UpstreamMissing(RuntimeError):
+    """The pinned sources (or Gym's few extra packages) are not there: tests skip, or fail under
+    RLSTEPS_REQUIRE_UPSTREAM=1."""
+
+
+def _unavailable(reason: str):
+    """Skips the calling test (fails it under RLSTEPS_REQUIRE_UPSTREAM=1); outside pytest, raises UpstreamMissing."""
+    if "pytest" not in sys.modules:
+        raise UpstreamMissing(reason)
+    import pytest
+
+    if os.environ.get("RLSTEPS_REQUIRE_UPSTREAM") == "1":
+        pytest.fail(f"{reason} (RLSTEPS_REQUIRE_UPSTREAM=1)")
+    pytest.skip(reason)
+
+
+def _cache() -> Path:
+    return Path(os.environ.get("RLSTEPS_HOME") or Path.home() / ".cache" / "rlsteps") / "upstream"
 
 
 def upstream_dir() -> Path:
@@ -32,13 +58,9 @@ def unpacked(name: str) -> Path:
     """The unpacked source tree of `name` (nemo_rl or nemo_gym): the folder holding its package and examples."""
     archive = upstream_dir() / ARCHIVES[name]
     if not archive.is_file():
-        reason = f"{archive} is missing: the pinned {name} source that judges rlsteps's NeMo-RL output"
-        if os.environ.get("RLSTEPS_REQUIRE_UPSTREAM") == "1":
-            pytest.fail(f"{reason} (RLSTEPS_REQUIRE_UPSTREAM=1)")
-        pytest.skip(reason)
+        _unavailable(f"{archive} is missing: the pinned {name} source that judges rlsteps's NeMo-RL output")
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:12]
-    cache = Path(os.environ.get("RLSTEPS_HOME") or Path.home() / ".cache" / "rlsteps") / "upstream"
-    target = cache / f"{archive.name.removesuffix('.tar.gz')}-{digest}"
+    target = _cache() / f"{archive.name.removesuffix('.tar.gz')}-{digest}"
     if not target.is_dir():
         staging = target.with_name(target.name + f".tmp{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
@@ -173,3 +195,52 @@ def nemo_rl_importable(stub: frozenset[str] = HEAVY):
         yield
     finally:
         typing.TypedDict = typed_dict
+
+
+def gym_deps() -> Path:
+    """A folder holding GYM_DEPS (installed there once with pip, without their dependencies)."""
+    target = _cache() / ("gym-deps-" + hashlib.sha256(" ".join(GYM_DEPS).encode()).hexdigest()[:12])
+    if not (target / "openai").is_dir():
+        staging = target.with_name(target.name + f".tmp{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(staging), *GYM_DEPS],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            _unavailable(f"pip could not install {' '.join(GYM_DEPS)} for NeMo-Gym's models: {done.stderr[-2000:]}")
+        try:
+            staging.rename(target)
+        except OSError:  # another process installed them first
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _oracle(*args: str) -> list[str]:
+    unpacked("nemo_rl"), unpacked("nemo_gym")  # skip (or fail) here, not inside the oracle's process
+    env = dict(os.environ, RLSTEPS_GYM_DEPS=str(gym_deps()))
+    done = subprocess.run([sys.executable, str(ORACLE), *args], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"the NeMo-RL oracle crashed (exit {done.returncode}):\n{done.stderr[-6000:]}")
+    try:
+        return json.loads(done.stdout)["problems"]
+    except (ValueError, KeyError) as error:
+        raise RuntimeError(f"the NeMo-RL oracle printed no problems list ({error}):\n{done.stdout[-3000:]}") from None
+
+
+def check_master_config(config: dict, driver: str) -> list[str]:
+    """What NeMo-RL's and NeMo-Gym's own code find wrong with a master config run by `driver` (grpo: run_grpo.py,
+    nemo_gym: run_grpo_nemo_gym.py): one string per problem, each naming the dotted key (tests/nemo_rl_oracle.py)."""
+    from omegaconf import OmegaConf
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "master_config.yaml"
+        path.write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
+        return _oracle("check", str(path), "--driver", driver)
+
+
+def check_rows(path: str | os.PathLike, driver: str) -> list[str]:
+    """What NeMo-RL's and NeMo-Gym's own models find wrong with a prompt rows JSONL for `driver`."""
+    return _oracle("rows", str(path), "--driver", driver)
