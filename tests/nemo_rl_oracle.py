@@ -3,9 +3,11 @@
     python tests/nemo_rl_oracle.py check CONFIG.yaml --driver grpo|nemo_gym
     python tests/nemo_rl_oracle.py rows FILE.jsonl --driver grpo|nemo_gym
     python tests/nemo_rl_oracle.py schema
+    python tests/nemo_rl_oracle.py load CONFIG.yaml
 
 check and rows print one JSON object {"problems": [...]} (one string a problem, each naming the dotted key) and exit
-0; schema prints MasterConfig's keys as {"dotted.key": {"type": ..., "required": ...}}. The pinned sources come
+0; schema prints MasterConfig's keys as {"dotted.key": {"type": ..., "required": ...}}; load prints a NeMo-RL
+config as NeMo-RL's load_config resolves it (its `defaults:`), as JSON. The pinned sources come
 unpacked from tests/upstream.py; NeMo-RL's and NeMo-Gym's modules are imported with inert stand-ins for their heavy
 dependencies, so this runs as a process of its own (never inside pytest's).
 
@@ -44,8 +46,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import upstream  # noqa: E402
 
-# openai's types for NeMo-Gym's models, itsdangerous for its servers' imports (upstream.gym_deps); after the venv's own
-sys.path.append(os.environ.get("RLSTEPS_GYM_DEPS") or str(upstream.gym_deps()))
+
+def gym_deps_on_path() -> None:
+    """openai's types for NeMo-Gym's models, itsdangerous for its servers' imports (upstream.gym_deps), after the
+    environment's own packages."""
+    folder = os.environ.get("RLSTEPS_GYM_DEPS") or str(upstream.gym_deps())
+    if folder not in sys.path:
+        sys.path.append(folder)
+
 
 DRIVERS = {"grpo": "examples/run_grpo.py", "nemo_gym": "examples/nemo_gym/run_grpo_nemo_gym.py"}
 
@@ -326,6 +334,10 @@ class _Frame:
     armed: tuple = ()  # inside a branch the config decided (the keys its test read): a raise here is the config's
 
 
+class _LoopJump(Exception):
+    """A definite continue or break in a loop the walk runs item by item."""
+
+
 class _Terminated(Exception):
     """A definite return or raise: the rest of the function is not reached."""
 
@@ -509,7 +521,7 @@ class ReadWalk:
         sub = _Frame(frame.module, frame.where, frame.env, frame.cls, False, frame.armed)
         try:
             self.block(body, sub)
-        except _Terminated:
+        except (_Terminated, _LoopJump):
             pass
 
     def stmt(self, node: ast.stmt, frame: _Frame) -> None:  # noqa: C901 (one branch per statement kind)
@@ -565,11 +577,18 @@ class ReadWalk:
             if isinstance(items, list | tuple) and len(items) <= 16 and isinstance(node.target, ast.Name):
                 for item in items:  # a short literal list: each item in turn, as the loop runs it
                     frame.env[node.target.id] = item
-                    self.branch(node.body, frame, False)
+                    try:
+                        self.branch(node.body, frame, frame.definite)
+                    except _LoopJump as jump:
+                        if jump.args[0] == "break":
+                            break
             else:
                 self.assign(node.target, UNKNOWN, frame)
                 self.branch(node.body, frame, False)
             self.branch(node.orelse, frame, False)
+        elif isinstance(node, ast.Continue | ast.Break):
+            if frame.definite:
+                raise _LoopJump("continue" if isinstance(node, ast.Continue) else "break")
         elif isinstance(node, ast.While):
             self.ev(node.test, frame)
             self.branch(node.body, frame, False)
@@ -772,7 +791,7 @@ class ReadWalk:
             args = [self.ev(a, frame) for a in node.args]
             for kw in node.keywords:
                 self.ev(kw.value, frame)
-            if isinstance(base, Ref):
+            if isinstance(base, Ref) and func.attr in ("get", "setdefault", "pop", "keys", "items", "values", "update"):
                 return self.ref_method(base, func.attr, args, node, frame)
             base_value = self.value(base)
             if isinstance(base_value, list | dict | set) and isinstance(func.value, ast.Name):
@@ -929,6 +948,7 @@ def gym_problems(config: dict) -> list[str]:
     if not isinstance(section, dict):
         return ["env.nemo_gym: missing, but grpo.setup reads env_configs['nemo_gym'] to spin up NeMo-Gym"]
     gym_root = upstream.unpacked("nemo_gym")
+    gym_deps_on_path()
     with upstream.nemo_rl_importable(), contextlib.redirect_stdout(sys.stderr):
         import nemo_gym
         from nemo_gym.config_types import ConfigError
@@ -1072,6 +1092,7 @@ def gym_row_problems(rows: list[tuple[int, dict]]) -> list[str]:
     principle)."""
     from pydantic import TypeAdapter, ValidationError
 
+    gym_deps_on_path()
     with upstream.nemo_rl_importable(), contextlib.redirect_stdout(sys.stderr):
         from nemo_gym.base_resources_server import BaseRunRequest
         from nemo_gym.config_types import AgentServerRef
@@ -1235,7 +1256,68 @@ def schema() -> dict[str, dict]:
             for key, entry in extra.items():
                 if key != prefix and key not in out:
                     out[key] = {**entry, "required": False}
+    _add_example_keys(out)
     return dict(sorted(out.items()))
+
+
+EXAMPLE_CONFIGS = ("examples/configs/*.yaml", "examples/configs/recipes/llm/*.yaml", "examples/nemo_gym/**/*.yaml")
+
+
+def _add_example_keys(out: dict[str, dict]) -> None:
+    """Keys NeMo-RL's own GRPO example configs set that its config types do not declare (its code reads them all the
+    same, e.g. policy.offload_optimizer_for_logprob): a key NeMo-RL ships in its examples is a valid override."""
+    root = upstream.unpacked("nemo_rl")
+    opened = [key for key, entry in out.items() if entry.get("open")]
+    merged: dict[Path, dict] = {}
+    for pattern in EXAMPLE_CONFIGS:
+        for path in sorted(root.glob(pattern)):
+            config = _inherited(path, merged)
+            if not isinstance(config, dict) or "grpo" not in config:
+                continue
+            for key in _example_keys(config, ""):
+                if key not in out and not any(key.startswith(o + ".") for o in opened):
+                    out[key] = {"type": f"as in {path.relative_to(root)}", "required": False}
+
+
+def _inherited(path: Path, merged: dict[Path, dict]) -> dict:
+    """A config file as nemo_rl/utils/config.py:load_config_with_inheritance merges it with its `defaults:` (parents
+    in order, then the file; a section marked `_override_: true` replaces the parents' instead of merging), as plain
+    dicts, each file merged once (NeMo-RL's OmegaConf merges take seconds over all the examples)."""
+    import yaml
+
+    path = path.resolve()
+    if path not in merged:
+        own = yaml.safe_load(path.read_text()) or {}
+        defaults = own.pop("defaults", None) if isinstance(own, dict) else None
+        if defaults is None:
+            merged[path] = own
+        else:
+            base: dict = {}
+            for parent in [defaults] if isinstance(defaults, str) else defaults:
+                base = _merge(base, copy.deepcopy(_inherited(path.parent / str(parent), merged)))
+            merged[path] = _merge(base, own)
+    return merged[path]
+
+
+def _merge(base: dict, override: dict) -> dict:
+    for key, value in override.items():
+        if isinstance(value, dict) and value.pop("_override_", False):
+            base[key] = value
+        elif isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def _example_keys(tree: dict, prefix: str) -> list[str]:
+    keys = []
+    for name, value in tree.items():
+        key = f"{prefix}{name}"
+        keys.append(key)
+        if isinstance(value, dict):
+            keys += _example_keys(value, key + ".")
+    return keys
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1248,11 +1330,15 @@ def main(argv: list[str] | None = None) -> int:
     rows_parser.add_argument("rows")
     rows_parser.add_argument("--driver", choices=sorted(DRIVERS), required=True)
     sub.add_parser("schema", help="MasterConfig's keys as JSON")
+    load_parser = sub.add_parser("load", help="a NeMo-RL config YAML as NeMo-RL's load_config resolves it, as JSON")
+    load_parser.add_argument("config")
     args = parser.parse_args(argv)
     if args.command == "check":
         result: Any = {"problems": check(load(args.config), args.driver)}
     elif args.command == "rows":
         result = {"problems": row_problems(args.rows, args.driver)}
+    elif args.command == "load":
+        result = load(args.config)
     else:
         result = schema()
     print(json.dumps(result, indent=2, sort_keys=args.command == "schema"))

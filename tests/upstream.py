@@ -43,7 +43,7 @@ def _unavailable(reason: str):
 
     if os.environ.get("RLSTEPS_REQUIRE_UPSTREAM") == "1":
         pytest.fail(f"{reason} (RLSTEPS_REQUIRE_UPSTREAM=1)")
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def _cache() -> Path:
@@ -218,16 +218,21 @@ def gym_deps() -> Path:
     return target
 
 
-def _oracle(*args: str) -> list[str]:
+def _oracle_run(*args: str) -> str:
     unpacked("nemo_rl"), unpacked("nemo_gym")  # skip (or fail) here, not inside the oracle's process
     env = dict(os.environ, RLSTEPS_GYM_DEPS=str(gym_deps()))
     done = subprocess.run([sys.executable, str(ORACLE), *args], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"the NeMo-RL oracle crashed (exit {done.returncode}):\n{done.stderr[-6000:]}")
+    return done.stdout
+
+
+def _oracle(*args: str) -> list[str]:
+    stdout = _oracle_run(*args)
     try:
-        return json.loads(done.stdout)["problems"]
+        return json.loads(stdout)["problems"]
     except (ValueError, KeyError) as error:
-        raise RuntimeError(f"the NeMo-RL oracle printed no problems list ({error}):\n{done.stdout[-3000:]}") from None
+        raise RuntimeError(f"the NeMo-RL oracle printed no problems list ({error}):\n{stdout[-3000:]}") from None
 
 
 def check_master_config(config: dict, driver: str) -> list[str]:
@@ -244,3 +249,14 @@ def check_master_config(config: dict, driver: str) -> list[str]:
 def check_rows(path: str | os.PathLike, driver: str) -> list[str]:
     """What NeMo-RL's and NeMo-Gym's own models find wrong with a prompt rows JSONL for `driver`."""
     return _oracle("rows", str(path), "--driver", driver)
+
+
+def load_nemo_rl_config(path: str | os.PathLike) -> dict:
+    """A NeMo-RL config YAML (e.g. unpacked("nemo_rl") / "examples/configs/grpo_math_1B.yaml") as NeMo-RL's own
+    load_config resolves it (its `defaults:`, its resolvers), as a plain dict."""
+    return json.loads(_oracle_run("load", str(path)))
+
+
+def master_config_schema() -> dict:
+    """MasterConfig's keys as the oracle reads them from NeMo-RL now (what master_config_schema.json ships)."""
+    return json.loads(_oracle_run("schema"))
