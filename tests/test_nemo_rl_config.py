@@ -1,21 +1,34 @@
-"""The step config compiled to NeMo-RL's GRPO master config, checked key by key against NeMo-RL's documented names
-(examples/configs/grpo_math_1B.yaml and its config types at the pinned version) and the values they must hold."""
+"""rl/rlhf's and rl/reinforce's configs compiled to NeMo-RL's GRPO master config: accepted by NeMo-RL's own code (the
+pinned source's MasterConfig, the keys its drivers read without a default, NeMo-Gym's server-config validation;
+tests/nemo_rl_oracle.py), every shared key holding the step's value, and the schedule as NeMo-RL's worker builds it."""
 
 from pathlib import PurePosixPath
 
 import pytest
 import yaml
 
+import upstream
 from rlsteps.catalog import load_catalog
 from rlsteps.engine.config import STEP_SCHEMAS
+from rlsteps.engine.nemo_rl.key_map import get, pairs
 from rlsteps.engine.nemo_rl.master_config import Cluster, NemoRlConfigError, compile_master_config
+from rlsteps.engine.nemo_rl.schedule import megatron_scheduler
 from rlsteps.errors import UsageError
-from rlsteps.launch.ray_job import master_config_yaml
+from rlsteps.launch.ray_job import DRIVERS, master_config_yaml
 from rlsteps.plan.compile import compile_job
 
 RUN = PurePosixPath("/lustre/runs/rlhf")
 RLHF_INPUTS = ("inputs.prompts=/p.jsonl", "inputs.val_prompts=/v.jsonl", "inputs.policy=/sft", "inputs.judge_model=/j")
 REINFORCE_INPUTS = ("inputs.prompts=/p.jsonl", "inputs.policy=/sft", "inputs.reward_model=/rm")
+ORACLE_DRIVER = {"grpo": "nemo_gym", "reinforce": "grpo"}  # the oracle's name for the driver DRIVERS runs
+CASES = {  # (step, overrides, cluster): what users compile, each judged by NeMo-RL's own code
+    "rlhf": ("rl/rlhf", RLHF_INPUTS, Cluster(2, 8)),
+    "rlhf on one node": ("rl/rlhf", (*RLHF_INPUTS, "train.global_batch_size=504"), Cluster(1, 8)),
+    "rlhf tiny": ("rl/rlhf", (*RLHF_INPUTS, "train.warmup_steps=0"), Cluster(2, 8)),
+    "rlhf megatron": ("rl/rlhf", (*RLHF_INPUTS, "nemo_rl_job.policy_backend=megatron"), Cluster(2, 8)),
+    "reinforce": ("rl/reinforce", REINFORCE_INPUTS, Cluster(2, 8)),
+    "reinforce on one node": ("rl/reinforce", (*REINFORCE_INPUTS, "train.global_batch_size=63"), Cluster(1, 8)),
+}
 
 
 def validated(step: str, *overrides: str, config: str = "default") -> dict:
@@ -27,115 +40,51 @@ def master(step: str, *overrides: str, cluster=Cluster(2, 8)):
     return compile_master_config(validated(step, *overrides), cluster, RUN)
 
 
-def test_the_seeds_parameters_land_on_nemo_rls_keys():
-    compiled = master("rlhf", *RLHF_INPUTS, "rollout.num_rollouts_per_prompt=8").config
-    assert compiled["grpo"]["num_generations_per_prompt"] == 8
-    gym = compiled["env"]["nemo_gym"]
-    assert gym["genrm_model"]["responses_api_models"]["vllm_model"]["model"] == "/j"
-    assert gym["genrm_model"]["responses_api_models"]["vllm_model"]["spinup_server"] is True
-    compare = gym["genrm_compare_resources_server"]["resources_servers"]["genrm_compare"]
-    assert compare["num_rollouts_per_prompt"] == 8  # genrm_compare buffers the whole group: must equal the group size
-    assert compare["genrm_model_server"] == {"type": "responses_api_models", "name": "genrm_model"}
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_nemo_rls_own_code_accepts_the_compiled_master_config(case):
+    step, overrides, cluster = CASES[case]
+    cfg = validated(step, *overrides)
+    compiled = compile_master_config(cfg, cluster, RUN).config
+    assert DRIVERS[cfg["algorithm"]].endswith(("run_grpo_nemo_gym.py", "run_grpo.py"))
+    assert upstream.check_master_config(compiled, ORACLE_DRIVER[cfg["algorithm"]]) == []
 
 
-def test_rlhf_grpo_and_loss_keys_hold_the_step_values():
-    compiled = master("rlhf", *RLHF_INPUTS, "grpo.eps_high=0.28", "grpo.kl_beta=0.001", "seed=7").config
-    assert compiled["grpo"] == {
-        "num_prompts_per_step": 32,
-        "num_generations_per_prompt": 16,
-        "max_rollout_turns": 1,
-        "max_num_epochs": 1_000_000,
-        "max_num_steps": 100,
-        "normalize_rewards": True,
-        "use_leave_one_out_baseline": False,
-        "adv_estimator": {
-            "name": "grpo",
-            "normalize_rewards": True,
-            "use_leave_one_out_baseline": False,
-            "minus_baseline": True,
-        },
-        "val_period": 10,
-        "val_at_start": False,
-        "val_at_end": True,
-        "max_val_samples": 64,
-        "val_batch_size": 64,
-        "val_num_generations_per_prompt": 1,
-        "overlong_filtering": False,
-        "use_dynamic_sampling": False,
-        "seed": 7,
-        "async_grpo": {"enabled": False},
-    }
-    loss = compiled["loss_fn"]
-    assert (loss["ratio_clip_min"], loss["ratio_clip_max"], loss["ratio_clip_c"]) == (0.2, 0.28, None)
-    assert (loss["reference_policy_kl_penalty"], loss["reference_policy_kl_type"]) == (0.001, "k3")
-    assert (loss["kl_input_clamp_value"], loss["kl_output_clamp_value"]) == (20.0, 10.0)
-    assert loss["token_level_loss"] is True and loss["disable_ppo_ratio"] is False
-    assert loss["use_importance_sampling_correction"] is False and loss["use_kl_in_reward"] is False
-
-
-def test_policy_data_checkpointing_logger_and_cluster_keys():
-    compiled = master("rlhf", *RLHF_INPUTS, "run.dtype=bfloat16", "rollout.sampling.top_k=50").config
-    policy = compiled["policy"]
-    assert policy["model_name"] == policy["tokenizer"]["name"] == str(RUN / "nemo_rl/policy_hf")
-    assert (policy["train_global_batch_size"], policy["train_micro_batch_size"]) == (512, 1)
-    assert policy["max_total_sequence_length"] == 1024 + 512 and policy["precision"] == "bfloat16"
-    assert policy["dtensor_cfg"]["enabled"] is True and policy["megatron_cfg"] == {"enabled": False}
-    assert policy["optimizer"] == {
-        "name": "torch.optim.AdamW",
-        "kwargs": {"lr": 5e-6, "weight_decay": 0.01, "betas": [0.9, 0.98]},
-    }
-    generation = policy["generation"]
-    assert (generation["backend"], generation["max_new_tokens"], generation["top_k"]) == ("vllm", 512, 50)
-    vllm = generation["vllm_cfg"]
-    assert vllm["max_model_len"] == 1536 and vllm["precision"] == "bfloat16" and vllm["expose_http_server"] is True
-    assert generation["colocated"]["enabled"] is True
-    data = compiled["data"]
-    assert data["train"] == {"data_path": str(RUN / "nemo_rl/data/train.jsonl")}
-    assert data["validation"] == {"data_path": str(RUN / "nemo_rl/data/validation.jsonl")}
-    assert data["default"]["dataset_name"] == "NemoGymDataset" and data["default"]["env_name"] == "nemo_gym"
-    checkpointing = compiled["checkpointing"]
-    assert checkpointing["checkpoint_dir"] == str(RUN / "nemo_rl/checkpoints") and checkpointing["save_period"] == 10
-    assert checkpointing["metric_name"] == "val:accuracy" and checkpointing["keep_top_k"] == 2
-    assert compiled["logger"]["log_dir"] == str(RUN / "nemo_rl/logs")
-    assert compiled["cluster"] == {"gpus_per_node": 8, "num_nodes": 2}
+@pytest.mark.parametrize("step", ["rl/rlhf", "rl/reinforce"])
+def test_every_shared_key_holds_the_steps_value(step):
+    cfg = validated(step, *(RLHF_INPUTS if step == "rl/rlhf" else REINFORCE_INPUTS))
+    compiled = compile_master_config(cfg, Cluster(2, 8), RUN).config
+    for ours, theirs in pairs(cfg["algorithm"]):
+        assert get(compiled, theirs) == get(cfg, ours), (ours, theirs)
 
 
 def test_reinforce_is_grpo_with_the_leave_one_out_baseline_no_std_and_the_reinforce_loss():
-    compiled = master("reinforce", *REINFORCE_INPUTS, "reinforce.initial_policy_kl_penalty=0.05")
-    grpo, loss = compiled.config["grpo"], compiled.config["loss_fn"]
-    assert grpo["use_leave_one_out_baseline"] is True and grpo["normalize_rewards"] is False
-    assert grpo["adv_estimator"]["use_leave_one_out_baseline"] is True
-    assert loss["disable_ppo_ratio"] is True and loss["reference_policy_kl_penalty"] == 0.05
-    env = compiled.config["env"]["reward_model"]
-    assert env["model_name"] == "/rm" and env["reward_model_cfg"] == {
-        "enabled": True,
-        "reward_model_type": "bradley_terry",
-    }
-    assert compiled.config["data"]["default"]["env_name"] == "reward_model"
-    assert compiled.config["data"]["validation"] is None and compiled.config["grpo"]["val_period"] == 0
-    notes = "\n".join(compiled.notes)
-    assert "folds beta * mean_t |logp - logp_init|" in notes and "NeMo-RL adds beta * k3 KL to the loss" in notes
-    assert "only properly ended samples" in notes
+    compiled = master("rl/reinforce", *REINFORCE_INPUTS).config
+    assert compiled["grpo"]["use_leave_one_out_baseline"] is True and compiled["grpo"]["normalize_rewards"] is False
+    assert compiled["grpo"]["adv_estimator"]["use_leave_one_out_baseline"] is True  # its interpolation follows
+    assert compiled["loss_fn"]["disable_ppo_ratio"] is True
+    assert (
+        compiled["env"]["reward_model"]["model_name"] == "/rm" == compiled["env"]["reward_model"]["tokenizer"]["name"]
+    )
+    assert compiled["data"]["default"]["env_name"] == "reward_model"
 
 
-def test_an_external_judge_is_reached_not_started():
-    compiled = master("rlhf", *RLHF_INPUTS, "judge.url=http://judge:8000/v1", "judge.model=genrm")
-    server = compiled.config["env"]["nemo_gym"]["genrm_model"]["responses_api_models"]["vllm_model"]
-    assert (server["base_url"], server["model"], server["spinup_server"]) == ("http://judge:8000/v1", "genrm", False)
-    with pytest.raises(NemoRlConfigError, match="judge.model"):
-        master("rlhf", *RLHF_INPUTS, "judge.url=http://judge:8000/v1")
+def test_a_judge_already_served_is_refused_on_nemo_rl_with_the_reason():
+    """The pinned Gym's genrm_compare.yaml declares a genrm_model server that starts vLLM: a vllm_model server beside
+    it in that instance is what NeMo-Gym refuses (one server type per instance)."""
+    with pytest.raises(NemoRlConfigError, match="second server type beside it is refused"):
+        master("rl/rlhf", *RLHF_INPUTS, "judge.url=http://judge:8000/v1", "judge.model=genrm")
 
 
 def test_what_nemo_rl_cannot_run_is_refused_with_the_key_to_change():
     with pytest.raises(NemoRlConfigError, match="inputs.reward_model"):
-        master("reinforce", "inputs.prompts=/p.jsonl", "inputs.policy=/sft", "rm.url=http://rm:5555")
+        master("rl/reinforce", "inputs.prompts=/p.jsonl", "inputs.policy=/sft", "rm.url=http://rm:5555")
     with pytest.raises(UsageError, match="embedded engine only"):
-        validated("rs", *REINFORCE_INPUTS)
+        validated("rl/rs", *REINFORCE_INPUTS)
 
 
 def test_nemo_rl_keys_pass_through_over_the_compiled_ones_and_are_named_in_the_notes():
     compiled = master(
-        "rlhf",
+        "rl/rlhf",
         *RLHF_INPUTS,
         "nemo_rl.policy.dtensor_cfg.tensor_parallel_size=2",  # no '+': any key under nemo_rl. is NeMo-RL's to judge
         "nemo_rl.loss_fn.use_on_policy_kl_approximation=true",
@@ -144,23 +93,25 @@ def test_nemo_rl_keys_pass_through_over_the_compiled_ones_and_are_named_in_the_n
     assert compiled.config["policy"]["dtensor_cfg"]["tensor_parallel_size"] == 2
     assert compiled.config["policy"]["dtensor_cfg"]["enabled"] is True  # its siblings stay
     assert compiled.config["loss_fn"]["use_on_policy_kl_approximation"] is True
-    assert compiled.config["grpo"]["async_grpo"] == {"enabled": True}
+    assert compiled.config["grpo"]["async_grpo"]["enabled"] is True
     [said] = [note for note in compiled.notes if note.startswith("set as given")]
     assert "policy.dtensor_cfg.tensor_parallel_size" in said and "grpo.async_grpo.enabled" in said
     with pytest.raises(UsageError, match="unknown config key 'nemo_rll.grpo.x'"):
-        validated("rlhf", *RLHF_INPUTS, "nemo_rll.grpo.x=1")
+        validated("rl/rlhf", *RLHF_INPUTS, "nemo_rll.grpo.x=1")
+    with pytest.raises(UsageError, match="did you mean 'nemo_rl.grpo.max_num_steps'"):
+        validated("rl/rlhf", *RLHF_INPUTS, "nemo_rl.grpo.max_num_step=1")
 
 
 def test_the_megatron_backend_moves_optimizer_and_schedule_into_megatron_cfg():
     overrides = ("nemo_rl_job.policy_backend=megatron", "train.schedule=cosine", "train.warmup_steps=5")
-    compiled = master("rlhf", *RLHF_INPUTS, *overrides).config["policy"]
-    assert compiled["dtensor_cfg"]["enabled"] is False and "optimizer" not in compiled
+    cfg = validated("rl/rlhf", *RLHF_INPUTS, *overrides)
+    compiled = compile_master_config(cfg, Cluster(2, 8), RUN).config["policy"]
+    assert compiled["dtensor_cfg"]["enabled"] is False and compiled["optimizer"] is None
     megatron = compiled["megatron_cfg"]
     assert megatron["enabled"] is True
     assert megatron["optimizer"]["lr"] == 5e-6 and megatron["optimizer"]["min_lr"] == pytest.approx(5e-7)
     assert (megatron["optimizer"]["adam_beta1"], megatron["optimizer"]["adam_beta2"]) == (0.9, 0.98)
-    assert megatron["scheduler"]["lr_decay_style"] == "cosine"
-    assert (megatron["scheduler"]["lr_warmup_iters"], megatron["scheduler"]["lr_decay_iters"]) == (5, 100)
+    assert megatron["scheduler"] == {**megatron["scheduler"], **megatron_scheduler(cfg)}
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
@@ -170,13 +121,13 @@ def test_nemo_rls_torch_schedulers_give_rlsteps_learning_rate_at_every_optimizer
     from test_nemo_rl_schedule import config, nemo_rl_rates, rlsteps_rates
 
     cfgs = [config(schedule, warmup) for warmup in (0, 1, 4)]
-    compiled = [compile_master_config(cfg, Cluster(1, 8), RUN).config["policy"] for cfg in cfgs]
+    compiled = [compile_master_config(cfg, Cluster(2, 8), RUN).config["policy"] for cfg in cfgs]
     for cfg, got in zip(cfgs, nemo_rl_rates(cfgs, policies=compiled), strict=True):
         assert got == pytest.approx(rlsteps_rates(cfg), rel=1e-6), (cfg["train"]["warmup_steps"], got)
 
 
 def test_the_printed_yaml_reads_back_as_the_compiled_config_with_the_notes_on_top():
-    compiled = master("rlhf", *RLHF_INPUTS)
+    compiled = master("rl/rlhf", *RLHF_INPUTS)
     text = master_config_yaml(compiled)
     assert yaml.safe_load(text) == compiled.config
     assert text.startswith("# NeMo-RL GRPO master config compiled by rlsteps (NeMo-RL v0.7.0")

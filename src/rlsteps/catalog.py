@@ -35,6 +35,7 @@ class ArtifactSpec:
     required: bool = True
     required_unless: str | None = None  # a config key that, when set, makes this input unnecessary
     type_key: str | None = None  # an output only: a config key that chooses its type (`type` is the default)
+    hub_id: bool = False  # an input that may also name a Hugging Face Hub model (org/name) the job's machines fetch
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,9 @@ class Catalog:
         if ref in self.steps:
             return self.steps[ref]
         matches = [s for sid, s in self.steps.items() if sid.endswith("/" + ref.strip("/"))]
-        if len(matches) == 1:
-            return matches[0]
+        shallowest = [s for s in matches if s.id.count("/") == min(m.id.count("/") for m in matches)]
+        if len(shallowest) == 1:  # rlhf is rl/rlhf; rl/nemo_rl/rlhf goes by nemo_rl/rlhf or its full id
+            return shallowest[0]
         if len(matches) > 1:
             ids = ", ".join(sorted(s.id for s in matches))
             raise UsageError(f"step '{ref}' is ambiguous: {ids}", fix="give the full id")

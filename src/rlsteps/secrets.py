@@ -14,8 +14,9 @@ SECRET_WORDS = {"token", "key", "apikey", "secret", "password", "passwd", "crede
 
 
 def is_secret_key(key: str) -> bool:
-    words = re.split(r"[^a-z0-9]+", key.lower())
-    return any(w in SECRET_WORDS for w in words)
+    """A key whose last word names a secret (hf_token, api_key, password); not token_level_loss or key_prefix."""
+    words = [w for w in re.split(r"[^a-z0-9]+", key.lower()) if w]
+    return bool(words) and words[-1] in SECRET_WORDS
 
 
 def mask(value: Any, key: str = "") -> Any:

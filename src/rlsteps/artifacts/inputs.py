@@ -6,8 +6,10 @@ A reference is a local path or any fsspec URL; what it holds is decided by rlste
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from rlsteps.artifacts.detect import detect_types, detectors_of, exists
@@ -27,6 +29,7 @@ class ResolvedInput:
     detected: list[str]
     # ok | absent | missing | wrong_type | pending (an earlier stage, or the run itself, writes it first)
     # | in_job (on a cluster path: the job checks it) | unreachable (on this machine, which the job cannot see)
+    # | hub (a Hugging Face Hub id the job's machines fetch)
     status: str
 
     def as_dict(self) -> dict[str, Any]:
@@ -65,11 +68,24 @@ def satisfies(catalog: Catalog, detected: list[str], required: str) -> bool:
     return any(catalog.is_a(t, required) for t in detected)
 
 
+def is_hub_id(ref: str) -> bool:
+    """A Hugging Face Hub model id (org/name), as opposed to a path or a URL."""
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", ref) is not None and not Path(ref).exists()
+
+
 def check_input(
-    catalog: Catalog, spec_name: str, key: str, ref: str | None, required_type: str, reach: Reach = Reach()
+    catalog: Catalog,
+    spec_name: str,
+    key: str,
+    ref: str | None,
+    required_type: str,
+    reach: Reach = Reach(),
+    hub_id: bool = False,
 ) -> ResolvedInput:
     if ref is None:
         return ResolvedInput(spec_name, key, None, required_type, [], "absent")
+    if hub_id and not reach.sees_local_files and is_hub_id(ref):
+        return ResolvedInput(spec_name, key, ref, required_type, [], "hub")
     if reach.on_cluster(ref):
         return ResolvedInput(spec_name, key, ref, required_type, [], "in_job")
     if reach.unreachable(ref):
@@ -135,7 +151,7 @@ def check_inputs(
         item = (
             promised_input(catalog, s.name, s.key, ref, s.type, promised[s.name])
             if s.name in promised
-            else check_input(catalog, s.name, s.key, ref, s.type, reach)
+            else check_input(catalog, s.name, s.key, ref, s.type, reach, s.hub_id)
         )
         if item.status == "missing" and built_before_run and str(ref).startswith(built_before_run):
             item = replace(item, status="pending")

@@ -97,9 +97,12 @@ def dry_run(compiled: Compiled) -> Group:
             "wrong_type": "[red]wrong type[/]",
             "in_job": "[cyan]on a cluster path: checked in the job[/]",
             "unreachable": "[red]on this machine: the job cannot see it[/]",
+            "hub": "[cyan]a Hugging Face Hub id: the job fetches it[/]",
         }[item.status]
         inputs.add_row(item.name, item.key, item.ref or "-", item.required_type, status)
     parts = [Panel(summary, title="[bold]dry run[/]: nothing was written, started or sent")]
+    if job.notes:
+        parts.append(Panel("\n".join(escape(note) for note in job.notes), title="notes"))
     if compiled.needs:
         parts.append(Panel("\n".join(compiled.needs), title="[yellow]the run will need[/] (required, not given yet)"))
     parts += [

@@ -273,6 +273,53 @@ class GRPOConfig(NemoRlEngine, RecipeConfig):
     judge: JudgeConfig = JudgeConfig()
 
 
+NEMO_RL_SECTIONS = ("grpo", "loss_fn", "policy", "data", "env", "checkpointing", "logger", "cluster")
+
+
+class NemoRlGrpoConfig(Section):
+    """rl/nemo_rl/rlhf: NeMo-RL's master config (its sections, any key NeMo-RL's schema has; NeMo-RL validates the
+    values) and rlsteps's keys around it. `inputs` is derived from NeMo-RL's keys for the job's stages."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)  # NeMo-RL's MasterConfig takes further top-level keys
+    algorithm: Literal["nemo_rl_grpo"]
+    # auto: NeMo-RL on a Slurm or Lepton profile, the embedded engine here; nemo_rl | embedded: as named
+    engine: Literal["auto", "nemo_rl", "embedded"] = "auto"
+    embedded_config: str = "default"  # the rl/rlhf config the embedded engine starts from
+    nemo_rl_job: NemoRlJobConfig = NemoRlJobConfig()
+    output: OutputConfig
+    tiny_world: TinyWorldConfig | None = None
+    inputs: dict[str, Any] = {}
+    grpo: dict[str, Any]
+    loss_fn: dict[str, Any]
+    policy: dict[str, Any]
+    data: dict[str, Any]
+    env: dict[str, Any]
+    checkpointing: dict[str, Any]
+    logger: dict[str, Any]
+    cluster: dict[str, Any]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived(cls, data: Any) -> Any:
+        from rlsteps.engine.nemo_rl.key_map import get, nemo_rl_inputs
+
+        if not isinstance(data, dict) or not isinstance(data.get("policy"), dict):
+            return data
+        backend = "megatron" if get(data, "policy.megatron_cfg.enabled") else "dtensor"
+        job = {**(data.get("nemo_rl_job") or {}), "policy_backend": backend}
+        return {**data, "inputs": nemo_rl_inputs(data), "nemo_rl_job": job}
+
+    @model_validator(mode="after")
+    def _known_to_nemo_rl(self) -> NemoRlGrpoConfig:
+        from rlsteps.engine.nemo_rl.schema import closest, unknown_keys
+
+        unknown = unknown_keys(self.model_dump(), NEMO_RL_SECTIONS)
+        if unknown:
+            hints = [f"'{key}'" + (f" (did you mean '{near}'?)" if (near := closest(key)) else "") for key in unknown]
+            raise ValueError("keys NeMo-RL's master config does not have: " + ", ".join(hints))
+        return self
+
+
 RECIPE_SCHEMAS: dict[str, type[RecipeConfig]] = {
     "rs": RSConfig,
     "reinforce": ReinforceConfig,
@@ -300,4 +347,4 @@ class ConvertConfig(Section):
     tiny_world: TinyWorldConfig | None = None
 
 
-STEP_SCHEMAS: dict[str, type[Section]] = {**RECIPE_SCHEMAS, "convert": ConvertConfig}
+STEP_SCHEMAS: dict[str, type[Section]] = {**RECIPE_SCHEMAS, "nemo_rl_grpo": NemoRlGrpoConfig, "convert": ConvertConfig}

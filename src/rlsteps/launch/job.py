@@ -39,6 +39,7 @@ class Job(BaseModel):
     depends_on: list[str] = []  # batch job ids that must succeed first (pipeline stages on Slurm)
     unset_keys: list[str] = []  # required keys without a value: only a dry run compiles such a job
     inputs_in_job: list[dict[str, Any]] = []  # inputs on cluster paths, checked by the job itself (InputInJob)
+    notes: list[str] = []  # what the compile decided that the user should know (the engine, keys not honoured)
 
     def public_config(self) -> dict[str, Any]:
         return secrets.mask(self.config)

@@ -3,8 +3,9 @@
 Order: the step config and the files it names under `defaults:` (each extends the previous, the
 step's own keys on top); then the profile's `config:` overlay; then `key=value` overrides, which win.
 An override of a key that does not exist is an error naming the closest key; `+key=value` adds one.
-Under a pass-through section (`nemo_rl.`: another engine's own config, which rlsteps does not model) every key
-is welcome without `+`.
+A step whose config is NeMo-RL's master config (rl/nemo_rl/rlhf) takes any key of NeMo-RL's schema, and so does the
+pass-through section `nemo_rl.` of the steps that compile to it; a key the schema lacks is refused there with the
+schema's closest key.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
-from rlsteps.catalog import Step
+from rlsteps.catalog import Step, project_root
+from rlsteps.engine.config import NEMO_RL_SECTIONS  # torch-free
 from rlsteps.errors import UsageError
 from rlsteps.launch.job import Job, Mode, sanitise_name
 from rlsteps.plan import resolvers
@@ -68,16 +70,40 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         key, sep, _ = item.partition("=")
         if not sep or not key.strip("+"):
             raise UsageError(f"override '{item}' is not key=value", fix="write e.g. train.lr=1e-5")
-        adding = key.startswith("+") or _passed_through(cfg, key.lstrip("+"))
+        adding = key.startswith("+")
         key = key.lstrip("+")
         if not adding and not _has_key(cfg, key):
-            raise UsageError(f"unknown config key '{key}'", fix=_closest_key_hint(cfg, key))
+            _check_nemo_rl_key(cfg, key)
         try:
             value = OmegaConf.from_dotlist([f"{key}={item.split('=', 1)[1]}"])
         except OmegaConfBaseException as err:
             raise UsageError(f"override '{item}': {err}") from err
         cfg = OmegaConf.merge(cfg, value)
     return cfg
+
+
+def _check_nemo_rl_key(cfg: DictConfig, key: str) -> None:
+    """A key this config lacks: welcome where NeMo-RL's schema has it (its own config, or the pass-through section),
+    else refused with the closest key."""
+    from rlsteps.engine.nemo_rl.schema import closest, is_known  # torch-free
+
+    nemo_rl_key = _nemo_rl_key(cfg, key)
+    if nemo_rl_key is None:
+        raise UsageError(f"unknown config key '{key}'", fix=_closest_key_hint(cfg, key))
+    if not is_known(nemo_rl_key):
+        near = closest(nemo_rl_key)
+        prefix = key.removesuffix(nemo_rl_key)
+        hint = f"did you mean '{prefix}{near}'?" if near else "see NeMo-RL's examples/configs/grpo_math_1B.yaml"
+        raise UsageError(f"unknown config key '{key}': NeMo-RL's master config has no '{nemo_rl_key}'", fix=hint)
+
+
+def _nemo_rl_key(cfg: DictConfig, key: str) -> str | None:
+    """The key as NeMo-RL names it, where this config speaks NeMo-RL's language there; else None."""
+    if _passed_through(cfg, key):
+        return key.partition(".")[2]
+    if cfg.get("algorithm") == "nemo_rl_grpo" and key.partition(".")[0] in NEMO_RL_SECTIONS:
+        return key
+    return None
 
 
 def overrides_for(step: Step, config_ref: str, overrides: list[str], strict: bool = False) -> list[str]:
@@ -90,7 +116,7 @@ def overrides_for(step: Step, config_ref: str, overrides: list[str], strict: boo
     return [
         item
         for item in overrides
-        if item.startswith("+") or _has_key(cfg, key := item.partition("=")[0]) or _passed_through(cfg, key)
+        if item.startswith("+") or _has_key(cfg, key := item.partition("=")[0]) or _nemo_rl_key(cfg, key)
     ]
 
 
@@ -122,11 +148,14 @@ def compile_job(
         )
     resolved = _resolve(cfg)
     _validate(step, resolved)
+    algorithm, notes = step.algorithm, []
+    if step.algorithm == "nemo_rl_grpo":
+        resolved, algorithm, notes = _nemo_rl_step(step, source, resolved, profile, list(overrides))
     created = time.strftime("%Y%m%d-%H%M%S")
     return Job(
         name=f"{created}-{sanitise_name(step.slug)}",
         step_id=step.id,
-        algorithm=step.algorithm,
+        algorithm=algorithm,
         config_name=Path(config_ref).stem,
         config_source=str(source),
         mode=mode,
@@ -142,7 +171,58 @@ def compile_job(
         depends_on=list(depends_on),
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         unset_keys=unset,
+        notes=notes,
     )
+
+
+def _nemo_rl_step(
+    step: Step, source: Path, cfg: dict[str, Any], profile: Profile | None, overrides: list[str]
+) -> tuple[dict[str, Any], str, list[str]]:
+    """rl/nemo_rl/rlhf's job config, algorithm and notes for the engine it runs on: NeMo-RL on a Slurm or Lepton
+    profile (engine auto), else the embedded engine with the config mapped onto rl/rlhf's recipe."""
+    from rlsteps.engine.config import STEP_SCHEMAS  # torch-free
+    from rlsteps.engine.nemo_rl.embedded import EMBEDDED_STEP, to_embedded
+
+    validated = _validate(step, cfg)
+    engine = validated["engine"]
+    if engine == "auto":
+        engine = "nemo_rl" if profile is not None and profile.executor in ("slurm", "lepton") else "embedded"
+    if engine == "nemo_rl":
+        derived = {key: validated[key] for key in ("inputs", "nemo_rl_job")}
+        return {**cfg, **derived, "engine": "nemo_rl"}, step.algorithm, []
+    base = project_root() / "steps" / EMBEDDED_STEP / f"{validated['embedded_config']}.yaml"
+    if not base.is_file():
+        raise UsageError(f"embedded_config '{validated['embedded_config']}': {EMBEDDED_STEP} has no such config")
+    recipe, notes = to_embedded(
+        validated, _resolve(load_config_chain(base)), _set_keys(step, source, profile, overrides)
+    )
+    try:
+        STEP_SCHEMAS["grpo"].model_validate(recipe)
+    except ValidationError as err:
+        problems = "; ".join(_describe(e) for e in err.errors())
+        raise UsageError(f"invalid config on the embedded engine: {problems}") from None
+    lead = (
+        f"engine: embedded ({EMBEDDED_STEP}'s recipe on rlsteps's loop; on a GPU profile engine=nemo_rl runs NeMo-RL)"
+    )
+    return recipe, "grpo", [lead, *notes]
+
+
+def _set_keys(step: Step, source: Path, profile: Profile | None, overrides: list[str]) -> list[str]:
+    """The keys the user set: in the step's own config files (not the shared bases), the profile and overrides."""
+    keys = [item.partition("=")[0].lstrip("+") for item in overrides]
+    if profile is not None and profile.config_overlay:
+        keys += flat_keys(OmegaConf.create(profile.config_overlay))
+    todo = [source]
+    while todo:
+        path = todo.pop()
+        own = OmegaConf.load(path)
+        bases = own.pop("defaults", None)
+        keys += flat_keys(own)
+        for base in [bases] if isinstance(bases, str) else list(bases or []):
+            candidate = (path.parent / str(base)).resolve()
+            if candidate.parent == step.config_dir.resolve():
+                todo.append(candidate)
+    return sorted(set(keys))
 
 
 def _resolve(cfg: DictConfig) -> dict[str, Any]:

@@ -82,12 +82,23 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
         config = with_value(config, key, None)
     built_before_run = _tiny_world_built_by(job)
     reach = reach_of(launcher, job)
+    step = input_step(catalog, step, job)
     inputs = check_inputs(catalog, step, config, dict(request.promised), built_before_run, reach)
     job = job.model_copy(update={"inputs_in_job": [i.as_dict() for i in inputs_in_job(catalog, inputs)]})
     job_dir = planned_job_dir(job)
     plan = launcher.plan(job, job_dir)
     needs = _needs(catalog, step, config, inputs, job.unset_keys)
     return Compiled(job=job, plan=plan, job_dir=job_dir, inputs=inputs, needs=needs)
+
+
+def input_step(catalog: Catalog, step: Step, job: Job) -> Step:
+    """The step whose manifest says where the job's config keeps its inputs: the step itself, or the one whose
+    recipe it runs (rl/nemo_rl/rlhf on the embedded engine runs rl/rlhf's, with rl/rlhf's keys)."""
+    if job.algorithm == step.algorithm:
+        return step
+    from rlsteps.engine.nemo_rl.embedded import EMBEDDED_STEP  # torch-free
+
+    return catalog.find(EMBEDDED_STEP)
 
 
 def check_processes(launcher: Launcher, job: Job) -> None:
@@ -147,7 +158,7 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     job = compiled.job
     launcher = get_launcher(job.executor)
     launcher.check(job)  # a refusal writes nothing
-    step = catalog.find(job.step_id)
+    step = input_step(catalog, catalog.find(job.step_id), job)
     if _tiny_world_built_by(job) is not None:
         _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
     inputs = resolve_inputs(catalog, step, job.config, dict(request.promised), reach_of(launcher, job))
@@ -157,6 +168,8 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     plan = launcher.plan(job, job_dir)
     write_job_files(job_dir, job, plan, inputs)
     say(f"job {job_dir.name}: {plan.summary}")
+    for note in job.notes:
+        say(f"  {note}")
     submission = launcher.submit(job, plan, job_dir)
     record = launcher.record(job, submission)
     for directory in dict.fromkeys([job_dir, submission.job_dir]):  # the launcher may run it from a shared job dir

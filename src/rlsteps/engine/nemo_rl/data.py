@@ -15,6 +15,8 @@ from typing import Any
 
 from rlsteps.engine.data import Prompt, PromptFileError, load_prompts
 
+GYM_ALGORITHMS = ("grpo", "nemo_rl_grpo")  # the recipes whose rewards come from NeMo-Gym's judge
+
 
 def gym_row(prompt: Prompt, agent: str) -> dict[str, Any]:
     return {
@@ -40,7 +42,7 @@ def write_rows(prompts_file: str, target: Path, algorithm: str, agent: str) -> i
     rows = []
     for number, prompt in enumerate(prompts, start=1):
         try:
-            rows.append(gym_row(prompt, agent) if algorithm == "grpo" else response_row(prompt))
+            rows.append(gym_row(prompt, agent) if algorithm in GYM_ALGORITHMS else response_row(prompt))
         except ValueError as error:
             raise PromptFileError(f"{prompts_file}: prompt {number}: {error}") from None
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,107 +1,105 @@
-"""The env.* section of NeMo-RL's master config: where rewards come from.
+"""The env.* section of NeMo-RL's master config: where rewards come from, compiled for the pinned NeMo-Gym.
 
-rl/rlhf: NeMo-Gym's genrm_compare server compares a group's responses pairwise with a generative judge, served by a
-vLLM NeMo-Gym starts on inputs.judge_model (or reached at judge.url); keys as Nemotron's rl/nemo_rl/rlhf step sets
-them. rl/reinforce: NeMo-RL's reward-model environment serves inputs.reward_model itself (Bradley-Terry).
+With the judge (rl/nemo_rl/rlhf, rl/rlhf): NeMo-Gym's genrm_compare server compares a group's responses pairwise
+with a generative reward model. The user names the judge at the seed step's key
+env.nemo_gym.genrm_model.responses_api_models.vllm_model: with `model` alone, Gym is to start vLLM on it, which in
+the pinned Gym only its `genrm_model` server type does (its `vllm_model` type only reaches a running server), so
+the block is compiled to that type; with `base_url`, the judge already runs there and `vllm_model` reaches it.
+Without the judge (rl/reinforce): NeMo-RL's reward-model environment serves a Bradley-Terry reward model.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-GYM_CONFIG_PATHS = [  # NeMo-Gym servers the rl/rlhf environment starts: the policy's model server and the judge
-    "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
-    "resources_servers/genrm_compare/configs/genrm_compare.yaml",
-]
-PAIRINGS = {"circular": "circular", "all": "all_pairs"}  # rlsteps judge.pairing -> genrm_compare comparison_strategy
+from rlsteps.engine.nemo_rl.key_map import get
+
+SERVE_KWARGS_PARALLEL = ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size")
+JUDGE_SERVER_DEFAULTS = {  # NeMo-Gym's genrm_model server, as its genrm_compare config declares it
+    "entrypoint": "app.py",
+    "return_token_id_information": False,
+    "uses_reasoning_parser": False,  # the judge answers in JSON, not with a reasoning trace
+    "supports_principle_role": True,
+    "hf_home": None,
+    "vllm_serve_env_vars": {"VLLM_RAY_DP_PACK_STRATEGY": "strict"},
+    "debug": False,
+}
 
 
 class NemoRlConfigError(ValueError):
     """A step config NeMo-RL cannot run as asked; the message names the key and the fix."""
 
 
-def environment(cfg: dict[str, Any]) -> dict[str, Any]:
-    return _rlhf_env(cfg) if cfg["algorithm"] == "grpo" else _reward_model_env(cfg)
+def uses_gym(master: dict[str, Any]) -> bool:
+    return bool(get(master, "env.should_use_nemo_gym"))
 
 
-def sequence_length(cfg: dict[str, Any]) -> int:
-    """Prompt and response together: NeMo-RL's one length limit for training and vLLM."""
-    return cfg["data"]["max_prompt_tokens"] + cfg["rollout"]["sampling"]["max_new_tokens"]
+def judge_block(master: dict[str, Any]) -> dict[str, Any] | None:
+    """The user's judge block (the seed's `vllm_model` instance under genrm_model), or None without the judge."""
+    return get(master, "env.nemo_gym.genrm_model.responses_api_models.vllm_model")
 
 
-def reward_model_dtensor() -> dict[str, Any]:
-    return {
-        "_v2": True,
-        "enabled": True,
-        "cpu_offload": False,
-        "sequence_parallel": False,
-        "activation_checkpointing": False,
-        "tensor_parallel_size": 1,
-        "context_parallel_size": 1,
-        "custom_parallel_plan": None,
-    }
+def judge_gpus(master: dict[str, Any]) -> int:
+    """The GPUs Gym's vLLM for the judge takes (tensor x data x pipeline parallel); 0 for a judge served elsewhere.
+    Reads the user's block or the compiled one (Gym's genrm_model server)."""
+    servers = get(master, "env.nemo_gym.genrm_model.responses_api_models") or {}
+    block = servers.get("genrm_model") or servers.get("vllm_model")
+    if not block or block.get("base_url"):
+        return 0
+    kwargs = block.get("vllm_serve_kwargs") or {}
+    gpus = 1
+    for key in SERVE_KWARGS_PARALLEL:
+        gpus *= int(kwargs.get(key) or 1)
+    return gpus
 
 
-def _rlhf_env(cfg: dict[str, Any]) -> dict[str, Any]:
-    judge, group = cfg["judge"], cfg["rollout"]["num_rollouts_per_prompt"]
-    compare = {
-        "genrm_model_server": {"type": "responses_api_models", "name": "genrm_model"},
-        "genrm_responses_create_params": {
-            "max_output_tokens": judge["max_tokens"],
-            "temperature": judge["temperature"],
-            "top_p": judge["top_p"],
-        },
-        "comparison_strategy": PAIRINGS[judge["pairing"]],
-        "num_judges_per_comparison": 1,
-        "num_rollouts_per_prompt": group,  # genrm_compare buffers a whole group before it compares
-        "use_principle": judge["principle"] is not None,
-        "aggregator_method": "simple_tiebreaker",
-        "group_answer_length_penalty_coeff": judge["length_penalty"],
-        "default_score": 3.0,
-        "default_ranking": 3.5,
-        "genrm_parse_retries": judge["max_retries"],
-    }
-    if judge["principle"] is not None:
-        compare["default_principle"] = judge["principle"]
-    return {
-        "should_use_nemo_gym": True,
-        "use_genrm_compare": True,
-        "nemo_gym": {
-            "config_paths": list(GYM_CONFIG_PATHS),
-            "genrm_compare_resources_server": {"resources_servers": {"genrm_compare": compare}},
-            "genrm_model": {"responses_api_models": {"vllm_model": _judge_server(cfg)}},
-        },
-    }
+def compile_judge(master: dict[str, Any]) -> list[str]:
+    """The judge block rewritten in place for the pinned Gym, genrm_compare tied to the GRPO group; the notes."""
+    gym = master["env"]["nemo_gym"]
+    block = judge_block(master)
+    if block is None:
+        raise NemoRlConfigError(
+            "env.nemo_gym.genrm_model.responses_api_models.vllm_model is missing: set its model (the judge) "
+            "or its base_url (a judge already served)"
+        )
+    notes = _tie_group(master)
+    if block.get("base_url"):
+        raise NemoRlConfigError(
+            "a judge already served (base_url, or rl/rlhf's judge.url) cannot be used on NeMo-RL with the pinned "
+            "NeMo-Gym: its genrm_compare config always declares the genrm_model server that starts vLLM, and a second "
+            "server type beside it is refused; leave base_url unset and name the judge's model, which Gym serves"
+        )
+    if not block.get("model"):
+        raise NemoRlConfigError(
+            "the judge has no model: set env.nemo_gym.genrm_model.responses_api_models.vllm_model.model "
+            "(a Hugging Face id or path), or its base_url for a judge already served"
+        )
+    server = copy.deepcopy(JUDGE_SERVER_DEFAULTS)
+    server.update({k: copy.deepcopy(v) for k, v in block.items() if k not in ("base_url", "api_key")})
+    gym["genrm_model"] = {"responses_api_models": {"genrm_model": server}}
+    return notes + [
+        f"judge: NeMo-Gym starts vLLM on {block['model']} on {judge_gpus(master)} GPU(s) of its own (its genrm_model "
+        "server; the seed's vllm_model type only reaches a running server in the pinned Gym)"
+    ]
 
 
-def _judge_server(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The judge NeMo-Gym reaches: a vLLM it starts on inputs.judge_model, or the server at judge.url."""
-    judge = cfg["judge"]
-    if judge["url"]:
-        if not judge["model"]:
-            raise NemoRlConfigError("judge.url is set but judge.model is not: name the model the server serves")
-        return {
-            "entrypoint": "app.py",
-            "base_url": judge["url"],
-            "api_key": judge["api_key"] or "dummy_key",
-            "model": judge["model"],
-            "spinup_server": False,
-            "return_token_id_information": False,
-        }
-    model = cfg["inputs"].get("judge_model")
-    if not model:
-        raise NemoRlConfigError("rl/rlhf on NeMo-RL needs inputs.judge_model (NeMo-Gym serves it) or judge.url")
-    return {
-        "entrypoint": "app.py",
-        "model": model,
-        "spinup_server": True,
-        "return_token_id_information": False,
-        "uses_reasoning_parser": False,
-        "server_args": {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.85, "max_model_len": 8192},
-    }
+def _tie_group(master: dict[str, Any]) -> list[str]:
+    """genrm_compare buffers num_rollouts_per_prompt rollouts of a prompt before it compares: GRPO's group size."""
+    compare = get(master, "env.nemo_gym.genrm_compare_resources_server.resources_servers.genrm_compare")
+    group = master["grpo"]["num_generations_per_prompt"]
+    if compare is None:
+        return []
+    before = compare.get("num_rollouts_per_prompt")
+    compare["num_rollouts_per_prompt"] = group
+    if before not in (None, group):
+        return [f"genrm_compare.num_rollouts_per_prompt {before} -> {group}: it must equal the GRPO group size"]
+    return []
 
 
-def _reward_model_env(cfg: dict[str, Any]) -> dict[str, Any]:
+def reward_model_env(cfg: dict[str, Any]) -> dict[str, Any]:
+    """rl/reinforce's reward model for NeMo-RL's reward-model environment (the rest of env.reward_model is the
+    template's)."""
     model = cfg["inputs"].get("reward_model")
     if not model:
         raise NemoRlConfigError(
@@ -109,19 +107,7 @@ def _reward_model_env(cfg: dict[str, Any]) -> dict[str, Any]:
             "(rm.url, a running server, is for the embedded engine)"
         )
     rm = cfg["rm"]
-    return {
-        "reward_model": {
-            "model_name": model,
-            "tokenizer": {"name": model},
-            "precision": cfg["run"]["dtype"],
-            "batch_size": rm["batch_size"],
-            "checkpoint_path": None,
-            "max_model_len": rm["max_length"] or sequence_length(cfg),
-            "resources": {"gpus_per_node": 1, "num_nodes": 1},
-            "dtensor_cfg": reward_model_dtensor(),
-            "reward_model_cfg": {"enabled": True, "reward_model_type": "bradley_terry"},
-            "dynamic_batching": {"enabled": False},
-            "sequence_packing": {"enabled": False},
-            "max_grad_norm": None,
-        }
-    }
+    values: dict[str, Any] = {"model_name": model, "precision": cfg["run"]["dtype"], "batch_size": rm["batch_size"]}
+    if rm["max_length"]:
+        values["max_model_len"] = rm["max_length"]
+    return {"env": {"reward_model": values}}

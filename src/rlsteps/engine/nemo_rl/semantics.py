@@ -13,7 +13,10 @@ NO_END = 1_000_000  # "no limit" for NeMo-RL's integer limits (its own default f
 
 def differences(cfg: dict[str, Any]) -> list[str]:
     """The differences that apply to this validated rl/rlhf (grpo) or rl/reinforce config."""
-    return _common(cfg) + (_rlhf(cfg) if cfg["algorithm"] == "grpo" else _reinforce(cfg))
+    from rlsteps.engine.nemo_rl.schedule import notes as schedule_notes
+
+    recipe = _rlhf(cfg) if cfg["algorithm"] == "grpo" else _reinforce(cfg)
+    return _common(cfg) + recipe + schedule_notes(cfg)
 
 
 def _common(cfg: dict[str, Any]) -> list[str]:

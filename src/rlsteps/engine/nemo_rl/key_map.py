@@ -1,0 +1,101 @@
+"""The keys rl/rlhf and rl/reinforce share with NeMo-RL's master config, one to one, in both directions.
+
+engine=nemo_rl compiles an rl/rlhf or rl/reinforce config to NeMo-RL's keys with these pairs (master_config); the
+embedded engine runs rl/nemo_rl/rlhf's NeMo-RL config through them the other way (embedded). A setting with no
+pair here is mapped by hand in those modules, or named as one the other engine does not honour.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GENRM = "env.nemo_gym.genrm_compare_resources_server.resources_servers.genrm_compare"
+JUDGE = "env.nemo_gym.genrm_model.responses_api_models.vllm_model"  # the seed step's judge block (embedded view)
+
+SHARED = (  # (rlsteps key, NeMo-RL key): the same meaning, value for value
+    ("seed", "grpo.seed"),
+    ("rollout.prompts_per_step", "grpo.num_prompts_per_step"),
+    ("rollout.num_rollouts_per_prompt", "grpo.num_generations_per_prompt"),
+    ("rollout.logprob_micro_batch_size", "policy.logprob_batch_size"),
+    ("rollout.sampling.max_new_tokens", "policy.generation.max_new_tokens"),
+    ("rollout.sampling.temperature", "policy.generation.temperature"),
+    ("rollout.sampling.top_p", "policy.generation.top_p"),
+    ("rollout.vllm.gpu_memory_utilization", "policy.generation.vllm_cfg.gpu_memory_utilization"),
+    ("rollout.vllm.enforce_eager", "policy.generation.vllm_cfg.enforce_eager"),
+    ("data.max_prompt_tokens", "data.max_input_seq_length"),
+    ("run.dtype", "policy.precision"),
+    ("train.max_steps", "grpo.max_num_steps"),
+    ("train.global_batch_size", "policy.train_global_batch_size"),
+    ("train.micro_batch_size", "policy.train_micro_batch_size"),
+    ("train.max_grad_norm", "policy.max_grad_norm"),
+    ("train.lr", "policy.optimizer.kwargs.lr"),
+    ("train.weight_decay", "policy.optimizer.kwargs.weight_decay"),
+    ("train.betas", "policy.optimizer.kwargs.betas"),
+    ("train.activation_checkpointing", "policy.dtensor_cfg.activation_checkpointing"),
+    ("train.truncated_importance_sampling", "loss_fn.use_importance_sampling_correction"),
+    ("validation.show_samples", "logger.num_val_samples_to_print"),
+    ("logging.tensorboard", "logger.tensorboard_enabled"),
+)
+GRPO_ONLY = (  # rl/rlhf's GRPO and judge settings
+    ("grpo.normalize_std", "grpo.normalize_rewards"),
+    ("grpo.leave_one_out", "grpo.use_leave_one_out_baseline"),
+    ("grpo.kl_beta", "loss_fn.reference_policy_kl_penalty"),
+    ("grpo.eps_low", "loss_fn.ratio_clip_min"),
+    ("grpo.eps_high", "loss_fn.ratio_clip_max"),
+    ("grpo.dynamic_sampling", "grpo.use_dynamic_sampling"),
+    ("grpo.overlong_filtering", "grpo.overlong_filtering"),
+    ("judge.temperature", f"{GENRM}.genrm_responses_create_params.temperature"),
+    ("judge.top_p", f"{GENRM}.genrm_responses_create_params.top_p"),
+    ("judge.max_tokens", f"{GENRM}.genrm_responses_create_params.max_output_tokens"),
+    ("judge.length_penalty", f"{GENRM}.group_answer_length_penalty_coeff"),
+    ("judge.max_retries", f"{GENRM}.genrm_parse_retries"),
+)
+INPUTS = (  # where rl/nemo_rl/rlhf keeps its inputs, at NeMo-RL's keys
+    ("inputs.prompts", "data.train.data_path"),
+    ("inputs.val_prompts", "data.validation.data_path"),
+    ("inputs.policy", "policy.model_name"),
+    ("inputs.judge_model", f"{JUDGE}.model"),
+)
+RLSTEPS_KEYS = frozenset({"algorithm", "engine", "embedded_config", "nemo_rl_job", "output", "tiny_world", "inputs"})
+PAIRINGS = {"circular": "circular", "all": "all_pairs"}  # rlsteps judge.pairing -> genrm_compare comparison_strategy
+
+
+def nemo_rl_inputs(cfg: dict[str, Any]) -> dict[str, Any]:
+    """rl/nemo_rl/rlhf's inputs, read from NeMo-RL's keys, as the `inputs` section the job's stages read."""
+    return {ours.removeprefix("inputs."): get(cfg, theirs) for ours, theirs in INPUTS}
+
+
+def pairs(algorithm: str) -> tuple[tuple[str, str], ...]:
+    return SHARED + (GRPO_ONLY if algorithm == "grpo" else ())
+
+
+def get(tree: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def put(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set a dotted key in a nested dict in place, making the sections on the way."""
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[leaf] = value
+
+
+def leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every leaf of a nested dict by its dotted key (an empty mapping is a leaf)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(leaves(value, path + "."))
+        else:
+            flat[path] = value
+    return flat

@@ -1,0 +1,135 @@
+"""Where a NeMo-RL job's GPUs go: the policy (training and its colocated vLLM), the judge, the reward model.
+
+The job holds the profile's nodes x GPUs. NeMo-RL's cluster.* is what its policy takes: on one node, the GPUs the
+judge does not (NeMo-Gym starts the judge's vLLM in placement groups of its own on the GPUs left); on several, whole
+nodes, and the judge gets whole nodes of its own (env.nemo_gym.num_gpu_nodes, as NeMo-RL's nemotron-3-super
+stage3_rlhf does). NeMo-RL's reward-model environment takes GPUs beside the policy on one node, and a whole node on
+several (NeMo-RL subtracts its nodes from cluster.num_nodes): there it is given every GPU of that node, so none
+idles. A profile that cannot hold them all is refused with the arithmetic, before anything is submitted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from rlsteps.engine.nemo_rl.environments import NemoRlConfigError, judge_gpus
+from rlsteps.engine.nemo_rl.key_map import get
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    gpus_per_node: int
+
+
+def place(master: dict[str, Any], cluster: Cluster) -> list[str]:
+    """cluster.*, the judge's nodes and the reward model's resources set in `master` for the job's GPUs; notes."""
+    if cluster.gpus_per_node < 1:
+        master["cluster"].update(num_nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node)
+        return []
+    judge = judge_gpus(master)
+    if judge:
+        notes = _place_judge(master, cluster, judge)
+    elif get(master, "env.reward_model") is not None and "reward_model" in _env_names(master):
+        notes = _place_reward_model(master, cluster)
+    else:
+        master["cluster"].update(num_nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node)
+        notes = []
+    _check_policy_split(master, policy_gpus(master))
+    return notes
+
+
+def policy_gpus(master: dict[str, Any]) -> int:
+    """The GPUs NeMo-RL's policy trains on, as its setup counts them (less a one-node reward model's)."""
+    nodes, per_node = master["cluster"]["num_nodes"], master["cluster"]["gpus_per_node"]
+    rm = get(master, "env.reward_model.resources") if "reward_model" in _env_names(master) else None
+    if rm and nodes == 1:
+        return per_node - rm["gpus_per_node"]
+    if rm:
+        return (nodes - rm["num_nodes"]) * per_node
+    return nodes * per_node
+
+
+def _place_judge(master: dict[str, Any], cluster: Cluster, judge: int) -> list[str]:
+    total = cluster.nodes * cluster.gpus_per_node
+    if cluster.nodes == 1:
+        if judge >= cluster.gpus_per_node:
+            raise NemoRlConfigError(
+                f"the job's node has {cluster.gpus_per_node} GPU(s) and the judge takes {judge} "
+                f"(vllm_serve_kwargs: tensor x data x pipeline parallel): none is left for the policy; give the "
+                "profile another node for the judge, or a smaller judge"
+            )
+        master["cluster"].update(num_nodes=1, gpus_per_node=cluster.gpus_per_node - judge)
+        master["env"]["nemo_gym"]["num_gpu_nodes"] = 0
+        return [f"GPUs: policy {cluster.gpus_per_node - judge} + judge {judge} on one node of {total}"]
+    judge_nodes = math.ceil(judge / cluster.gpus_per_node)
+    if judge_nodes >= cluster.nodes:
+        raise NemoRlConfigError(
+            f"the judge takes {judge} GPU(s) = {judge_nodes} node(s) of {cluster.gpus_per_node}, and the job has "
+            f"{cluster.nodes}: no node is left for the policy; give the profile more nodes"
+        )
+    master["cluster"].update(num_nodes=cluster.nodes - judge_nodes, gpus_per_node=cluster.gpus_per_node)
+    master["env"]["nemo_gym"]["num_gpu_nodes"] = judge_nodes
+    notes = [
+        f"GPUs: policy {cluster.nodes - judge_nodes} node(s) x {cluster.gpus_per_node} + judge {judge_nodes} "
+        f"node(s) of its own, {cluster.nodes} in all"
+    ]
+    idle = judge_nodes * cluster.gpus_per_node - judge
+    if idle:
+        notes.append(f"the judge's node(s) leave {idle} GPU(s) idle: raise its data_parallel_size to use them")
+    return notes
+
+
+def _place_reward_model(master: dict[str, Any], cluster: Cluster) -> list[str]:
+    resources = master["env"]["reward_model"]["resources"]
+    master["cluster"].update(num_nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node)
+    if cluster.nodes == 1:
+        wanted = int(resources.get("gpus_per_node") or 1)
+        if wanted >= cluster.gpus_per_node:
+            raise NemoRlConfigError(
+                f"the job's node has {cluster.gpus_per_node} GPU(s) and the reward model takes {wanted}: none is "
+                "left for the policy; give the profile more GPUs or nodes"
+            )
+        resources.update(gpus_per_node=wanted, num_nodes=1)
+        return [f"GPUs: policy {cluster.gpus_per_node - wanted} + reward model {wanted} on one node"]
+    resources.update(gpus_per_node=cluster.gpus_per_node, num_nodes=1)
+    return [
+        f"GPUs: policy {cluster.nodes - 1} node(s) x {cluster.gpus_per_node} + the reward model on a node of its "
+        f"own, all {cluster.gpus_per_node} GPUs (data parallel)"
+    ]
+
+
+def _check_policy_split(master: dict[str, Any], gpus: int) -> None:
+    """The policy's data-parallel size must divide its global batch, as NeMo-RL's setup asserts."""
+    policy = master["policy"]
+    if policy["megatron_cfg"].get("enabled"):
+        megatron = policy["megatron_cfg"]
+        model_parallel = (
+            megatron["tensor_model_parallel_size"]
+            * megatron["pipeline_model_parallel_size"]
+            * megatron["context_parallel_size"]
+        )
+    else:
+        model_parallel = policy["dtensor_cfg"]["tensor_parallel_size"] * policy["dtensor_cfg"]["context_parallel_size"]
+    if gpus % model_parallel:
+        raise NemoRlConfigError(
+            f"the policy's {gpus} GPU(s) do not split into model-parallel groups of {model_parallel}"
+        )
+    data_parallel = gpus // model_parallel
+    batch = policy["train_global_batch_size"]
+    if batch % data_parallel:
+        raise NemoRlConfigError(
+            f"policy.train_global_batch_size {batch} does not split over the policy's {data_parallel} data-parallel "
+            f"rank(s) ({gpus} GPU(s) / model parallel {model_parallel}): make it a multiple of {data_parallel}"
+        )
+
+
+def _env_names(master: dict[str, Any]) -> set[str]:
+    """The environments the data names (NeMo-RL starts only those)."""
+    data = master.get("data") or {}
+    names = {get(data, "default.env_name")}
+    for section in ("train", "validation"):
+        names.add(get(data, f"{section}.env_name"))
+    return {name for name in names if name}
