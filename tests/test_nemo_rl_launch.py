@@ -112,7 +112,8 @@ def test_the_lepton_spec_runs_the_node_script_in_every_replica(project):
     spec = yaml.safe_load(plan.files["lepton_job.json"])["spec"]
     assert spec["completions"] == spec["parallelism"] == 2 and spec["intra_job_communication"] is True
     entry = spec["container"]["command"][-1]
-    assert entry.rstrip().endswith(f'/{NODE_SCRIPT_FILE} "${{LEPTON_JOB_NAME:-job}}"')
+    try_name = '"${LEPTON_JOB_NAME:-job}-${LEPTON_JOB_FAILURE_COUNT:-0}"'  # replica 0 names the try's attempt
+    assert entry.rstrip().endswith(f"/{NODE_SCRIPT_FILE} --try {try_name}")
 
 
 def test_on_lepton_the_run_directory_must_be_on_a_mount(project):

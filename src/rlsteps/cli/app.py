@@ -7,6 +7,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from rlsteps.cli.artifacts import artifacts_app
 from rlsteps.cli.jobs import jobs_app
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         returned = app(args=args, obj={"passthrough": passthrough, "argv": ["rlsteps", *argv]}, standalone_mode=False)
     except RlstepsError as error:
         err.print(
-            f"[bold red]error:[/] {error.message}" + (f"\n[bold]fix:[/] {error.fix}" if error.fix else ""),
+            f"[bold red]error:[/] {escape(error.message)}"
+            + (f"\n[bold]fix:[/] {escape(error.fix)}" if error.fix else ""),
             highlight=False,
             soft_wrap=True,
         )

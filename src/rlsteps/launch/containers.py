@@ -110,6 +110,11 @@ def unmounted(paths: list[Path], mounts: list[str]) -> list[Path]:
     return [p for p in paths if not any(p.is_relative_to(src) and dst / p.relative_to(src) == p for src, dst in pairs)]
 
 
+def host_side(mount: str) -> Path:
+    """The machine's folder a mount (SRC[:DST[:FLAGS]]) shows in the container."""
+    return _source_and_target(mount)[0]
+
+
 def _source_and_target(mount: str) -> tuple[Path, Path]:
     source, _, rest = mount.partition(":")
     return Path(source), Path(rest.partition(":")[0] or source)

@@ -47,6 +47,7 @@ SERVICE_PREFIX="${LEPTON_JOB_SERVICE_PREFIX:-$LEPTON_JOB_NAME}"
 SUBDOMAIN="${LEPTON_SUBDOMAIN:-$LEPTON_JOB_NAME-job-svc}"
 MASTER_ADDR="$SERVICE_PREFIX-0.$SUBDOMAIN"
 """
+LEPTON_TRY = '"${LEPTON_JOB_NAME:-job}-${LEPTON_JOB_FAILURE_COUNT:-0}"'  # one try of the job: a retry has its own
 
 
 class SecretRef(BaseModel):
@@ -206,13 +207,18 @@ def ray_job_of(job: Job, profile: LeptonProfile, config_dir: str) -> ray_job.Ray
             "engine=nemo_rl on Lepton needs a shared mount: the nodes meet through files under the run directory",
             fix="add a mount to the profile (or set workdir to a folder on one)",
         )
-    return ray_job.RayJob(
+    ray = ray_job.RayJob(
         nodes=profile.nodes,
         gpus_per_node=profile.gpus_per_node or 0,
         job_dir=PurePosixPath(config_dir),
         run_dir=ray_job.absolute_run_dir(job, Path(profile.run_dir)),
         python="python",
     )
+    mounts = ray_job.shared_folders(m["mount_path"] for m in profile.mounts if m.get("mount_path"))
+    ray_job.require_shared(
+        ray, mounts, fix=f"set output.dir to a folder under a mount's mount_path ({', '.join(map(str, mounts))})"
+    )
+    return ray
 
 
 def nemo_rl_files(job: Job, job_dir_name: str, profile: LeptonProfile) -> dict[str, str]:
@@ -225,12 +231,14 @@ def nemo_rl_files(job: Job, job_dir_name: str, profile: LeptonProfile) -> dict[s
 
 def _ray_node_lines(job: Job, profile: LeptonProfile, config_dir: str) -> list[str]:
     """Write the master config and the node script into the replica, then run this replica's part of the Ray job
-    (its node rank: LEPTON_JOB_WORKER_INDEX; the attempt: the job's name)."""
+    (its node rank: LEPTON_JOB_WORKER_INDEX). The try: the job's name and LEPTON_JOB_FAILURE_COUNT (the job's
+    failed attempts so far, the same in every replica of a try); replica 0 names the try's attempt and publishes it
+    on the mount (rlsteps.launch.ray_job)."""
     ray = ray_job_of(job, profile, config_dir)
     files = ray_job.job_files(job, ray)
     lines = [_text_into(f"{config_dir}/{name}", content) for name, content in files.items()]
-    node = ray_job.node_command(ray, "attempt")[:-1]
-    return [*lines, f'exec {shlex.join(node)} "${{LEPTON_JOB_NAME:-job}}"']
+    node = ray_job.published_node_command(ray, "TRY")[:-1]
+    return [*lines, f"exec {shlex.join(node)} {LEPTON_TRY}"]
 
 
 def build_spec(job: Job, job_dir_name: str, profile: LeptonProfile) -> Any:

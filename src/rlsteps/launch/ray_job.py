@@ -8,12 +8,26 @@ checkpoint back as the step's typed output artifact. The other nodes wait for th
 `ray start --block`, and leave when the head marks the job ended. The head writes the job's exit code (the
 driver's, or that of the stage that failed) into the attempt's state folder before it stops Ray; the launcher
 reads it from there, since a node's own exit says less (a worker killed as Ray stops, say).
-The same NeMo-RL cluster layout as NeMo-RL's own ray.sub: head on the first node, workers on the rest.
+The same NeMo-RL cluster layout as NeMo-RL's own ray.sub: head on the first node, workers on the rest, Ray's ports
+pinned (RAY_PORTS), RAY_ENABLE_UV_RUN_RUNTIME_ENV=0.
+
+Attempts: each try of the job has a state folder of its own, so a retry never reads an earlier try's address or
+end marker. On Slurm every node knows the try's name (job id and restart count) and is given it. On Lepton the
+nodes know the try (the job's name and LEPTON_JOB_FAILURE_COUNT) but not a name the first node may reuse (a
+restarted first replica would find its last run's end marker): the first node names a fresh attempt and publishes
+it as `<try>.attempt`, which the other nodes wait for. Before it starts Ray, every node stops what an earlier try
+left running there (ray_nodes.stop_stale): the processes of this run's other attempts, and of any rlsteps Ray job
+that has ended.
+
+The run directory is where the nodes meet, so with more than one node it must be on a filesystem they share:
+each launcher says which folders are (require_shared).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -29,8 +43,32 @@ from rlsteps.launch.job import Job
 EXIT_CODE_FILE = "exit_code"
 # The node's index in the job: torchrun's, Slurm's or Lepton's, whichever launched it.
 NODE_RANK = "${RLSTEPS_NODE_RANK:-${SLURM_NODEID:-${LEPTON_JOB_WORKER_INDEX:-0}}}"
+# Ray's ports, pinned on every node as NeMo-RL's ray.sub pins them, with other numbers: all below Linux's ephemeral
+# range (32768-60999, where a port Ray probes and frees may go to an outgoing connection before Ray binds it) and
+# clear of NeMo-RL's own ranges (NEMO_RL_PORTS). Each node's own ports are odd and the head takes each plus one, as
+# in ray.sub, so a head and a worker on one machine do not collide. The GCS port is nemo_rl_job.ray_port.
+NODE_PORTS = {
+    "node-manager-port": 30001,
+    "object-manager-port": 30003,
+    "runtime-env-agent-port": 30005,
+    "dashboard-agent-grpc-port": 30007,
+    "dashboard-agent-listen-port": 30009,
+    "metrics-export-port": 30011,
+}
+HEAD_PORTS = {"ray-client-server-port": 10001, "dashboard-port": 8265}  # the head's alone
+WORKER_PORTS = (10002, 11000)  # --min-worker-port/--max-worker-port: Ray's worker processes, on every node
+EPHEMERAL_PORTS = (32768, 60999)  # Linux's default net.ipv4.ip_local_port_range
+NEMO_RL_PORTS = {  # NeMo-RL's defaults, which the master config keeps
+    "vLLM's HTTP servers (policy.generation.port_range_low/high)": (11001, 15000),
+    "NeMo-Gym's servers (env.nemo_gym.port_range_low/high)": (15001, 20000),
+    "vLLM's TP/DP rendezvous (VLLM_PORT, from 20001)": (20001, 24999),
+    "NeMo-RL's TCPStore (cluster.master_port_range_low/high)": (25000, 28000),
+}
+# Folders that are each machine's own even where a profile mounts them into the container.
+NODE_LOCAL = tuple(PurePosixPath(p) for p in ("/tmp", "/var/tmp", "/dev/shm", "/run"))
 DRIVERS = {  # NeMo-RL's training entry point per algorithm, relative to its checkout
     "grpo": "examples/nemo_gym/run_grpo_nemo_gym.py",  # rl/rlhf: GRPO with NeMo-Gym's environments (the judge)
+    "nemo_rl_grpo": "examples/nemo_gym/run_grpo_nemo_gym.py",  # rl/nemo_rl/rlhf: the same, its config as written
     "reinforce": "examples/run_grpo.py",
 }
 
@@ -55,6 +93,62 @@ class RayJob:
 
     def state(self, attempt: str) -> PurePosixPath:
         return self.paths.ray_state(attempt)
+
+
+def ray_ports(head: bool, gcs_port: int) -> dict[str, int]:
+    """`ray start`'s port options on the head or on a worker node (the worker range is both's)."""
+    ports = {"port": gcs_port, **HEAD_PORTS} if head else {}
+    ports |= {name: port + 1 if head else port for name, port in NODE_PORTS.items()}
+    return ports | {"min-worker-port": WORKER_PORTS[0], "max-worker-port": WORKER_PORTS[1]}
+
+
+def check_gcs_port(port: int) -> None:
+    """nemo_rl_job.ray_port clear of the other pinned ports, NeMo-RL's ranges and the ephemeral range."""
+    taken = {
+        **{f"Ray's --{name}": (p, p) for name, p in ray_ports(True, 0).items() if name != "port"},
+        **{f"Ray's --{name} on workers": (p, p) for name, p in ray_ports(False, 0).items()},
+        "Ray's worker processes": WORKER_PORTS,
+        "Linux's ephemeral ports": EPHEMERAL_PORTS,
+        **NEMO_RL_PORTS,
+    }
+    clash = next((what for what, (low, high) in taken.items() if low <= port <= high), None)
+    if clash:
+        raise UsageError(
+            f"nemo_rl_job.ray_port {port} is taken by {clash}",
+            fix="choose a port below 32768 outside 8265, 10001-28000 and 30001-30012 (the default is 6379)",
+        )
+
+
+def shared_folders(folders: Iterable[str | os.PathLike[str]]) -> tuple[PurePosixPath, ...]:
+    """The absolute folders among those a profile names as shared, normalised; never the root."""
+    kept = [PurePosixPath(os.path.normpath(str(folder))) for folder in folders]
+    return tuple(dict.fromkeys(p for p in kept if p.is_absolute() and p != PurePosixPath("/")))
+
+
+def machine_own(folder: str | os.PathLike[str]) -> bool:
+    """A folder each machine has for itself (NODE_LOCAL), even where a profile mounts it into a container."""
+    return _under(PurePosixPath(os.path.normpath(str(folder))), NODE_LOCAL)
+
+
+def require_shared(ray: RayJob, shared: Iterable[PurePosixPath], fix: str) -> None:
+    """With more than one node the run directory must be under a folder the nodes share: they meet through files
+    there (the head's address, the end marker), and NeMo-RL's checkpoints and data are read on every node."""
+    if ray.nodes < 2:
+        return
+    run_dir = PurePosixPath(os.path.normpath(str(ray.run_dir)))
+    places = tuple(shared)
+    if _under(run_dir, places):
+        return
+    named = ", ".join(map(str, places)) or "none"
+    raise UsageError(
+        f"output.dir {run_dir} is not on a filesystem the job's {ray.nodes} nodes share (shared: {named}); "
+        "NeMo-RL's nodes meet through files under it",
+        fix=fix,
+    )
+
+
+def _under(path: PurePosixPath, folders: Iterable[PurePosixPath]) -> bool:
+    return any(path == folder or path.is_relative_to(folder) for folder in folders)
 
 
 def absolute_run_dir(job: Job, workdir: Path) -> PurePosixPath:
@@ -97,8 +191,15 @@ def master_config_yaml(compiled: MasterConfig) -> str:
 
 
 def node_command(ray: RayJob, attempt: str) -> list[str]:
-    """What each node runs; `attempt` names this try of the job (a shell word the launcher expands)."""
+    """What each node runs; `attempt` names this try of the job, the same on every node (a shell word the launcher
+    expands)."""
     return ["/bin/bash", str(ray.job_dir / NODE_SCRIPT_FILE), attempt]
+
+
+def published_node_command(ray: RayJob, try_name: str) -> list[str]:
+    """What each node runs where the first node names the attempt and publishes it; `try_name` names this try of
+    the job, the same on every node of it and another on a retry (a shell word the launcher expands)."""
+    return ["/bin/bash", str(ray.job_dir / NODE_SCRIPT_FILE), "--try", try_name]
 
 
 def driver_words(job: Job, ray: RayJob) -> list[str]:
@@ -111,16 +212,20 @@ def driver_words(job: Job, ray: RayJob) -> list[str]:
 
 def node_script(job: Job, ray: RayJob) -> str:
     settings: dict[str, Any] = job.config["nemo_rl_job"]
+    port = int(settings["ray_port"])
+    check_gcs_port(port)
     q = shlex.quote
     values = [
         f"nodes={ray.nodes}",
         f"gpus={ray.gpus_per_node}",
-        f"port={int(settings['ray_port'])}",
+        f"port={port}",
         f"timeout={int(settings['nodes_timeout_s'])}",
         f"python={q(ray.python)}",
         f"config={q(str(ray.job_dir / 'config.yaml'))}",
         f"workdir={q(settings['workdir'])}",
-        f'state={q(str(ray.paths.root / "ray"))}/"$attempt"',
+        f"root={q(str(ray.paths.root / 'ray'))}  # one state folder per attempt below it",
+        "head_ports=(" + " ".join(f"--{name}={p}" for name, p in ray_ports(True, port).items()) + ")",
+        "worker_ports=(" + " ".join(f"--{name}={p}" for name, p in ray_ports(False, port).items()) + ")",
         "driver=(" + " ".join(q(w) for w in driver_words(job, ray)) + ")",
     ]
     head = f"# rlsteps {comment_safe(job.step_id)} on NeMo-RL, job {comment_safe(job.name)}: one node's part"
@@ -130,14 +235,25 @@ def node_script(job: Job, ray: RayJob) -> str:
 NODE_SCRIPT_HEAD = [
     "# Node 0: prepare the inputs, start Ray's head, wait for every node, run NeMo-RL's driver, write the output.",
     "# Other nodes: join the head's Ray until the job ends. See rlsteps.launch.ray_job.",
+    "# ray_node.sh ATTEMPT: every node is given the attempt; ray_node.sh --try TRY: node 0 names it and publishes it",
     "set -uo pipefail",
-    'attempt=${1:?"usage: ray_node.sh ATTEMPT"}',
+    'if [ "${1:-}" = --try ]; then try=${2:?"usage: ray_node.sh --try TRY"}; attempt=""',
+    'else try=""; attempt=${1:?"usage: ray_node.sh ATTEMPT | --try TRY"}; fi',
     f"rank={NODE_RANK}",
 ]
 NODE_SCRIPT_BODY = r"""
 LEAVE_S=6  # the other nodes look for the end marker every 2 s; their Ray drains in under one
 say() { echo "rlsteps[node $rank]: $*" >&2; }
 rlsteps() { "$python" -m rlsteps.engine.nemo_rl "$@"; }
+# as NeMo-RL's ray.sub: NeMo-RL builds its workers' environments itself, once a node, not Ray's `uv run` per task
+export RAY_ENABLE_UV_RUN_RUNTIME_ENV=0
+
+start_ray() {  # this node's Ray in the background, once what an earlier try left running here is stopped
+    export RLSTEPS_RAY_STATE="$state"  # every process of this Ray carries it: how a later try knows them
+    rlsteps stop-stale-ray --root "$root" --state "$state" || say "some stale Ray processes could not be stopped"
+    ray start "$@" --num-gpus="$gpus" --disable-usage-stats --block &
+    ray_pid=$!
+}
 
 end_job() {  # the job's end, seen by every node: its exit code, the end marker; this node's Ray stops
     echo "$1" > "$state/exit_code.partial" && mv -f "$state/exit_code.partial" "$state/exit_code"
@@ -151,16 +267,20 @@ end_job() {  # the job's end, seen by every node: its exit code, the end marker;
 }
 
 run_head() {
+    [ -n "$attempt" ] || attempt="$try-$(date -u +%Y%m%dT%H%M%SZ)-$RANDOM"  # a fresh one: no earlier run's state
+    state="$root/$attempt"
     mkdir -p "$state" || exit 1
+    if [ -n "$try" ]; then  # published for this try's other nodes
+        echo "$attempt" > "$root/$try.attempt.partial" && mv -f "$root/$try.attempt.partial" "$root/$try.attempt" \
+            || exit 1
+    fi
     trap 'end_job 143' TERM INT HUP
     rlsteps prepare "$config" || end_job $?
     # this node's first address other than loopback (`hostname --ip-address` may answer 127.0.1.1); a profile's
     # env_vars can name another (RLSTEPS_RAY_HEAD_IP), say the fabric's
     ip=${RLSTEPS_RAY_HEAD_IP:-$(hostname -I 2>/dev/null | awk '{print $1}')}
     ip=${ip:-$(hostname --ip-address | awk '{print $1}')}
-    ray start --head --node-ip-address="$ip" --port="$port" --num-gpus="$gpus" \
-        --include-dashboard=false --disable-usage-stats --block &
-    ray_pid=$!
+    start_ray --head --node-ip-address="$ip" "${head_ports[@]}" --include-dashboard=false
     rlsteps await-ray --address "$ip:$port" --nodes "$nodes" --publish "$state/address" --timeout "$timeout" \
         || end_job $?
     say "running NeMo-RL: ${driver[*]}"
@@ -173,13 +293,20 @@ run_head() {
 
 run_worker() {
     local deadline=$((SECONDS + timeout))
+    if [ -z "$attempt" ]; then  # the attempt node 0 names for this try: an earlier try's is never looked at
+        until [ -s "$root/$try.attempt" ]; do
+            [ "$SECONDS" -lt "$deadline" ] || { say "node 0 published no attempt of $try after ${timeout}s"; exit 1; }
+            sleep 2
+        done
+        attempt=$(cat "$root/$try.attempt")
+    fi
+    state="$root/$attempt"
     until [ -s "$state/address" ]; do
         [ -e "$state/ended" ] && exit 0  # the head ended before Ray was up: its exit code is the job's
         if [ "$SECONDS" -ge "$deadline" ]; then say "no Ray head address in $state after ${timeout}s"; exit 1; fi
         sleep 2
     done
-    ray start --address="$(cat "$state/address")" --num-gpus="$gpus" --disable-usage-stats --block &
-    ray_pid=$!
+    start_ray --address="$(cat "$state/address")" "${worker_ports[@]}"
     trap 'kill "$ray_pid" 2>/dev/null; wait "$ray_pid"; exit 143' TERM INT HUP
     while kill -0 "$ray_pid" 2>/dev/null; do
         if [ -e "$state/ended" ]; then kill "$ray_pid"; wait "$ray_pid"; exit 0; fi

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from rlsteps.errors import RunFailed, UsageError
 from rlsteps.launch import containers, ray_job
@@ -20,6 +20,7 @@ from rlsteps.launch.job import Job
 from rlsteps.launch.slurm_script import (
     LOG_NAME,
     SCRIPT_FILE,
+    Placement,
     SlurmProfile,
     load_profile,
     place,
@@ -78,7 +79,9 @@ class SlurmLauncher:
         files = {SCRIPT_FILE: sbatch_script(job, profile, where)}
         nemo_rl = ray_job.uses_nemo_rl(job)
         if nemo_rl:
-            files |= ray_job.job_files(job, ray_job_of(job, profile, where))
+            ray = ray_job_of(job, profile, where)
+            ray_job.require_shared(ray, shared_places(profile, where), fix=SHARED_FIX)
+            files |= ray_job.job_files(job, ray)
         per_node = "NeMo-RL on Ray, one task" if nemo_rl else f"{profile.nprocs} process(es)"
         notes = [
             f"{'attached (logs streamed here)' if job.mode == 'attached' else 'detached'}",
@@ -262,6 +265,35 @@ def _is_ours(info: SlurmJobInfo, record: JobRecord) -> bool:
 
 def _ints(match: re.Match | None) -> tuple[int | None, int | None]:
     return (int(match.group(1)), int(match.group(2))) if match else (None, None)
+
+
+SHARED_FIX = (
+    "set output.dir under the job directory's or the working directory's filesystem, or add its shared "
+    "filesystem to the profile's cluster_paths"
+)
+
+
+def shared_places(profile: SlurmProfile, where: Placement) -> tuple[PurePosixPath, ...]:
+    """The folders a Slurm job's nodes share: the job directories' and the working directory's (both must be on a
+    filesystem the nodes share), the profile's cluster_paths, and, unless they are a machine's own folders
+    (/tmp, say), the filesystems the first two are on (their mount points here, never the root) and the host sides
+    of the profile's container_mounts."""
+    declared = [where.run_dir.parent, where.workdir]
+    seen_here = [*map(_filesystem, declared), *(containers.host_side(m) for m in profile.container_mounts)]
+    return ray_job.shared_folders(
+        [*declared, *profile.cluster_paths, *(f for f in seen_here if not ray_job.machine_own(f))]
+    )
+
+
+def _filesystem(path: Path) -> Path:
+    """The mount point of the filesystem `path` is on (that of its nearest existing folder), as this machine sees
+    it: the submitting machine shares the cluster's filesystem."""
+    folder = path
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    while not os.path.ismount(folder) and folder != folder.parent:
+        folder = folder.parent
+    return folder
 
 
 def _squash_options(job: Job, profile: SlurmProfile) -> list[str]:

@@ -3,6 +3,7 @@
     python -m rlsteps.engine.nemo_rl prepare JOB_DIR/config.yaml
     python -m rlsteps.engine.nemo_rl finish JOB_DIR/config.yaml
     python -m rlsteps.engine.nemo_rl await-ray --address HOST:PORT --nodes N --publish FILE --timeout S
+    python -m rlsteps.engine.nemo_rl stop-stale-ray --root RUN_DIR/nemo_rl/ray --state RUN_DIR/nemo_rl/ray/ATTEMPT
 
 Exit codes as the worker's: 0 done, 3 an input is missing or unusable, 1 anything else, each with one line that
 says why. Only the standard library is imported before the stage runs.
@@ -28,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     ray.add_argument("--nodes", type=int, required=True)
     ray.add_argument("--publish", type=Path, required=True, help="where the head's address is written once it answers")
     ray.add_argument("--timeout", type=float, required=True)
+    stale = stages.add_parser("stop-stale-ray", help="stop the Ray processes an earlier try left on this node")
+    stale.add_argument("--root", type=Path, required=True, help="the folder of the run's attempts")
+    stale.add_argument("--state", type=Path, required=True, help="this attempt's state folder")
     return parser
 
 
@@ -36,6 +40,11 @@ def run(args: argparse.Namespace) -> None:
         from rlsteps.engine.nemo_rl.ray_nodes import await_ray
 
         await_ray(args.address, args.nodes, args.publish, args.timeout)
+        return
+    if args.stage == "stop-stale-ray":
+        from rlsteps.engine.nemo_rl.ray_nodes import stop_stale
+
+        stop_stale(args.root, args.state)
         return
     from rlsteps.engine import preflight
 
