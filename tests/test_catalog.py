@@ -49,10 +49,19 @@ def test_filters(catalog):
         "rl/rs",
         "rl/reinforce",
         "rl/rlhf",
+        "rl/nemo_rl/rlhf",
         "convert/hf_to_megatron",
     }
     assert {s.id for s in catalog.filter(produces="checkpoint_hf")} == {"convert/megatron_to_hf"}
-    assert {s.id for s in catalog.filter(consumes="checkpoint_megatron")} == {"convert/megatron_to_hf"}
+    assert {s.id for s in catalog.filter(consumes="checkpoint_megatron")} == {
+        "convert/megatron_to_hf",
+        "rl/nemo_rl/rlhf",
+    }
+
+
+def test_a_suffix_shared_by_several_steps_means_the_shallowest():
+    catalog = load_catalog()
+    assert catalog.find("rlhf").id == "rl/rlhf" and catalog.find("nemo_rl/rlhf").id == "rl/nemo_rl/rlhf"
 
 
 def _write_root(tmp_path, types, step):

@@ -7,7 +7,7 @@ import pytest
 
 from cli_helpers import REPO, Result, invoke, run_cli
 
-STEPS = ["rl/rs", "rl/reinforce", "rl/rlhf", "convert/hf_to_megatron", "convert/megatron_to_hf"]
+STEPS = ["rl/rs", "rl/reinforce", "rl/rlhf", "rl/nemo_rl/rlhf", "convert/hf_to_megatron", "convert/megatron_to_hf"]
 
 
 def test_list_table_and_json():
@@ -15,7 +15,8 @@ def test_list_table_and_json():
     assert table.exit_code == 0 and all(s in table.stdout for s in STEPS)
     listed = json.loads(invoke("list", "--json").stdout)
     assert [s["id"] for s in listed] == sorted(STEPS)
-    assert json.loads(invoke("steps", "list", "--json", "--tag", "grpo").stdout)[0]["id"] == "rl/rlhf"
+    grpo = [s["id"] for s in json.loads(invoke("steps", "list", "--json", "--tag", "grpo").stdout)]
+    assert grpo == ["rl/nemo_rl/rlhf", "rl/rlhf"]
     assert {s["id"] for s in json.loads(invoke("list", "--json", "--consumes", "reward_model_hf").stdout)} == {
         "rl/rs",
         "rl/reinforce",
@@ -31,7 +32,7 @@ def test_list_with_unknown_type_is_a_usage_error():
 def test_show_each_step(step):
     shown = invoke("show", step)
     assert shown.exit_code == 0 and step in shown.stdout and "strategies" in shown.stdout
-    data = json.loads(invoke("steps", "show", step.split("/")[-1], "--json").stdout)
+    data = json.loads(invoke("steps", "show", step.split("/", 1)[-1], "--json").stdout)  # rs, nemo_rl/rlhf, ...
     assert data["id"] == step and data["consumes"] and data["produces"]
 
 
@@ -39,11 +40,10 @@ def test_show_each_step(step):
 @pytest.mark.parametrize("config", ["tiny", "default"])
 def test_dry_run_each_step_prints_config_and_command_and_writes_nothing(step, config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    inputs = (
-        ["inputs.checkpoint=/ckpt/x"]
-        if step.startswith("convert/")
-        else ["inputs.prompts=/data/p.jsonl", "inputs.policy=/ckpt/sft"]
-    )
+    inputs = {
+        "convert": ["inputs.checkpoint=/ckpt/x"],
+        "nemo_rl": ["data.train.data_path=/data/p.jsonl", "policy.model_name=/ckpt/sft"],  # NeMo-RL's keys
+    }.get(step.split("/")[-2], ["inputs.prompts=/data/p.jsonl", "inputs.policy=/ckpt/sft"])
     extra = inputs if config == "default" else []
     result = invoke("run", step, "-c", config, "--dry-run", *extra)
     assert result.exit_code == 0, result.output

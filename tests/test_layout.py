@@ -9,17 +9,19 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rlsteps"
 
-# room -> the rooms it may import from. errors, catalog and secrets are the shared vocabulary.
+# room -> the rooms it may import from. errors, catalog and secrets are the shared vocabulary; dotted (keys of nested
+# dicts) serves every room.
 ALLOWED = {
-    "cli": {"plan", "artifacts", "launch", "engine", "catalog", "secrets", "errors"},
-    "plan": {"artifacts", "launch", "tiny", "engine", "catalog", "secrets", "errors"},
-    "artifacts": {"engine", "catalog", "errors"},
-    "launch": {"secrets", "errors", "engine"},  # the engine's torch-free job files (NeMo-RL's master config)
-    "tiny": {"engine"},
-    "engine": set(),
-    "catalog": {"errors"},
-    "secrets": set(),
+    "cli": {"plan", "artifacts", "launch", "engine", "catalog", "secrets", "errors", "dotted"},
+    "plan": {"artifacts", "launch", "tiny", "engine", "catalog", "secrets", "errors", "dotted"},
+    "artifacts": {"engine", "catalog", "errors", "dotted"},
+    "launch": {"secrets", "errors", "engine", "dotted"},  # the engine's torch-free job files (NeMo-RL's master config)
+    "tiny": {"engine", "dotted"},
+    "engine": {"dotted"},
+    "catalog": {"errors", "dotted"},
+    "secrets": {"dotted"},
     "errors": set(),
+    "dotted": set(),
 }
 
 

@@ -286,7 +286,8 @@ def test_the_slurm_profiles_shared_places(project, monkeypatch):
 
 
 def test_one_node_needs_no_shared_run_directory_and_a_container_mount_of_tmp_shares_nothing(project):
-    assert compiled("one_node", *INPUTS, "output.dir=/tmp/rlsteps-one-node").plan.files[NODE_SCRIPT_FILE]
+    one_node = (*INPUTS, "output.dir=/tmp/rlsteps-one-node", "train.global_batch_size=56")  # 7 policy GPUs + judge
+    assert compiled("one_node", *one_node).plan.files[NODE_SCRIPT_FILE]
     with pytest.raises(UsageError, match="output.dir /tmp/elsewhere is not on a filesystem"):
         compiled("gpus", *INPUTS, "output.dir=/tmp/elsewhere")
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from rlsteps.artifacts.detect import detect_types, detectors_of, exists
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
+from rlsteps.dotted import get
 from rlsteps.engine.input_check import InputInJob, missing, wrong_type
 from rlsteps.errors import ArtifactError
 
@@ -247,9 +248,4 @@ def with_value(config: dict[str, Any], dotted: str, value: Any) -> dict[str, Any
 
 
 def lookup(config: dict[str, Any], dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
+    return get(config, dotted)

@@ -301,7 +301,8 @@ class NemoRlGrpoConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _derived(cls, data: Any) -> Any:
-        from rlsteps.engine.nemo_rl.key_map import get, nemo_rl_inputs
+        from rlsteps.dotted import get
+        from rlsteps.engine.nemo_rl.key_map import nemo_rl_inputs
 
         if not isinstance(data, dict) or not isinstance(data.get("policy"), dict):
             return data

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from rlsteps.plan.profiles import Profile
 
 resolvers.register()
 PASS_THROUGH_SECTIONS = ("nemo_rl",)  # keys of another tool's config, passed on as they are
+PACKAGE_PREFIX = "rlsteps:"  # a config's `defaults:` entry inside the package
 
 
 def config_source(step: Step, ref: str) -> Path:
@@ -61,8 +63,16 @@ def load_config_chain(path: Path, _seen: tuple[Path, ...] = ()) -> DictConfig:
     base_list = [bases] if isinstance(bases, str) else list(bases or [])
     merged = OmegaConf.create({})
     for base in base_list:
-        merged = OmegaConf.merge(merged, load_config_chain(path.parent / str(base), (*_seen, path)))
+        merged = OmegaConf.merge(merged, load_config_chain(_base_path(path, str(base)), (*_seen, path)))
     return OmegaConf.merge(merged, own)
+
+
+def _base_path(path: Path, base: str) -> Path:
+    """A `defaults:` entry: a file beside the config, or `rlsteps:RELATIVE` inside the installed package (the NeMo-RL
+    master config it ships)."""
+    if base.startswith(PACKAGE_PREFIX):
+        return Path(str(resources.files("rlsteps").joinpath(base.removeprefix(PACKAGE_PREFIX))))
+    return path.parent / base
 
 
 def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:

@@ -24,7 +24,7 @@ def _tiny_path(part: str, *, _root_: Any) -> str:
 
 
 def register() -> None:
-    from rlsteps.engine.nemo_rl.templates import register_resolvers  # ${mul:...} and its kin, in NeMo-RL's configs
+    from rlsteps.engine.nemo_rl.template import register_resolvers  # ${mul:...} and its kin, in NeMo-RL's configs
 
     if not OmegaConf.has_resolver("tiny"):
         OmegaConf.register_resolver("tiny", _tiny_path)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rlsteps.engine.nemo_rl.key_map import GENRM, INPUTS, JUDGE, PAIRINGS, RLSTEPS_KEYS, get, pairs, put
+from rlsteps.dotted import get, put
+from rlsteps.engine.nemo_rl.key_map import GENRM, INPUTS, JUDGE, PAIRINGS, RLSTEPS_KEYS, pairs
 from rlsteps.engine.nemo_rl.semantics import NO_END
 
 EMBEDDED_STEP = "rl/rlhf"  # the step whose recipe and inputs the embedded engine runs

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rlsteps.engine.nemo_rl.key_map import get
+from rlsteps.dotted import get
 
 SERVE_KWARGS_PARALLEL = ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size")
 JUDGE_SERVER_DEFAULTS = {  # NeMo-Gym's genrm_model server, as its genrm_compare config declares it

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlsteps.dotted import get
+
 GENRM = "env.nemo_gym.genrm_compare_resources_server.resources_servers.genrm_compare"
 JUDGE = "env.nemo_gym.genrm_model.responses_api_models.vllm_model"  # the seed step's judge block (embedded view)
 
@@ -67,35 +69,3 @@ def nemo_rl_inputs(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def pairs(algorithm: str) -> tuple[tuple[str, str], ...]:
     return SHARED + (GRPO_ONLY if algorithm == "grpo" else ())
-
-
-def get(tree: dict[str, Any], dotted: str, default: Any = None) -> Any:
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def put(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set a dotted key in a nested dict in place, making the sections on the way."""
-    *parents, leaf = dotted.split(".")
-    node = tree
-    for part in parents:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[leaf] = value
-
-
-def leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Every leaf of a nested dict by its dotted key (an empty mapping is a leaf)."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(leaves(value, path + "."))
-        else:
-            flat[path] = value
-    return flat

@@ -1,7 +1,7 @@
 """A step's config compiled to NeMo-RL's GRPO master config; pure (the dry run prints the result).
 
 rl/nemo_rl/rlhf's config is NeMo-RL's master config already; rl/rlhf's and rl/reinforce's keys are set over the
-shipped one (steps/rl/nemo_rl/master.yaml, complete for NeMo-RL v0.7.0) through key_map's pairs and the mappings
+shipped one (templates/master.yaml, complete for NeMo-RL v0.7.0) through key_map's pairs and the mappings
 below. Then every job gets what only rlsteps knows: the paths its stages write under the run directory, the judge
 block in the form the pinned NeMo-Gym starts, and the GPUs of the profile split between policy and judge or
 reward model (placement). The result is what NeMo-RL's own MasterConfig and drivers accept (tests check it with
@@ -17,13 +17,14 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from rlsteps.dotted import get, leaves, put
 from rlsteps.engine.nemo_rl.environments import NemoRlConfigError, compile_judge, reward_model_env, uses_gym
-from rlsteps.engine.nemo_rl.key_map import INPUTS, JUDGE, PAIRINGS, RLSTEPS_KEYS, get, leaves, pairs, put
+from rlsteps.engine.nemo_rl.key_map import INPUTS, JUDGE, PAIRINGS, RLSTEPS_KEYS, pairs
 from rlsteps.engine.nemo_rl.layout import NemoRlPaths
 from rlsteps.engine.nemo_rl.placement import Cluster, place
 from rlsteps.engine.nemo_rl.schedule import megatron_scheduler, torch_schedulers
 from rlsteps.engine.nemo_rl.semantics import NO_END, differences
-from rlsteps.engine.nemo_rl.templates import GENRM_ENV, REWARD_MODEL_ENV, master_template
+from rlsteps.engine.nemo_rl.template import GENRM_ENV, REWARD_MODEL_ENV, master_template
 
 __all__ = ["Cluster", "MasterConfig", "NemoRlConfigError", "compile_master_config", "deep_merge"]
 
@@ -44,11 +45,12 @@ def compile_master_config(cfg: dict[str, Any], cluster: Cluster, run_dir: PurePo
         master, notes = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in RLSTEPS_KEYS}, []
     else:
         master, notes = from_recipe(cfg), differences(cfg)
-    notes += _finalize(master, cfg, cluster, NemoRlPaths(run_dir))
     passed = cfg.get("nemo_rl") or {}
-    if passed:
-        notes.append("set as given over the compiled keys (nemo_rl.*): " + ", ".join(sorted(leaves(passed))))
+    if passed:  # before the job's own keys, so the paths, the judge and the GPU split take them into account
+        given = ", ".join(sorted(leaves(passed)))
+        notes.append(f"set as given (nemo_rl.*; the paths, the judge block and cluster.* stay rlsteps's): {given}")
         master = deep_merge(master, passed)
+    notes += _finalize(master, cfg, cluster, NemoRlPaths(run_dir))
     return MasterConfig(config=master, notes=notes)
 
 

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rlsteps.dotted import get
 from rlsteps.engine.nemo_rl.environments import NemoRlConfigError, judge_gpus
-from rlsteps.engine.nemo_rl.key_map import get
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from rlsteps.engine.nemo_rl.key_map import leaves
+from rlsteps.dotted import leaves
 
 SCHEMA_FILE = "master_config_schema.json"
 
