@@ -250,3 +250,38 @@ def test_the_stages_ask_only_for_what_checkpoints_need(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "matplotlib" else real(name))
     assert preflight.shortfalls() == ["matplotlib (not installed)"]
     assert preflight.problem(preflight.CHECKPOINT_NEEDS) is None
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "driver"), [("nemo_rl_grpo", "nemo_gym"), ("grpo", "nemo_gym"), ("reinforce", "grpo")]
+)
+def test_the_rows_rlsteps_writes_parse_with_nemo_gyms_and_nemo_rls_own_code(tmp_path, algorithm, driver):
+    """NeMo-Gym's run request and agent ref models (and genrm_compare's cohort key from prompt_id), or NeMo-RL's
+    ResponseDataset, read every row; single-turn prompts for reinforce, whose processor reads one message."""
+    prompts = PROMPTS if driver == "nemo_gym" else [PROMPTS[0], PROMPTS[2]]
+    target = tmp_path / "rows.jsonl"
+    write_rows(str(write_jsonl(tmp_path / "p.jsonl", prompts)), target, algorithm, "genrm_simple_agent")
+    assert upstream.check_rows(target, driver) == []
+
+
+def test_nemo_gym_rows_are_prompts_too_and_pass_through_whole(tmp_path):
+    """The seed's strategy: data paths at prepared NeMo-Gym JSONL files. Each row is a prompt (its input, its
+    prompt_id) for the embedded engine, and reaches NeMo-RL as it was, with its own fields."""
+    gym = [
+        {"responses_create_params": {"input": [{"role": "user", "content": "Name a cat."}]}, "prompt_id": 3,
+         "principle": "Be brief."},
+        {"responses_create_params": {"input": "Name a dog."}, "prompt_id": "dog",
+         "agent_ref": {"type": "responses_api_agents", "name": "my_agent"}},
+    ]  # fmt: skip
+    source = write_jsonl(tmp_path / "gym.jsonl", gym)
+    from rlsteps.engine.data import load_prompts
+
+    first, second = load_prompts(str(source), tokenizer=None)
+    assert (first.id, first.conversation) == ("3", [{"role": "user", "content": "Name a cat."}])
+    assert (second.id, second.conversation) == ("dog", [{"role": "user", "content": "Name a dog."}])
+    target = tmp_path / "rows.jsonl"
+    write_rows(str(source), target, "nemo_rl_grpo", "genrm_simple_agent")
+    one, two = read_jsonl(target)
+    assert one["principle"] == "Be brief." and one["agent_ref"]["name"] == "genrm_simple_agent"
+    assert one["prompt_id"] == "3" and two["agent_ref"]["name"] == "my_agent"
+    assert upstream.check_rows(target, "nemo_gym") == []

@@ -4,7 +4,9 @@ of (seed, epoch, consumed_samples), so a resumed run sees exactly the prompts it
 Each line of a prompt file is one JSON object:
     {"prompt": "raw text fed to the policy verbatim", "id": "optional"}
     {"messages": [{"role": "user", "content": "..."}], "id": 7}
-Chat messages are rendered with the tokenizer's chat template and the generation prompt.
+    {"responses_create_params": {"input": [{"role": "user", "content": "..."}]}, "prompt_id": 7}   (a NeMo-Gym row)
+Chat messages are rendered with the tokenizer's chat template and the generation prompt. A NeMo-Gym row's input (its
+messages, or a string as one user message) is the prompt and its prompt_id the id.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from rlsteps.engine.config import RecipeConfig
 
 CHAT_ROLES = ("system", "user", "assistant")
+GYM_ROW_KEY = "responses_create_params"  # a NeMo-Gym rollout row: its Responses API request
 
 
 Message = tuple[str, str]  # (role, content)
@@ -87,6 +90,8 @@ def _parse_line(line: str, default_id: str, tokenizer: Any) -> Prompt:
         raise ValueError(f"invalid JSON: {e.msg} at column {e.colno}") from None
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    if GYM_ROW_KEY in record:
+        record = _from_gym_row(record)
     has_prompt, has_messages = "prompt" in record, "messages" in record
     if has_prompt == has_messages:
         which = "both" if has_prompt else "neither"
@@ -103,6 +108,17 @@ def _parse_line(line: str, default_id: str, tokenizer: Any) -> Prompt:
     if not text:
         raise ValueError("the prompt is empty")
     return Prompt(id=_parse_id(record.get("id"), default_id), text=text, messages=messages)
+
+
+def _from_gym_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A NeMo-Gym row as the equivalent "messages" line (its input) with its prompt_id as the id."""
+    params = record[GYM_ROW_KEY]
+    given = params.get("input") if isinstance(params, dict) else None
+    if isinstance(given, str):
+        given = [{"role": "user", "content": given}]
+    if not isinstance(given, list):
+        raise ValueError(f'a NeMo-Gym row needs "{GYM_ROW_KEY}": {{"input": [messages] or "text"}}')
+    return {"messages": given, "id": record.get("prompt_id", record.get("id"))}
 
 
 def _parse_id(value: Any, default_id: str) -> str:

@@ -13,7 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlsteps.engine.data import Prompt, PromptFileError, load_prompts
+import fsspec
+
+from rlsteps.engine.data import GYM_ROW_KEY, Prompt, PromptFileError, load_prompts
 
 GYM_ALGORITHMS = ("grpo", "nemo_rl_grpo")  # the recipes whose rewards come from NeMo-Gym's judge
 
@@ -36,13 +38,25 @@ def response_row(prompt: Prompt) -> dict[str, Any]:
     return {"input": conversation[0]["content"], "output": ""}
 
 
+def _records(prompts_file: str) -> list[dict[str, Any]]:
+    """The file's JSON objects in order, blank lines skipped (as load_prompts, which has checked them, reads it)."""
+    with fsspec.open(prompts_file, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def write_rows(prompts_file: str, target: Path, algorithm: str, agent: str) -> int:
     """The prompt file's rows for NeMo-RL at target; the number of rows. PromptFileError names the file and line."""
     prompts = load_prompts(prompts_file, tokenizer=None)
+    records = _records(prompts_file)
     rows = []
-    for number, prompt in enumerate(prompts, start=1):
+    for number, (prompt, record) in enumerate(zip(prompts, records, strict=True), start=1):
         try:
-            rows.append(gym_row(prompt, agent) if algorithm in GYM_ALGORITHMS else response_row(prompt))
+            if algorithm not in GYM_ALGORITHMS:
+                rows.append(response_row(prompt))
+            elif GYM_ROW_KEY in record:  # already a NeMo-Gym row: kept whole (a principle, the agent it names)
+                rows.append({"agent_ref": gym_row(prompt, agent)["agent_ref"], **record, "prompt_id": prompt.id})
+            else:
+                rows.append(gym_row(prompt, agent))
         except ValueError as error:
             raise PromptFileError(f"{prompts_file}: prompt {number}: {error}") from None
     target.parent.mkdir(parents=True, exist_ok=True)

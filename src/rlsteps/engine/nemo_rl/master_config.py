@@ -179,7 +179,11 @@ def _finalize(master: dict[str, Any], cfg: dict[str, Any], cluster: Cluster, pat
             notes.append("grpo.max_val_samples: null (NeMo-RL's NeMo-Gym driver validates on the whole file)")
     notes += place(master, cluster)
     _sequence_divisor(master)
-    return notes
+    return notes + [
+        "known only on the cluster, so not checked here: the files at policy.model_name and data.*.data_path (the "
+        "job's prepare stage writes them from the inputs, and checks inputs on cluster paths), and models named by "
+        "Hub id (fetched there)"
+    ]
 
 
 def _paths(master: dict[str, Any], cfg: dict[str, Any], paths: NemoRlPaths) -> list[str]:
