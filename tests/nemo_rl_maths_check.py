@@ -1,0 +1,100 @@
+"""NeMo-RL's own GRPO and RLOO maths on given rows (run in a process of its own: the stand-ins of tests/upstream.py stay
+in sys.modules).
+
+    python nemo_rl_maths_check.py < CALLS.json > RESULTS.json
+
+CALLS: a list of {"fn": NAME, ...}; RESULTS: one entry per call, in order. Every tensor is float32, as lists.
+
+- baseline: nemo_rl.algorithms.utils.calculate_baseline_and_std_per_prompt(prompts [B, 1], rewards, valid_mask,
+  leave_one_out_baseline) -> {"baseline": [B], "std": [B]}
+- advantages: nemo_rl.algorithms.advantage_estimator.GRPOAdvantageEstimator({use_leave_one_out_baseline,
+  normalize_rewards}).compute_advantage(prompts [B, 1], rewards, mask [B, 1]) -> [B] (what grpo_train gives it: every
+  sample counts in the baseline; loss_multiplier, not the baseline, drops a truncated sample)
+- kl: nemo_rl.algorithms.utils.calculate_kl(logprobs, reference, "k3") with its default clamps -> [B, S]
+- loss: nemo_rl.algorithms.loss.loss_functions.ClippedPGLossFn(ClippedPGLossConfig(**config)) called once per
+  micro-batch with the global valid sequence and token counts, as NeMo-RL's policy worker calls it ->
+  [{"loss": float, "grad": [b, S]}] (grad: d loss / d next_token_logprobs). A micro-batch gives next-token tensors
+  [b, S] (logprobs, prev, generation, reference, token_mask) and advantages [b]; NeMo-RL's data dict holds them
+  at [b, S + 1] (position 0 is the first prompt token, which predicts nothing), so a zero column is put in front.
+"""
+
+import contextlib
+import json
+import sys
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import upstream  # noqa: E402
+
+
+def main() -> int:
+    calls = json.load(sys.stdin)
+    with (
+        contextlib.redirect_stdout(sys.stderr),
+        upstream.nemo_rl_importable(stub=upstream.HEAVY - {"torch"}),
+    ):
+        import torch
+
+        # nemo_rl.utils.logger imports torch.utils.tensorboard, whose import checks tensorboard's version (a stand-in)
+        board = types.ModuleType("torch.utils.tensorboard")
+        board.SummaryWriter = type("SummaryWriter", (), {})
+        sys.modules["torch.utils.tensorboard"] = board
+
+        from nemo_rl.algorithms.advantage_estimator import GRPOAdvantageEstimator
+        from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
+        from nemo_rl.algorithms.utils import calculate_baseline_and_std_per_prompt, calculate_kl
+
+        def tensor(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32)
+
+        def shifted(values) -> torch.Tensor:  # [b, S] next-token values -> [b, S + 1] as NeMo-RL's data holds them
+            t = tensor(values)
+            return torch.cat([torch.zeros_like(t[:, :1]), t], dim=1)
+
+        def baseline(call):
+            prompts = torch.tensor(call["prompts"])[:, None]
+            b, s = calculate_baseline_and_std_per_prompt(
+                prompts, tensor(call["rewards"]), tensor(call["valid"]), leave_one_out_baseline=call["leave_one_out"]
+            )
+            return {"baseline": b.tolist(), "std": s.tolist()}
+
+        def advantages(call):
+            estimator = GRPOAdvantageEstimator(
+                {"use_leave_one_out_baseline": call["leave_one_out"], "normalize_rewards": call["normalize"]}, None
+            )
+            rewards = tensor(call["rewards"])
+            prompts = torch.tensor(call["prompts"])[:, None]
+            return estimator.compute_advantage(prompts, rewards, torch.ones(len(rewards), 1))[:, 0].tolist()
+
+        def kl(call):
+            return calculate_kl(tensor(call["logprobs"]), tensor(call["reference"]), kl_type="k3").tolist()
+
+        def loss(call):
+            loss_fn = ClippedPGLossFn(ClippedPGLossConfig(**call["config"]))
+            out = []
+            for micro in call["micro_batches"]:
+                logprobs = tensor(micro["logprobs"]).requires_grad_(True)
+                data = {
+                    "advantages": tensor(micro["advantages"])[:, None].expand(-1, logprobs.shape[1] + 1),
+                    "prev_logprobs": shifted(micro["prev"]),
+                    "generation_logprobs": shifted(micro.get("generation", micro["prev"])),
+                    "reference_policy_logprobs": shifted(micro.get("reference", micro["prev"])),
+                    "token_mask": shifted(micro["token_mask"]),
+                    "sample_mask": tensor(micro["sample_mask"]),
+                }
+                value, _metrics = loss_fn(
+                    logprobs, data, tensor(call["global_valid_seqs"]), tensor(call["global_valid_toks"])
+                )
+                value.backward()
+                out.append({"loss": value.item(), "grad": logprobs.grad.tolist()})
+            return out
+
+        functions = {"baseline": baseline, "advantages": advantages, "kl": kl, "loss": loss}
+        results = [functions[call["fn"]](call) for call in calls]
+    json.dump(results, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
