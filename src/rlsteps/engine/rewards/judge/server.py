@@ -30,12 +30,22 @@ from typing import Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from rlsteps.engine.rewards.auth import bearer_matches
+from rlsteps.engine.rewards.auth import (
+    LIVENESS_PATH,
+    TokenGate,
+    bearer_matches,
+    docs_urls,
+    excerpt,
+    fields_of,
+    validation_errors,
+)
 from rlsteps.engine.rewards.judge.protocol import JudgeRequest, parse_judge_request
 
 log = logging.getLogger("rlsteps.rewards.judge_server")
+MESSAGE_CHARS = 300  # the most of an error's reason an answer carries
 
 
 class Scorer(Protocol):
@@ -76,6 +86,12 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind}})
 
 
+def unauthorised() -> JSONResponse:
+    return _error(
+        401, "missing or wrong bearer token: send the header 'Authorization: Bearer <token>'", "authentication_error"
+    )
+
+
 def _read_request(raw: bytes) -> tuple[JudgeRequest, bool]:
     """The judge request of a chat completions body and whether it asks for structured output, or ValueError
     with the reason."""
@@ -97,8 +113,10 @@ def answer_text(judgement: dict[str, float], structured: bool) -> str:
 
 
 def create_app(scorer: Scorer, model_name: str = "tiny-judge", token: str | None = None) -> FastAPI:
-    """The judge's HTTP app around any object with score(prompts, responses) -> rewards."""
-    app = FastAPI(title="rlsteps judge")
+    """The judge's HTTP app around any object with score(prompts, responses) -> rewards. With a token, every request
+    needs it but GET /health, which then says only that the server is up."""
+    app = FastAPI(title="rlsteps judge", **docs_urls(token))
+    app.add_middleware(TokenGate, token=token, refuse=unauthorised)
     score_lock = threading.Lock()  # one forward pass at a time: requests arrive on several threads
 
     def score_pair(request: JudgeRequest) -> list[float]:
@@ -109,9 +127,14 @@ def create_app(scorer: Scorer, model_name: str = "tiny-judge", token: str | None
     def authorised(request: Request) -> bool:
         return bearer_matches(request.headers.get("authorization", ""), token)
 
-    @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "model": model_name}
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        errors = validation_errors(error.errors())
+        return _error(422, f"invalid request: {fields_of(errors)}")
+
+    @app.get(LIVENESS_PATH)
+    async def health(request: Request) -> dict:
+        return {"status": "ok", "model": model_name} if authorised(request) else {"status": "ok"}
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -119,21 +142,17 @@ def create_app(scorer: Scorer, model_name: str = "tiny-judge", token: str | None
 
     @app.post("/v1/chat/completions")
     async def completions(request: Request) -> JSONResponse:
-        if not authorised(request):
-            return _error(
-                401,
-                "missing or wrong bearer token: send the header 'Authorization: Bearer <token>'",
-                "authentication_error",
-            )
         try:
             judge_request, structured = _read_request(await request.body())
         except ValueError as err:
-            return _error(400, str(err))
+            return _error(400, excerpt(str(err), MESSAGE_CHARS))  # a bad message is quoted in the reason
         try:
             reward_1, reward_2 = await run_in_threadpool(score_pair, judge_request)
         except Exception as err:  # noqa: BLE001 - the scorer failed; the log has the traceback
             log.exception("scoring failed")
-            return _error(500, f"scoring failed: {type(err).__name__}: {err}", "server_error")
+            return _error(
+                500, f"scoring failed: {type(err).__name__}: {excerpt(str(err), MESSAGE_CHARS)}", "server_error"
+            )
         content = answer_text(judgement_from_rewards(reward_1, reward_2), structured)
         return JSONResponse(chat_completion(content, model_name))
 

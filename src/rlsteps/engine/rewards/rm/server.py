@@ -46,12 +46,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError, model_validator
 
-from rlsteps.engine.rewards.auth import bearer_matches
+from rlsteps.engine.rewards.auth import (
+    LIVENESS_PATH,
+    TokenGate,
+    bearer_matches,
+    docs_urls,
+    excerpt,
+    fields_of,
+    validation_errors,
+)
 from rlsteps.engine.rewards.text import TruncationSide, truncate
 
 log = logging.getLogger(__name__)
@@ -371,7 +379,8 @@ class FairBatcher:
             try:
                 ids = s.job.encode(self.scorer, s.start, s.stop)
             except Exception as error:  # noqa: BLE001 - e.g. a chat template that refuses the messages
-                spans.append(InputError(f"the reward model could not read the input: {type(error).__name__}: {error}"))
+                why = excerpt(str(error), 200)  # a template's message may quote the input
+                spans.append(InputError(f"the reward model could not read the input: {type(error).__name__}: {why}"))
                 continue
             spans.append((len(rows), len(rows) + len(ids)))
             rows += ids
@@ -463,13 +472,12 @@ def create_app(
         with contextlib.suppress(asyncio.CancelledError):
             await worker
 
-    async def check_token(request: Request) -> None:  # async: a sync dependency would cost a thread hop
-        if not bearer_matches(request.headers.get("authorization", ""), token):
-            raise HTTPException(
-                status_code=401,
-                detail="missing or wrong bearer token: send the header 'Authorization: Bearer <token>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+    def unauthorised() -> JSONResponse:
+        return JSONResponse(
+            status_code=401,
+            content={"detail": "missing or wrong bearer token: send the header 'Authorization: Bearer <token>'"},
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
     def too_large(size: int | None) -> JSONResponse:
         told = f"({size} bytes) " if size is not None else ""
@@ -491,9 +499,15 @@ def create_app(
             headers={"Retry-After": str(wait_s)},
         )
 
-    app = FastAPI(title="rlsteps reward model", lifespan=lifespan)
+    app = FastAPI(title="rlsteps reward model", lifespan=lifespan, **docs_urls(token))
+    app.add_middleware(TokenGate, token=token, refuse=unauthorised)  # every path but the bare liveness probe
 
-    @app.post("/v1/rewards", response_model=RewardsResponse, dependencies=[Depends(check_token)])
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        errors = validation_errors(error.errors())
+        return JSONResponse(status_code=422, content={"detail": errors, "fields": fields_of(errors)})
+
+    @app.post("/v1/rewards", response_model=RewardsResponse)
     async def rewards(request: Request) -> Any:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > max_request_bytes:
@@ -529,8 +543,11 @@ def create_app(
         except Exception as error:  # noqa: BLE001 - the scorer failed; the log has the traceback
             raise HTTPException(status_code=500, detail=f"scoring failed: {type(error).__name__}: {error}") from error
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
+    @app.get(LIVENESS_PATH)
+    async def health(request: Request) -> dict[str, Any]:
+        """Liveness for anyone; the model and the counters only with the token (when one is required)."""
+        if not bearer_matches(request.headers.get("authorization", ""), token):
+            return {"status": "ok"}
         return {
             "status": "ok",
             "model": scorer.name,
@@ -594,7 +611,8 @@ def check_token_ids(rows: list[list[int]], vocab_size: int) -> None:
     if bad:
         raise HTTPException(
             status_code=422,
-            detail=f'"tokens" has ids outside the reward model\'s vocabulary [0, {vocab_size}): {bad[:5]}',
+            detail=f'"tokens" has ids outside the reward model\'s vocabulary [0, {vocab_size}): '
+            + excerpt(str(bad[:5])),
         )
 
 
