@@ -7,6 +7,9 @@ class RlstepsError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, fix: str | None = None):
+        from rlsteps.secrets import mask_text  # a URL's password never reaches what the user is shown
+
+        message, fix = mask_text(message), (mask_text(fix) if fix else fix)
         super().__init__(message)
         self.message = message
         self.fix = fix

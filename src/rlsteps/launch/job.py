@@ -59,7 +59,7 @@ class Job(BaseModel):
         """Environment variables that carry the secrets to the worker process (never written to disk)."""
         env = {secrets.env_name(p): str(v) for p, v in secrets.secret_paths(self.config).items()}
         for key, value in (self.launcher_settings.get("env_vars") or {}).items():
-            if secrets.is_secret_key(key):
+            if secrets.is_secret(key, value):
                 env[key] = str(value)
         return env
 

@@ -32,7 +32,7 @@ from rlsteps.launch.base import (
     worker_command,
 )
 from rlsteps.launch.job import Job
-from rlsteps.secrets import is_secret_key
+from rlsteps.secrets import is_secret
 
 LOG_FILE = "worker.log"
 PID_FILE = "worker.pid"
@@ -59,7 +59,7 @@ class LocalProfile(BaseModel):
 
     def public_env(self) -> dict[str, str]:
         """The env_vars that may be shown; the secret ones travel through Job.secret_env()."""
-        return {k: str(v) for k, v in self.env_vars.items() if not is_secret_key(k)}
+        return {k: str(v) for k, v in self.env_vars.items() if not is_secret(k, v)}
 
 
 def load_profile(job: Job) -> LocalProfile:

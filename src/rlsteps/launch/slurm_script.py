@@ -40,13 +40,14 @@ from rlsteps.errors import UsageError
 from rlsteps.launch import code, containers, ray_job
 from rlsteps.launch.base import comment_safe, validated_profile, worker_command
 from rlsteps.launch.job import Job
-from rlsteps.secrets import is_secret_key
+from rlsteps.secrets import is_secret
 
 EXIT_CHECKPOINTED = 75  # the worker's exit after a checkpoint it was asked for (rlsteps.engine.signals)
 SCRIPT_FILE = "sbatch.sh"
 LOG_NAME = "slurm-{job_id}.log"
 RDZV_PORT = 29500
 CHECKPOINTED_FILE = "checkpointed"  # in the job dir: some rank exited EXIT_CHECKPOINTED (torchrun exits 1)
+SBATCH_BARE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")  # an #SBATCH value written without quotes
 SRUN_END = ("--kill-on-bad-exit=1", "--wait=60")  # one task ending ends the others: no rank waits forever
 # The task's first words under torchrun: torchrun, and every process it starts, ignore USR1 until the worker
 # installs its own handler ($0 is only a name for the shell).
@@ -241,7 +242,7 @@ def directives(job: Job, profile: SlurmProfile, where: Placement) -> list[tuple[
         ("mem", profile.mem),
         ("time", profile.time),
         ("exclusive", profile.exclusive or None),
-        ("output", where.run_dir / LOG_NAME.format(job_id="%j")),
+        ("output", output_pattern(where.run_dir)),
         ("open-mode", "append"),
         ("chdir", where.workdir),
         ("export", "ALL"),
@@ -251,6 +252,27 @@ def directives(job: Job, profile: SlurmProfile, where: Placement) -> list[tuple[
         ("requeue", profile.requeue or None),
     ]
     return [(flag, value) for flag, value in wanted if value is not None]
+
+
+def sbatch_word(text: str) -> str:
+    """A directive's value as sbatch reads it. sbatch parses #SBATCH lines itself, not through a shell: a word ends
+    at unquoted whitespace, single and double quotes group, a backslash takes the next character as it is (inside
+    quotes too, so shell quoting loses backslashes), an unquoted # starts a comment. Plain values stay bare; others
+    go inside double quotes with \\ and \" escaped."""
+    if SBATCH_BARE.fullmatch(text):
+        return text
+    return '"' + re.sub(r'(["\\])', r"\\\1", text) + '"'
+
+
+def output_pattern(run_dir: Path) -> str:
+    """--output: the job's log in its job dir. Slurm expands %-patterns in the whole path, so the dir's own % are
+    written %%; a backslash in it makes Slurm drop every backslash and write the log elsewhere, so it is refused."""
+    if "\\" in str(run_dir):
+        raise UsageError(
+            f"the job dir {run_dir} has a backslash, which Slurm drops from the log's path (--output)",
+            fix="use a job dir without one (the profile's job_dir, or run from another folder)",
+        )
+    return str(run_dir).replace("%", "%%") + "/" + LOG_NAME.format(job_id="%j")
 
 
 def sbatch_script(job: Job, profile: SlurmProfile, where: Placement) -> str:
@@ -265,7 +287,7 @@ def sbatch_script(job: Job, profile: SlurmProfile, where: Placement) -> str:
             raise UsageError(
                 f"Slurm option --{flag} has a control character in {text!r}", fix="remove it from the profile"
             )
-        lines.append(f"#SBATCH --{flag}" if value is True else f"#SBATCH --{flag}={shlex.quote(text)}")
+        lines.append(f"#SBATCH --{flag}" if value is True else f"#SBATCH --{flag}={sbatch_word(text)}")
     secrets = sorted(job.secret_env())
     lines += ["", "set -eo pipefail"]
     if secrets:
@@ -338,5 +360,5 @@ def _run_lines(srun: str, profile: SlurmProfile, where: Placement) -> list[str]:
 
 def public_env(profile: SlurmProfile) -> dict[str, str]:
     env = {"PYTHONUNBUFFERED": "1"}
-    env |= {k: str(v) for k, v in profile.env_vars.items() if not is_secret_key(k)}
+    env |= {k: str(v) for k, v in profile.env_vars.items() if not is_secret(k, v)}
     return env
