@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import required
 import upstream
 from rlsteps.engine.algorithms.groups import group_mean, group_std, leave_one_out_mean, leave_one_out_std
 from rlsteps.engine.algorithms.grpo import clipped_policy_loss, group_advantages, k3_kl
@@ -319,21 +320,20 @@ def test_grpo_clipped_loss_and_token_normalisation_equal_nemo_rls_clipped_pg_los
     assert close(grad, torch.cat([torch.tensor(m["grad"]) for m in theirs]), abs=1e-8)
 
 
-def test_grpo_k3_kl_term_equals_nemo_rls_in_value_but_not_in_gradient(upstream_results):
-    """With reference_policy_kl_penalty 0.05 the loss values agree. The gradients do not: NeMo-RL multiplies the
-    token's k3 by exp(logp - logp.detach()) (1 in value, the on-policy score-function term in gradient), so its
-    gradient carries beta * k3_t / N more on every loss token than rlsteps's. This is not among README's listed
-    differences; the assertion pins its exact size."""
+def test_grpo_k3_kl_term_equals_nemo_rls_in_value_and_gradient(upstream_results):
+    """With reference_policy_kl_penalty 0.05: NeMo-RL multiplies the token's k3 by exp(logp - logp.detach()) (1 in
+    value, the on-policy score-function term in the gradient), and so does rlsteps: loss values and gradients agree.
+    Without that factor the gradient would lack exactly beta * k3_t / N on every loss token (asserted too)."""
     r, ended = ROWS, ROWS["ended"]
     adv = group_advantages(r["rewards"], r["group"], ended, leave_one_out=False, normalize_std=True)
     losses, grad = _rlsteps_grpo_loss(r, adv, ended.float(), len(ended) // 3, beta=0.05)
     theirs = upstream_results["grpo loss 0.05"]
     their_grad = torch.cat([torch.tensor(m["grad"]) for m in theirs])
     assert close(losses, [m["loss"] for m in theirs])
+    assert close(grad, their_grad, abs=1e-8)
     mask = r["mask"] * ended.float()[:, None]
     score_term = 0.05 * k3_kl(r["logprobs"], r["reference"]) * mask / mask.sum()
-    assert score_term.abs().max() > 1e-4
-    assert close(their_grad - grad, score_term, abs=1e-7)
+    assert score_term.abs().max() > 1e-4  # the term the factor contributes is not negligible on these rows
 
 
 def test_reinforce_loss_equals_nemo_rls_clipped_pg_loss_without_ratio(upstream_results):
@@ -376,7 +376,9 @@ def test_reinforce_kl_is_folded_into_the_reward_where_nemo_rl_adds_k3_to_the_los
 
 @pytest.fixture(scope="module")
 def trl():
-    return pytest.importorskip("trl", reason="TRL (the test extra) judges the losses against its trainers")
+    return required.importorskip(
+        "trl", switch="TRL", reason="TRL (the test extra) judges the losses against its trainers"
+    )
 
 
 class _Accelerator:
@@ -472,7 +474,8 @@ def test_grpo_loss_equals_trls_dapo_loss(trl):
     """GRPOTrainer, loss_type="dapo" (sum over the generation batch's loss tokens / their count, whatever the
     micro-batch), epsilon 0.2, epsilon_high 0.28, beta 0.05 (k3 in the loss), token-level ratios,
     mask_truncated_completions (rl/rlhf's overlong_filtering: the completion mask of an unended sample is zero),
-    use_bias_correction_kl off: rlsteps's loss and gradient, micro-batch by micro-batch."""
+    use_bias_correction_kl off: rlsteps's loss values micro-batch by micro-batch; rlsteps's gradient carries the
+    k3 score-function term (as NeMo-RL's) that TRL's uncorrected KL lacks, exactly beta * k3_t / N per token."""
     r, ended = ROWS, ROWS["ended"]
     adv = group_advantages(r["rewards"], r["group"], ended, leave_one_out=False, normalize_std=True)
     split = len(ended) // 3
@@ -491,13 +494,14 @@ def test_grpo_loss_equals_trls_dapo_loss(trl):
     theirs, their_grad = trl_grpo_loss(trl, r, adv, completion_mask, split, config)
     ours, grad = _rlsteps_grpo_loss(r, adv, ended.float(), split, beta=0.05)
     assert close(ours, theirs)
-    assert close(grad, their_grad, abs=1e-8)
+    score_term = 0.05 * k3_kl(r["logprobs"], r["reference"]) * completion_mask / completion_mask.sum()
+    assert close(grad - their_grad, score_term, abs=1e-7)
 
 
-def test_trls_default_kl_bias_correction_adds_the_score_function_term_rlsteps_lacks(trl):
+def test_trls_default_kl_bias_correction_equals_rlsteps_on_policy(trl):
     """TRL's default use_bias_correction_kl multiplies k3 by the ratio exp(logp - logp_old); on-policy (logp_old =
-    logp) that is 1 in value and the same beta * k3_t / N gradient term NeMo-RL's loss has. rlsteps has neither
-    (see the NeMo-RL test above): values equal, gradients differ by exactly that term."""
+    logp) that is 1 in value and the same beta * k3_t / N gradient term NeMo-RL's loss and rlsteps's have: values
+    and gradients equal."""
     r, ended = ROWS, ROWS["ended"]
     adv = group_advantages(r["rewards"], r["group"], ended, leave_one_out=False, normalize_std=True)
     config = grpo_config(trl, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.05)
@@ -507,8 +511,7 @@ def test_trls_default_kl_bias_correction_adds_the_score_function_term_rlsteps_la
     theirs, their_grad = trl_grpo_loss(trl, on_policy, adv, completion_mask, 0, config)
     ours, grad = _rlsteps_grpo_loss(on_policy, adv, ended.float(), len(ended), beta=0.05)
     assert sum(ours) == pytest.approx(theirs[0], rel=1e-5)
-    score_term = 0.05 * k3_kl(r["logprobs"], r["reference"]) * completion_mask / completion_mask.sum()
-    assert close(their_grad - grad, score_term, abs=1e-7)
+    assert close(grad, their_grad, abs=1e-7)
 
 
 def test_trls_per_sequence_grpo_normalisation_differs_from_rlsteps_token_level_one(trl):

@@ -99,7 +99,9 @@ def clipped_policy_loss(
     if importance_weights is not None:
         token_loss = token_loss * importance_weights
     kl = k3_kl(logprobs, ref_logprobs.detach()) if ref_logprobs is not None else torch.zeros_like(logprobs)
-    token_loss = token_loss + kl_beta * kl
+    # k3 times exp(logp - sg(logp)): 1 in value, and in the gradient the score-function term of E_pi[k3] (the tokens
+    # were sampled from the policy), as NeMo-RL's ClippedPGLossFn and TRL's on-policy KL correction have it
+    token_loss = token_loss + kl_beta * kl * torch.exp(logprobs - logprobs.detach())
     loss = (token_loss * mask).sum() / max(normaliser, 1.0)
     return loss, _policy_stats(loss, ratio, clipped_loss > unclipped_loss, kl, logprobs, mask)
 

@@ -36,7 +36,7 @@ def _common(cfg: dict[str, Any]) -> list[str]:
 def _rlhf(cfg: dict[str, Any]) -> list[str]:
     notes = [
         f"grpo.std_floor: NeMo-RL divides by (std + 1e-6) whenever std > 0; rlsteps only when std > "
-        f"{cfg['grpo']['std_floor']} (a near-constant group gets a zero advantage there)",
+        f"{cfg['grpo']['std_floor']} (a near-constant group keeps r - mean, unscaled, there)",
         "judge failures: NeMo-Gym gives an unparsable comparison the default score 3.0 (ranking 3.5) after "
         "genrm_parse_retries; rlsteps masks the sample out of the loss (judge.on_failure) and stops above "
         "judge.max_parse_failure_rate",
