@@ -7,6 +7,8 @@ from rlsteps.artifacts.inputs import check_input, raise_for, resolve_inputs
 from rlsteps.catalog import load_catalog
 from rlsteps.errors import ArtifactError
 
+EMPTY_SAFETENSORS = (2).to_bytes(8, "little") + b"{}"  # a whole safetensors file that holds no tensor
+
 
 @pytest.fixture(scope="module")
 def catalog():
@@ -16,7 +18,7 @@ def catalog():
 def _hf_dir(path, architecture, **config):
     path.mkdir()
     (path / "config.json").write_text(json.dumps({"architectures": [architecture], **config}))
-    (path / "model.safetensors").write_bytes(b"0")
+    (path / "model.safetensors").write_bytes(EMPTY_SAFETENSORS)
     return path
 
 

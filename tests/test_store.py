@@ -94,7 +94,8 @@ def test_a_remote_store_through_fsspec_memory_filesystem(catalog, tmp_path):
     prompts = tmp_path / "train.jsonl"
     prompts.write_text('{"prompt": "Describe the cat."}\n')
     version = store.publish(catalog, str(prompts), "prompts")
-    policy = store.publish(catalog, str(run_output(tmp_path / "policy", "job-1")), "policy")
+    whole = (2).to_bytes(8, "little") + b"{}"  # a safetensors file that holds no tensor, whole: checked as an input
+    policy = store.publish(catalog, str(run_output(tmp_path / "policy", "job-1", weights=whole)), "policy")
     assert version.url == f"{root}/prompts/v1/train.jsonl"  # a single-file artifact resolves to its file
     with fsspec.open(version.url, "rt") as f:
         assert f.read() == prompts.read_text()

@@ -15,7 +15,7 @@ from typing import Any
 from rlsteps.artifacts.detect import detect_types, detectors_of, exists
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
 from rlsteps.dotted import get
-from rlsteps.engine.input_check import InputInJob, missing, wrong_type
+from rlsteps.engine.input_check import InputInJob, InputProblem, damaged_weights, missing, wrong_type
 from rlsteps.errors import ArtifactError
 
 PUBLISH_FIX = "or publish it to the artifact store (rlsteps artifacts publish) and pass {key}=artifact:NAME"
@@ -28,13 +28,19 @@ class ResolvedInput:
     ref: str | None
     required_type: str
     detected: list[str]
-    # ok | absent | missing | wrong_type | pending (an earlier stage, or the run itself, writes it first)
+    # ok | absent | missing | wrong_type | malformed (of the type, but broken: see problem)
+    # | pending (an earlier stage, or the run itself, writes it first)
     # | in_job (on a cluster path: the job checks it) | unreachable (on this machine, which the job cannot see)
     # | hub (a Hugging Face Hub id the job's machines fetch)
     status: str
+    problem: str | None = None  # what is broken, for a malformed input (its message starts "input 'NAME': ")
+    fix: str | None = None  # and what to do about it
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in ("problem", "fix")}
+
+    def malformed(self, problem: InputProblem) -> ResolvedInput:
+        return replace(self, status="malformed", problem=problem.message, fix=problem.fix)
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,9 @@ def check_input(
         return ResolvedInput(spec_name, key, ref, required_type, [], "missing")
     detected = detect_types(catalog, ref)
     status = "ok" if satisfies(catalog, detected, required_type) else "wrong_type"
-    return ResolvedInput(spec_name, key, ref, required_type, detected, status)
+    item = ResolvedInput(spec_name, key, ref, required_type, detected, status)
+    damage = damaged_weights(spec_name, key, ref) if status == "ok" else None  # headers and sizes only: cheap
+    return item if damage is None else item.malformed(damage)
 
 
 def promised_input(
@@ -167,12 +175,26 @@ def resolve_inputs(
     resolved = check_inputs(catalog, step, config, promised, reach=reach)
     for spec, item in zip(step.consumes, resolved):
         if item.status == "unreachable":
-            raise ArtifactError(
-                f"input '{item.name}': {item.ref} is on this machine; {reach.describe()}",
-                fix=f"copy it under a cluster path and pass {item.key}=THAT_PATH, " + PUBLISH_FIX.format(key=item.key),
-            )
+            raise refusal(catalog, item, reach)
         raise_for(catalog, required_here(spec, config), item)
     return resolved
+
+
+def refusal(catalog: Catalog, item: ResolvedInput, reach: Reach = Reach()) -> ArtifactError | None:
+    """The error a run stops with for an input that was given and cannot be used (missing, malformed, of the wrong
+    type, out of the job's reach); None for any other input, an absent one included."""
+    if item.status == "unreachable":
+        return ArtifactError(
+            f"input '{item.name}': {item.ref} is on this machine; {reach.describe()}",
+            fix=f"copy it under a cluster path and pass {item.key}=THAT_PATH, " + PUBLISH_FIX.format(key=item.key),
+        )
+    if item.status not in ("missing", "malformed", "wrong_type"):
+        return None
+    try:
+        raise_for(catalog, False, item)
+    except ArtifactError as error:
+        return error
+    return None
 
 
 def inputs_in_job(catalog: Catalog, resolved: list[ResolvedInput]) -> list[InputInJob]:
@@ -207,6 +229,8 @@ def raise_for(catalog: Catalog, required: bool, item: ResolvedInput, allow_conve
     if item.status == "missing":
         problem = missing(item.name, item.key, str(item.ref), wanted)
         raise ArtifactError(problem.message, fix=problem.fix)
+    if item.status == "malformed":
+        raise ArtifactError(str(item.problem), fix=item.fix)
     if item.status != "wrong_type":
         return None
     problem = wrong_type(item.name, str(item.ref), item.detected, wanted)

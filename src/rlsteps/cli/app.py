@@ -13,7 +13,7 @@ from rlsteps.cli.artifacts import artifacts_app
 from rlsteps.cli.jobs import jobs_app
 from rlsteps.cli.pipelines import pipeline_app
 from rlsteps.cli.serve import serve_app
-from rlsteps.errors import Interrupted, RlstepsError, UsageError
+from rlsteps.errors import ArtifactError, Interrupted, RlstepsError, UsageError
 
 out = Console()
 err = Console(stderr=True)
@@ -114,6 +114,9 @@ def run_step(
         compiled = compile_request(catalog, request)
         out.print(render.dry_run(compiled))
         sys.stdout.write(render.job_files(compiled))
+        refused = render.refused(compiled)
+        if refused:  # after everything is shown: a script that checks with the dry run stops here
+            raise ArtifactError(*refused)
         return
     submission = execute(catalog, request, say=render.sayer(err))
     if submission.exit_code is None:

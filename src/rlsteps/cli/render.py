@@ -95,6 +95,7 @@ def dry_run(compiled: Compiled) -> Group:
             "pending": "[cyan]written before the run[/]",
             "missing": "[yellow]missing[/]",
             "wrong_type": "[red]wrong type[/]",
+            "malformed": "[red]malformed[/]",
             "in_job": "[cyan]on a cluster path: checked in the job[/]",
             "unreachable": "[red]on this machine: the job cannot see it[/]",
             "hub": "[cyan]a Hugging Face Hub id: the job fetches it[/]",
@@ -117,6 +118,18 @@ def dry_run(compiled: Compiled) -> Group:
         )
     parts.append(Panel(Syntax(OmegaConf.to_yaml(OmegaConf.create(job.public_config())), "yaml"), title="merged config"))
     return Group(*parts)
+
+
+def refused(compiled: Compiled) -> tuple[str, str] | None:
+    """The dry run's last word when the run would stop on inputs it was given: one line naming each (the table above
+    has them too), and one line with each fix; None when there is none."""
+    if not compiled.refused:
+        return None
+    count = len(compiled.refused)
+    message = f"the run would refuse {count} input{'s' if count > 1 else ''}: " + "; ".join(
+        error.message for error in compiled.refused
+    )
+    return message, "; ".join(error.fix for error in compiled.refused if error.fix)
 
 
 def job_files(compiled: Compiled) -> str:

@@ -44,7 +44,15 @@ class Prompt:
 
 
 class PromptFileError(ValueError):
-    """A prompt file that cannot be used; the message starts with "<path>:<line>:"."""
+    """A prompt file that cannot be used; the message starts with "<path>:<line>:" (or "<path>:" when the file cannot
+    be read at all). fix: what to do, where it is not the usual one (a line of the right shape)."""
+
+    def __init__(self, message: str, fix: str | None = None):
+        super().__init__(message)
+        self.fix = fix
+
+
+ENCODING_FIX = "save the file as UTF-8 text (e.g. iconv -f LATIN1 -t UTF-8)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,22 +73,47 @@ def load_prompts(path: str, tokenizer: Any | None, max_prompt_tokens: int | None
     stem = PurePosixPath(path).stem
     prompts: list[Prompt] = []
     first_line_of: dict[str, int] = {}
-    with fsspec.open(path, "rt", encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                prompt = _parse_line(line, f"{stem}:{line_number}", tokenizer)
-                if prompt.id in first_line_of:
-                    raise ValueError(f"duplicate id {prompt.id!r} (first used on line {first_line_of[prompt.id]})")
-                _check_length(prompt.text, tokenizer, max_prompt_tokens)
-            except ValueError as e:
-                raise PromptFileError(f"{path}:{line_number}: {e}") from None
-            first_line_of[prompt.id] = line_number
-            prompts.append(prompt)
+    try:
+        with fsspec.open(path, "rb") as f:
+            for line_number, raw in enumerate(f, start=1):
+                prompt = _read_line(path, stem, line_number, raw, tokenizer, max_prompt_tokens, first_line_of)
+                if prompt is not None:
+                    first_line_of[prompt.id] = line_number
+                    prompts.append(prompt)
+    except OSError as error:  # unreadable (permissions, a folder, a remote filesystem's refusal)
+        raise PromptFileError(f"{path}: cannot be read: {error}", fix="check the path and its permissions") from None
     if not prompts:
         raise PromptFileError(f"{path}:1: the file has no prompts; write one JSON object per line")
     return prompts
+
+
+def _read_line(
+    path: str,
+    stem: str,
+    line_number: int,
+    raw: bytes,
+    tokenizer: Any,
+    max_prompt_tokens: int | None,
+    first_line_of: dict[str, int],
+) -> Prompt | None:
+    """One line of a prompt file as a Prompt (None for a blank line), or PromptFileError naming it."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PromptFileError(
+            f"{path}:{line_number}: not UTF-8 text: the line's byte {e.start + 1} is 0x{raw[e.start]:02x}",
+            fix=ENCODING_FIX,
+        ) from None
+    if not line.strip():
+        return None
+    try:
+        prompt = _parse_line(line, f"{stem}:{line_number}", tokenizer)
+        if prompt.id in first_line_of:
+            raise ValueError(f"duplicate id {prompt.id!r} (first used on line {first_line_of[prompt.id]})")
+        _check_length(prompt.text, tokenizer, max_prompt_tokens)
+    except ValueError as e:
+        raise PromptFileError(f"{path}:{line_number}: {e}") from None
+    return prompt
 
 
 def _parse_line(line: str, default_id: str, tokenizer: Any) -> Prompt:
@@ -187,7 +220,7 @@ def load_run_prompts(cfg: RecipeConfig, tokenizer: Any) -> RunPrompts:
         try:
             loaded[name] = load_prompts(path, tokenizer, cfg.data.max_prompt_tokens)
         except PromptFileError as error:
-            raise PromptFileError(f"input '{name}': {error}") from None
+            raise PromptFileError(f"input '{name}': {error}", fix=error.fix) from None
     return RunPrompts(loaded["prompts"], loaded.get("val_prompts", [])[: cfg.validation.num_prompts])
 
 

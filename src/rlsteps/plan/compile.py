@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import (
+    GrammarParseError,
+    InterpolationKeyError,
+    InterpolationResolutionError,
+    OmegaConfBaseException,
+    UnsupportedInterpolationType,
+)
 from pydantic import ValidationError
 
 from rlsteps.catalog import Step, project_root
@@ -86,9 +92,9 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
             _check_nemo_rl_key(cfg, key)
         try:
             value = OmegaConf.from_dotlist([f"{key}={item.split('=', 1)[1]}"])
+            cfg = OmegaConf.merge(cfg, value)
         except OmegaConfBaseException as err:
-            raise UsageError(f"override '{item}': {err}") from err
-        cfg = OmegaConf.merge(cfg, value)
+            raise config_error(err, [item]) from None
     return cfg
 
 
@@ -150,13 +156,16 @@ def compile_job(
     if profile is not None and profile.config_overlay:
         cfg = OmegaConf.merge(cfg, profile.config_overlay)
     cfg = apply_overrides(cfg, list(overrides))
-    unset = sorted(OmegaConf.missing_keys(cfg))
+    try:
+        unset = sorted(OmegaConf.missing_keys(cfg))  # resolves interpolations on its way
+    except OmegaConfBaseException as err:
+        raise config_error(err, list(overrides)) from None
     if unset and not allow_unset:
         raise UsageError(
             f"required config {'keys' if len(unset) > 1 else 'key'} without a value: {', '.join(unset)}",
             fix="pass " + " ".join(f"{key}=VALUE" for key in unset),
         )
-    resolved = _resolve(cfg)
+    resolved = _resolve(cfg, list(overrides))
     _validate(step, resolved)
     algorithm, notes = step.algorithm, []
     if step.algorithm == "nemo_rl_grpo":
@@ -235,15 +244,42 @@ def _set_keys(step: Step, source: Path, profile: Profile | None, overrides: list
     return sorted(set(keys))
 
 
-def _resolve(cfg: DictConfig) -> dict[str, Any]:
+def _resolve(cfg: DictConfig, overrides: list[str] = ()) -> dict[str, Any]:
     """The plain config; a key still unset stays "???" (only a dry run gets here with one)."""
     try:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None) or "?"
-        if "Missing mandatory value" in str(err):  # an interpolation of an unset key
-            raise UsageError(f"config key '{key}' refers to a key without a value", fix=f"pass {key}=VALUE") from err
-        raise UsageError(f"config key '{key}': {str(err).splitlines()[0]}") from err
+        raise config_error(err, overrides) from None
+
+
+LITERAL = r"write \${...} for a literal ${"
+
+
+def config_error(err: OmegaConfBaseException, overrides: list[str] = ()) -> UsageError:
+    """OmegaConf's error as one line: the key (and the override that set it), the cause, and the fix."""
+    key = getattr(err, "full_key", None) or "?"
+    cause = str(err).splitlines()[0] if str(err) else type(err).__name__
+    setting = next((item for item in overrides if item.partition("=")[0].lstrip("+") == key), None)
+    where = f"override '{setting}'" if setting else f"config key '{key}'"
+    if "Missing mandatory value" in cause:  # an interpolation of an unset key
+        return UsageError(f"{where} refers to a key without a value ({cause})", fix=f"pass {key}=VALUE")
+    if isinstance(err, InterpolationKeyError):
+        fix = f"${{...}} must name a key of the config, e.g. ${{train.lr}}; {LITERAL}"
+    elif isinstance(err, UnsupportedInterpolationType):
+        fix = f"the resolvers are {', '.join(_resolvers())}; {LITERAL}"
+    elif isinstance(err, GrammarParseError):
+        fix = f"close each ${{ with }}; {LITERAL}"
+    elif isinstance(err, InterpolationResolutionError):
+        fix = f"give what the interpolation reads (an environment variable for oc.env), or a plain value; {LITERAL}"
+    else:
+        fix = None if setting is None else f"give {key} a value of the type it takes"
+    return UsageError(f"{where}: {cause}", fix=fix)
+
+
+def _resolvers() -> list[str]:
+    from omegaconf.basecontainer import BaseContainer
+
+    return sorted(getattr(BaseContainer, "_resolvers", {}))
 
 
 def _validate(step: Step, cfg: dict[str, Any]) -> dict[str, Any]:

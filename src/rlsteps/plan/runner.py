@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsteps.artifacts.inputs import (
@@ -12,6 +12,7 @@ from rlsteps.artifacts.inputs import (
     check_inputs,
     inputs_in_job,
     lookup,
+    refusal,
     required_here,
     resolve_inputs,
     type_phrase,
@@ -49,10 +50,13 @@ class Compiled:
     job_dir: Path
     inputs: list[ResolvedInput]
     needs: list[str]  # what the run needs that the config does not give yet (key=VALUE lines)
+    refused: list[ArtifactError] = field(default_factory=list)  # given inputs the run would refuse (exit 3)
 
 
 def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
-    """Everything a dry run shows; touches nothing (no job dir, no network, no world build)."""
+    """Everything a dry run shows; touches nothing (no job dir, no network, no world build). A dry run also parses
+    every prompt file the run would (a real run does it once its inputs are final), so that `refused` holds every
+    given input the run would stop on."""
     if request.run_profile and request.batch_profile:
         raise UsageError(
             "-r and -b are exclusive", fix="use -r PROFILE to run attached or -b PROFILE to submit a batch job"
@@ -84,11 +88,14 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
     reach = reach_of(launcher, job)
     step = input_step(catalog, step, job)
     inputs = check_inputs(catalog, step, config, dict(request.promised), built_before_run, reach)
+    if request.dry_run and launcher.sees_local_files:  # as execute: the prompt files the job reads from here
+        inputs = [_with_prompt_file_checked(item) for item in inputs]
     job = job.model_copy(update={"inputs_in_job": [i.as_dict() for i in inputs_in_job(catalog, inputs)]})
     job_dir = planned_job_dir(job)
     plan = launcher.plan(job, job_dir)
     needs = _needs(catalog, step, config, inputs, job.unset_keys)
-    return Compiled(job=job, plan=plan, job_dir=job_dir, inputs=inputs, needs=needs)
+    refused = [error for item in inputs if (error := refusal(catalog, item, reach)) is not None]
+    return Compiled(job=job, plan=plan, job_dir=job_dir, inputs=inputs, needs=needs, refused=refused)
 
 
 def input_step(catalog: Catalog, step: Step, job: Job) -> Step:
@@ -185,17 +192,22 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
 
 
 def _check_prompt_files(inputs: list[ResolvedInput]) -> None:
-    """Every line of every prompt file given, parsed now: a bad line fails in seconds with exit 3 and its file:line,
-    not after the worker has started its servers and loaded its policy."""
-    from rlsteps.engine.data import PromptFileError, check_prompt_file  # torch-free
-    from rlsteps.engine.input_check import PROMPT_FILE_FIX
-
+    """Every line of every prompt file given, parsed now: a bad line (or a byte that is not UTF-8) fails in seconds
+    with exit 3 and its file:line, not after the worker has started its servers and loaded its policy."""
     for item in inputs:
-        if item.required_type == "prompt_jsonl" and item.status == "ok":
-            try:
-                check_prompt_file(str(item.ref))
-            except PromptFileError as error:
-                raise ArtifactError(f"input '{item.name}': {error}", fix=PROMPT_FILE_FIX) from None
+        checked = _with_prompt_file_checked(item)
+        if checked.status == "malformed":
+            raise ArtifactError(str(checked.problem), fix=checked.fix)
+
+
+def _with_prompt_file_checked(item: ResolvedInput) -> ResolvedInput:
+    """A prompt file given and found, parsed whole (without the policy's tokenizer): malformed at its first bad line."""
+    from rlsteps.engine.input_check import prompt_file_problem  # torch-free
+
+    if item.required_type != "prompt_jsonl" or item.status != "ok":
+        return item
+    problem = prompt_file_problem(item.name, str(item.ref))
+    return item if problem is None else item.malformed(problem)
 
 
 def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:
