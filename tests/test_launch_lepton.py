@@ -14,8 +14,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-pytest.importorskip(
-    "leptonai", reason="the Lepton launcher tests need the leptonai SDK (pip install 'rlsteps[lepton]')"
+import required
+
+required.importorskip(
+    "leptonai",
+    switch="LEPTON",
+    reason="the Lepton launcher tests need the leptonai SDK (pip install 'rlsteps[lepton]')",
 )
 
 from leptonai.api.v2.types.job import LeptonJob, LeptonJobState  # noqa: E402

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("megatron.core")
+import required
+
+required.importorskip("megatron.core", switch="MEGATRON")
 pytestmark = pytest.mark.filterwarnings(  # megatron-core's own deprecations, not ours
     "ignore:.*ShardedTensor:FutureWarning",
     "ignore:`load_state_dict` is deprecated:FutureWarning",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import required
 from rlsteps.artifacts.detect import detect_types
 from rlsteps.catalog import load_catalog
 from rlsteps.engine.nemo_rl.layout import MASTER_CONFIG_FILE, NODE_SCRIPT_FILE
@@ -105,7 +106,7 @@ def test_here_a_nemo_rl_job_is_refused_with_the_way_to_run_it(project):
 
 
 def test_the_lepton_spec_runs_the_node_script_in_every_replica(project):
-    pytest.importorskip("leptonai")
+    required.importorskip("leptonai", switch="LEPTON")
     overrides = (*CLUSTER_INPUTS, "output.dir=/data/runs/rlhf")
     plan = compiled("rlhf", "lepton", *overrides).plan
     master = yaml.safe_load(plan.files[MASTER_CONFIG_FILE])
@@ -118,7 +119,7 @@ def test_the_lepton_spec_runs_the_node_script_in_every_replica(project):
 
 
 def test_on_lepton_the_run_directory_must_be_on_a_mount(project):
-    pytest.importorskip("leptonai")
+    required.importorskip("leptonai", switch="LEPTON")
     (project / "rlsteps.yaml").write_text(
         PROFILES.replace('    mounts: [{path: /shared, mount_path: /data, from: "node-nfs:fs"}]\n', "")
     )

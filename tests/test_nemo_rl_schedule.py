@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import required
 import upstream
 from rlsteps.catalog import load_catalog
 from rlsteps.engine.config import STEP_SCHEMAS
@@ -121,7 +122,7 @@ def megatron_rates(cfg: dict, gbs: int = 16) -> list[float]:
     step), at every optimizer step."""
     import torch
 
-    core = pytest.importorskip("megatron.core.optimizer_param_scheduler")
+    core = required.importorskip("megatron.core.optimizer_param_scheduler", switch="MEGATRON")
     train, compiled = cfg["train"], schedule.megatron_scheduler(cfg)
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=train["lr"])
     wsd = compiled.get("lr_wsd_decay_iters")

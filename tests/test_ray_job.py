@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
+import required
 from rlsteps.catalog import load_catalog
 from rlsteps.cli.app import main
 from rlsteps.engine.nemo_rl.layout import NODE_SCRIPT_FILE
@@ -219,7 +220,7 @@ def test_stop_stale_leaves_this_attempt_and_running_jobs_and_stops_ended_ones(tm
 
 def _lepton_node_line(project: Path) -> str:
     """The Lepton entry script's last line, the node script's path in it left to Nodes."""
-    pytest.importorskip("leptonai")
+    required.importorskip("leptonai", switch="LEPTON")
     plan = compiled("lepton", *INPUTS, "output.dir=/data/runs/rlhf").plan
     spec = yaml.safe_load(plan.files["lepton_job.json"])["spec"]
     line = spec["container"]["command"][-1].rstrip().splitlines()[-1]
@@ -293,7 +294,7 @@ def test_one_node_needs_no_shared_run_directory_and_a_container_mount_of_tmp_sha
 
 
 def test_on_lepton_the_run_directory_must_be_under_a_mount(project):
-    pytest.importorskip("leptonai")
+    required.importorskip("leptonai", switch="LEPTON")
     with pytest.raises(UsageError, match=r"output.dir /scratch/run is not on a filesystem") as refused:
         compiled("lepton", *INPUTS, "output.dir=/scratch/run")
     assert "mount_path (/data)" in refused.value.fix
