@@ -91,7 +91,7 @@ def test_a_job_that_succeeds_runs_then_succeeds_and_keeps_its_log(here):
 def test_the_real_worker_failing_gives_a_failed_status_and_its_log(here):
     record = start(config_text="algorithm: rs\ninputs: {prompts: p.jsonl}\n")  # no policy, no output dir
     assert wait_until_ended(record) is JobState.FAILED
-    assert LAUNCHER.status(record).detail == f"pid {record.job_id}, exit code 1"
+    assert LAUNCHER.status(record).detail == f"pid {record.extra['pid']}, exit code 1"
     log = "\n".join(LAUNCHER.logs(record))
     assert "inputs.policy" in log and "Field required" in log
 

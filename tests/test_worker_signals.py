@@ -78,7 +78,7 @@ def wait_gone(pid: int, timeout: float = 30) -> bool:
 @pytest.mark.slow
 def test_a_worker_killed_with_sigkill_takes_its_reward_server_with_it(here):
     record = start()
-    worker, server = wait_for_server(int(record.job_id))
+    worker, server = wait_for_server(int(record.extra["pid"]))
     os.kill(worker, signal.SIGKILL)
     assert wait_gone(server), "the reward server outlived its killed worker"
     assert wait_until_ended(record) is JobState.FAILED
@@ -87,7 +87,7 @@ def test_a_worker_killed_with_sigkill_takes_its_reward_server_with_it(here):
 @pytest.mark.slow
 def test_cancelling_a_detached_job_stops_its_reward_server_and_says_so_in_the_log(here):
     record = start()
-    _, server = wait_for_server(int(record.job_id))
+    _, server = wait_for_server(int(record.extra["pid"]))
     LAUNCHER.cancel(record)
     assert wait_gone(server, timeout=5), "the reward server outlived the cancelled job"
     log = "\n".join(LAUNCHER.logs(record))
@@ -100,7 +100,7 @@ def test_cancelling_a_detached_job_stops_its_reward_server_and_says_so_in_the_lo
 def test_sigusr1_writes_a_checkpoint_after_the_step_in_progress_and_exits_for_a_requeue(here):
     """What Slurm's --signal=USR1@SECONDS does before the time limit: checkpoint, stop, exit 75."""
     record = start()
-    worker, server = wait_for_server(int(record.job_id))
+    worker, server = wait_for_server(int(record.extra["pid"]))
     train_log = here / ".rlsteps" / "runs" / "rl_rs-tiny" / "train.log"
     deadline = time.monotonic() + 120
     while "step 1/16" not in (train_log.read_text() if train_log.exists() else ""):

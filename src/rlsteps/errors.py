@@ -47,3 +47,9 @@ class Interrupted(RlstepsError):
     """Ctrl-C: the run was interrupted; its last checkpoint is intact. Exit 130, as a shell reports SIGINT."""
 
     exit_code = 130
+
+
+class Terminated(RlstepsError):
+    """SIGTERM or SIGHUP: the run was stopped; its last checkpoint is intact. Exit 143, as a shell reports SIGTERM."""
+
+    exit_code = 143

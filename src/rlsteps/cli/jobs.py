@@ -15,7 +15,8 @@ out = Console()
 err = Console(stderr=True)
 
 jobs_app = typer.Typer(
-    no_args_is_help=True, help="Submitted jobs (local -b, Slurm, Lepton): list, status, logs, cancel."
+    no_args_is_help=True,
+    help="Jobs, from their first second (local runs attached or -b, Slurm, Lepton): list, status, logs, cancel.",
 )
 
 STATE_STYLES = {
@@ -26,7 +27,10 @@ STATE_STYLES = {
     "cancelled": "magenta",
     "unknown": "dim",
 }
-JOB_ARGUMENT = "A job id (Slurm job id, pid, ...) or its job directory's name (a unique prefix will do)."
+JOB_ARGUMENT = (
+    "A job id (a local job's directory name, a Slurm job id, ...), its job directory's name (a unique prefix will "
+    "do), or a local job's pid."
+)
 
 
 def _state(value: str) -> Text:

@@ -4,11 +4,17 @@ SIGTERM (`scancel`, `rlsteps jobs cancel`, `timeout`, a pod being stopped) raise
 thread, so every `with` block unwinds: the reward server and the judge are stopped, files are closed, and
 the last checkpoint stays intact. SIGUSR1 (Slurm's `--signal=USR1@SECONDS` before the time limit) asks the
 loop to write a checkpoint after the step in progress and stop with EXIT_CHECKPOINTED, which the batch
-script answers by requeueing the job; the requeued job resumes from that checkpoint.
+script answers by requeueing the job; the requeued job resumes from that checkpoint. SIGHUP (the terminal or
+session that ran it went away) is answered as SIGTERM.
+
+A worker started by `rlsteps run` (STOP_WITH_PARENT in its environment) also stops as on SIGTERM when the process
+that started it is gone: the CLI killed outright (kill -9) has the kernel send it SIGTERM (PR_SET_PDEATHSIG, set by
+the launcher), and a watcher thread covers what that does not (torchrun killed under its workers).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from types import FrameType
@@ -16,8 +22,13 @@ from types import FrameType
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped on request after a checkpoint; run again to go on
 EXIT_TERMINATED = 128 + signal.SIGTERM
 CHECKPOINT_SIGNAL = signal.SIGUSR1
+STOP_WITH_PARENT = "RLSTEPS_STOP_WITH_PARENT"  # set by the local launcher: the worker ends with its starter
+PARENT_POLL_S = 0.5
+EXIT_FILE_ENV = "RLSTEPS_EXIT_FILE"  # set by the local launcher: where the worker writes its exit code
 
 _checkpoint_requested = threading.Event()
+_stopping = threading.Event()  # SIGTERM, SIGHUP or SIGINT arrived: the worker is unwinding
+_parent: int | None = None  # the parent the watcher watches
 
 
 class Terminated(BaseException):  # noqa: N818 - like KeyboardInterrupt: not an error the code should catch
@@ -31,7 +42,31 @@ class CheckpointRequested(RuntimeError):
 def install() -> None:
     """The worker's handlers; only the main thread may set them."""
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(CHECKPOINT_SIGNAL, _request_checkpoint)
+    if os.environ.get(STOP_WITH_PARENT) == "1":
+        watch_parent()
+
+
+def watch_parent(poll_s: float = PARENT_POLL_S) -> None:
+    """SIGTERM to this process once its parent is gone (it was reparented), from a daemon thread; not when it is
+    already stopping (a second SIGTERM would end it before its cleanup)."""
+    global _parent
+    _parent = os.getppid()
+
+    def watch() -> None:
+        while not parent_gone():
+            _stopping.wait(poll_s)
+        if not _stopping.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="rlsteps-parent-watch", daemon=True).start()
+
+
+def parent_gone() -> bool:
+    """The process that started this worker ended before it (only known where the watcher was started)."""
+    return _parent is not None and os.getppid() != _parent
 
 
 def checkpoint_requested() -> bool:
@@ -39,8 +74,15 @@ def checkpoint_requested() -> bool:
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
+    _stopping.set()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal is gone: let the cleanup finish
     raise Terminated
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    _stopping.set()
+    raise KeyboardInterrupt
 
 
 def _request_checkpoint(signum: int, frame: FrameType | None) -> None:

@@ -6,6 +6,8 @@ a convert step reads the checkpoint and writes it in the other form.
 
 Before anything else it asks whether its Python can run the engine (engine.preflight), so the module
 imports only the standard library at the top: a missing dependency is one line, not an import traceback.
+Then the main process claims the run directory (engine.run_lock) for its whole life: a second run into the same
+output.dir stops at once with exit 2, naming the run that holds it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     StepConfig = RecipeConfig | ConvertConfig
 
 log = logging.getLogger("rlsteps")
+_held: list[Any] = []  # the run directory's lock, held until the process ends
 PLOTTED = ["train/reward", "val/reward_mean", "train/loss", "train/response_length"]  # and val/<reward function>
 SUMMARISED = ["train/reward", "val/reward_mean"]  # first -> last at the end of a run, and val/<reward function>
 STEP_LOGGER = "rlsteps.steps"  # the loop's one line per step: train.log only
@@ -55,6 +58,10 @@ def run(config_path: Path, log_level: str = "info") -> int:
     world = world_from_env()  # torchrun's processes; one process when started plainly
     run_dir = Path(cfg.output.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if world.is_main and not _claim(run_dir, config_path):  # before a line is written there
+        from rlsteps.engine.run_lock import EXIT_IN_USE
+
+        return EXIT_IN_USE
     _log_to(run_dir / ("train.log" if world.is_main else f"train.rank{world.rank}.log"), log_level, world.rank)
     _refuse_world_size(cfg, world.size)
     job = job_record(config_path)
@@ -92,6 +99,19 @@ def run(config_path: Path, log_level: str = "info") -> int:
     if not converting:
         _summarise(run_dir, [f"val/{name}" for name in cfg.validation.reward_functions])
     return 0
+
+
+def _claim(run_dir: Path, config_path: Path) -> bool:
+    """Hold the run directory's lock; False (and why, on stderr) when another live run holds it."""
+    from rlsteps.engine.run_lock import RunDirectoryLocked, RunLock
+
+    job_dir = config_path.resolve().parent
+    try:
+        _held.append(RunLock(run_dir, job=job_dir.name, job_dir=str(job_dir)).acquire())
+    except RunDirectoryLocked as refused:
+        print(f"ERROR {refused} (fix: {refused.holder.fix()})", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def _refuse_world_size(cfg: StepConfig, world_size: int) -> None:
@@ -292,7 +312,12 @@ def main(argv: list[str] | None = None) -> None:
     from rlsteps.engine import signals
 
     signals.install()
-    _exit(_run_to_an_exit_code(args, signals))
+    try:
+        code = _run_to_an_exit_code(args, signals)
+    except BaseException:
+        _record_exit_code(1)  # a traceback follows; the job has ended all the same
+        raise
+    _exit(code)
 
 
 def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
@@ -338,7 +363,25 @@ def _exit(code: int) -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    _record_exit_code(code)
     os._exit(code)
+
+
+def _record_exit_code(code: int) -> None:
+    """Where the launcher asks for it (EXIT_FILE_ENV), the exit code in a file, renamed into place: the run's state
+    once it has ended, whether or not the rlsteps that started it is still there to see it end."""
+    from rlsteps.engine import signals
+
+    path = os.environ.get(signals.EXIT_FILE_ENV)
+    if not path or os.environ.get("RANK", "0") != "0":
+        return
+    note = "the rlsteps run that started it had ended\n" if signals.parent_gone() else ""
+    try:
+        staging = f"{path}.{os.getpid()}.tmp"
+        Path(staging).write_text(f"{code}\n{note}")
+        os.replace(staging, path)
+    except OSError:
+        pass  # the job directory is gone: nobody is left to read it
 
 
 if __name__ == "__main__":

@@ -1,27 +1,38 @@
-"""Run here: an attached subprocess that streams to this terminal, or (-b) a detached one with a pid file.
+"""Run here: an attached subprocess that streams to this terminal, or (-b) a detached one.
 
 The subprocess is the worker, or with `nprocs_per_node: N` above 1 a torchrun (--standalone) that starts N
 workers on this machine.
 
-A detached job runs under a small shell wrapper that writes the worker's exit code to `exit_code`
-when it ends; `status` reads that file, or the pid while the job runs. `cancel` writes `cancelled`,
-then sends SIGTERM to the job's process group and SIGKILL to whatever is left after a grace period.
+Either way the job is a job from its first second: its directory holds its record (`submission.json`, written as
+soon as the process has started), the pid file, and the exit-code file once it ends. `status` reads that file,
+or the pid while the job runs; the job id is the job directory's name. A detached job runs under a small shell
+wrapper that writes the exit code; an attached worker writes its own (and rlsteps writes it for a worker killed
+outright), so a run whose rlsteps was killed is still seen to end. `cancel` writes `cancelled`, then sends SIGTERM
+to the job's process group and SIGKILL to whatever is left after a grace period.
+
+An attached worker runs in a process group of its own, and rlsteps passes on what ends it: SIGINT, SIGTERM or SIGHUP
+is sent to the worker once (it stops its servers and exits 130 or 143, and rlsteps with it), a second one or the
+grace period kills it. If rlsteps itself is killed outright, the kernel sends the worker SIGTERM (PR_SET_PDEATHSIG),
+and the worker watches its parent as well (signals.STOP_WITH_PARENT): no worker outlives the command that started it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlsteps.engine.signals import EXIT_FILE_ENV, STOP_WITH_PARENT  # standard library only
 from rlsteps.errors import UsageError
 from rlsteps.launch.base import (
+    RECORD_FILE,
     JobRecord,
     JobState,
     JobStatus,
@@ -40,6 +51,10 @@ EXIT_FILE = "exit_code"
 CANCELLED_FILE = "cancelled"
 CANCEL_GRACE_S = 10.0  # SIGTERM, then this long before SIGKILL
 KILL_WAIT_S = 5.0
+ATTACHED_GRACE_S = 60.0  # a signal passed on to an attached worker, then this long before SIGKILL
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what rlsteps passes on to an attached worker
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+SIGNAL_EXITS = {130: "interrupted: SIGINT", 143: "terminated: SIGTERM or SIGHUP", 137: "killed: SIGKILL"}
 # $1 is the exit-code file, the rest is the worker's command; the file is renamed into place, never half written.
 # The wrapper outlives a SIGTERM to the job's group (a trap, which its child does not inherit) to record the code.
 EXIT_CODE_WRAPPER = (
@@ -116,9 +131,20 @@ class LocalLauncher:
         )
 
     def submit(self, job: Job, plan: LaunchPlan, job_dir: Path) -> Submission:
-        env = {**os.environ, **plan.env, **job.secret_env()}
+        env = {**os.environ, **plan.env, **job.secret_env(), STOP_WITH_PARENT: "1"}
+        env[EXIT_FILE_ENV] = str(job_dir / EXIT_FILE)
+        submission = Submission(job_id=job_dir.name, job_dir=job_dir)
         if job.mode != "batch":
-            return Submission(job_id=job.name, job_dir=job_dir, exit_code=_run_attached(plan.command, env))
+
+            def started(pid: int) -> None:  # a job from its first second: `rlsteps jobs` sees it while it runs
+                (job_dir / PID_FILE).write_text(f"{pid}\n")
+                self.record(job, submission).save()
+
+            code = _run_attached(plan.command, env, on_start=started)
+            if not (job_dir / EXIT_FILE).exists():  # the worker was killed before it could write it
+                _write_exit_code(job_dir / EXIT_FILE, code)
+            submission.exit_code = code
+            return submission
         with open(job_dir / LOG_FILE, "ab") as log:
             process = subprocess.Popen(
                 plan.command,
@@ -129,41 +155,63 @@ class LocalLauncher:
                 start_new_session=True,
             )
         (job_dir / PID_FILE).write_text(f"{process.pid}\n")
-        return Submission(job_id=str(process.pid), job_dir=job_dir)
+        return submission
 
     def record(self, job: Job, submission: Submission) -> JobRecord:
+        """The job's record: the one written when it started, if any, else a new one (with the pid and its start
+        time, to tell it from a later process with the same pid)."""
+        saved = Path(submission.job_dir) / RECORD_FILE
+        if saved.is_file():
+            record = JobRecord.load(saved.parent)
+            if record.launcher == self.name and record.job_id == submission.job_id:
+                return record
         extra: dict = {"mode": job.mode, "profile": job.profile_name}
-        if submission.exit_code is None:
-            pid = int(submission.job_id)
-            extra |= {"pid": pid, "pid_started": _process_start(pid), "log": str(submission.job_dir / LOG_FILE)}
-        else:  # attached: the terminal had its output; the run's own log stays in its run directory
-            extra |= {"exit_code": submission.exit_code, "run_log": str(_run_log(job))}
+        pid_file = Path(submission.job_dir) / PID_FILE
+        if not pid_file.is_file():  # attached, and it never started
+            ended = {"exit_code": submission.exit_code, "run_log": str(_run_log(job))}
+            return JobRecord.of(self.name, job, submission, extra | ended)
+        pid = int(pid_file.read_text().split()[0])
+        extra |= {"pid": pid, "pid_started": _process_start(pid)}
+        if job.mode == "batch":
+            extra["log"] = str(submission.job_dir / LOG_FILE)
+        else:  # attached: the terminal has its output; the run's own log is in its run directory
+            rlsteps = os.getpid()
+            extra |= {"run_log": str(_run_log(job)), "rlsteps_pid": rlsteps, "rlsteps_started": _process_start(rlsteps)}
         return JobRecord.of(self.name, job, submission, extra)
 
     def status(self, record: JobRecord) -> JobStatus:
         job_dir = Path(record.job_dir)
-        if "exit_code" in record.extra:
+        if "pid" not in record.extra:  # an attached run recorded once it had ended (earlier versions of rlsteps)
             return _from_exit_code(int(record.extra["exit_code"]), "ran attached")
+        who = f"pid {record.extra['pid']}"
         if (job_dir / CANCELLED_FILE).exists():
             return JobStatus(JobState.CANCELLED, "cancelled with rlsteps jobs cancel")
-        if (job_dir / EXIT_FILE).exists():
-            return _from_exit_code(int((job_dir / EXIT_FILE).read_text().strip()), f"pid {record.job_id}")
-        if _alive(record):
-            return JobStatus(JobState.RUNNING, f"pid {record.job_id}")
-        return JobStatus(
-            JobState.FAILED, f"pid {record.job_id} ended without writing {EXIT_FILE} (killed by a signal?)"
+        ended = _read_exit_code(job_dir / EXIT_FILE)
+        if ended is not None:
+            code, note = ended
+            return _from_exit_code(code, who, note)
+        starter_gone = "rlsteps_pid" in record.extra and not _pid_alive(
+            int(record.extra["rlsteps_pid"]), record.extra.get("rlsteps_started")
         )
+        starter = f"the rlsteps run that started it (pid {record.extra.get('rlsteps_pid')}) has ended"
+        if _alive(record):
+            return JobStatus(JobState.RUNNING, f"{who}; {starter}: stopping" if starter_gone else who)
+        detail = f"{who} ended without writing {EXIT_FILE} (killed by a signal?)"
+        return JobStatus(JobState.FAILED, f"{detail}; {starter}" if starter_gone else detail)
 
     def logs(self, record: JobRecord, follow: bool = False) -> Iterator[str]:
+        def finished() -> bool:
+            return self.status(record).state.ended
+
         if "log" in record.extra:
-            return read_log(Path(record.extra["log"]), follow, finished=lambda: self.status(record).state.ended)
-        run_log = Path(record.extra.get("run_log", ""))
-        if not run_log.is_file():
+            return read_log(Path(record.extra["log"]), follow, finished=finished)
+        run_log = Path(record.extra.get("run_log", ""))  # attached: the worker's train.log
+        if not run_log.is_file() and finished():
             raise UsageError(
                 f"job {Path(record.job_dir).name} ran attached and its run's log is gone ({run_log})",
                 fix="its output went to the terminal; the run directory holds what is left",
             )
-        return read_log(run_log)  # an attached run has ended by the time its record is written
+        return read_log(run_log, follow, finished=finished)
 
     def cancel(self, record: JobRecord) -> None:
         if "pid" not in record.extra:
@@ -173,7 +221,7 @@ class LocalLauncher:
         (Path(record.job_dir) / CANCELLED_FILE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
         if not _alive(record):
             return
-        group = int(record.extra["pid"])  # the job was started in its own session: its pid is its process group
+        group = int(record.extra["pid"])  # started in a session (-b) or process group (attached) of its own
         _signal_group(group, signal.SIGTERM)
         if not _wait_for_group_exit(group, CANCEL_GRACE_S):
             _signal_group(group, signal.SIGKILL)
@@ -185,10 +233,25 @@ def _run_log(job: Job) -> Path:
     return (Path(str(job.config.get("output", {}).get("dir", "."))) / "train.log").absolute()
 
 
-def _from_exit_code(code: int, where: str) -> JobStatus:
-    if code == 0:
-        return JobStatus(JobState.SUCCEEDED, f"{where}, exit code 0")
-    return JobStatus(JobState.FAILED, f"{where}, exit code {code}")
+def _from_exit_code(code: int, where: str, note: str = "") -> JobStatus:
+    how = f" ({SIGNAL_EXITS[code]})" if code in SIGNAL_EXITS else ""
+    detail = f"{where}, exit code {code}{how}" + (f"; {note}" if note else "")
+    return JobStatus(JobState.SUCCEEDED if code == 0 else JobState.FAILED, detail)
+
+
+def _read_exit_code(path: Path) -> tuple[int, str] | None:
+    """(exit code, the note after it) from an exit-code file; None before the job has ended."""
+    try:
+        code, _, note = path.read_text().strip().partition("\n")
+        return int(code), note.strip()
+    except (OSError, ValueError):
+        return None
+
+
+def _write_exit_code(path: Path, code: int) -> None:
+    staging = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    staging.write_text(f"{code}\n")
+    staging.replace(path)
 
 
 def _process_start(pid: int) -> str | None:
@@ -209,14 +272,16 @@ def _process_state(pid: int) -> str | None:
 
 
 def _alive(record: JobRecord) -> bool:
-    pid = int(record.extra["pid"])
+    return _pid_alive(int(record.extra["pid"]), record.extra.get("pid_started"))
+
+
+def _pid_alive(pid: int, started: str | None) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
-    started = record.extra.get("pid_started")
     if started is not None and _process_start(pid) not in (started, None):
         return False  # the pid was reused by another process
     return _process_state(pid) != "Z"  # a zombie has ended; its parent has not reaped it yet
@@ -261,16 +326,73 @@ def _signal_group(group: int, sig: signal.Signals) -> None:
 LAUNCHER = LocalLauncher()
 
 
-def _run_attached(command: list[str], env: dict[str, str], grace_s: float = 60.0) -> int:
-    """Run in the foreground. Ctrl-C reaches the worker too (same process group): let it stop its servers and
-    exit; a second Ctrl-C, or a worker still alive after the grace period, is killed."""
-    process = subprocess.Popen(command, env=env)
+def _run_attached(
+    command: list[str],
+    env: dict[str, str],
+    grace_s: float = ATTACHED_GRACE_S,
+    on_start: Callable[[int], None] | None = None,
+) -> int:
+    """Run in the foreground, in a process group of its own, and return its exit code (128+N for signal N).
+
+    SIGINT, SIGTERM and SIGHUP to rlsteps (to it alone or to its group: the worker's group is its own, so it gets
+    each signal once) are passed on to the worker, which stops its servers and exits; a second signal, or a worker
+    still alive after the grace period, is killed with its group. If rlsteps is killed outright, the kernel sends
+    the worker SIGTERM."""
+    received: list[tuple[int, float]] = []
+    running: list[subprocess.Popen] = []
+
+    def pass_on(signum: int, frame: object) -> None:
+        received.append((signum, time.monotonic()))
+        if running:
+            _pass_on(running[0], signum, again=len(received) > 1)
+
+    previous = {sig: signal.signal(sig, pass_on) for sig in FORWARDED}
     try:
-        return process.wait()
-    except KeyboardInterrupt:
-        try:
-            process.wait(grace_s)
-        except (KeyboardInterrupt, subprocess.TimeoutExpired):
-            process.kill()
-            process.wait()
-        return 130
+        process = subprocess.Popen(command, env=env, preexec_fn=_attached_preexec())
+        running.append(process)
+        if received:  # a signal came while it was starting
+            _pass_on(process, received[0][0], again=False)
+        if on_start is not None:
+            on_start(process.pid)
+        while True:
+            try:
+                code = process.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if received and time.monotonic() - received[0][1] > grace_s:
+                    _signal_group(process.pid, signal.SIGKILL)
+        if received and code < 0:  # killed with its group: it was asked to stop by this signal
+            return 128 + received[0][0]
+        return code if code >= 0 else 128 - code
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _pass_on(process: subprocess.Popen, signum: int, again: bool) -> None:
+    if again:  # asked twice: stop now
+        _signal_group(process.pid, signal.SIGKILL)
+        return
+    try:
+        process.send_signal(signum)  # the worker (or torchrun, which passes it on to its workers) only
+    except ProcessLookupError:
+        pass
+
+
+def _attached_preexec() -> Callable[[], None]:
+    """Between fork and exec: a process group of its own, and SIGTERM when the thread that started it (rlsteps'
+    main thread) ends (Linux prctl PR_SET_PDEATHSIG). prctl is looked up before the fork."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        prctl = None  # not Linux: the worker's own watch of its parent (signals.STOP_WITH_PARENT) remains
+    parent = os.getpid()
+
+    def prepare() -> None:
+        os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # rlsteps ended before the call: nobody would stop this child
+            os._exit(128 + signal.SIGTERM)
+
+    return prepare

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -191,18 +192,46 @@ class SlurmLauncher:
         return state.ended or state is JobState.UNKNOWN
 
     def _stream_until_done(self, record: JobRecord) -> int:
-        print(f"Slurm job {record.job_id}: streaming {record.extra['log']} (Ctrl-C cancels the job)", file=sys.stderr)
+        """Stream the job's log until it ends. Ctrl-C, SIGTERM or SIGHUP to rlsteps cancels the job (scancel: its
+        worker stops with a log line and exit 143) and exits 130 or 143, rather than leave it running unwatched."""
+        print(
+            f"Slurm job {record.job_id}: streaming {record.extra['log']} (Ctrl-C or SIGTERM cancels the job)",
+            file=sys.stderr,
+        )
+        previous = {sig: signal.signal(sig, _stop_streaming) for sig in (signal.SIGTERM, signal.SIGHUP)}
         try:
             for line in self.logs(record, follow=True):
                 print(line, flush=True)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, _Stopped) as stopped:
+            for sig in previous:
+                signal.signal(sig, signal.SIG_IGN)  # scancel is not cut short by a second signal
             subprocess.run(["scancel", record.job_id], check=False)
-            print(f"cancelled Slurm job {record.job_id}", file=sys.stderr)
-            return 130
+            _print_quietly(f"cancelled Slurm job {record.job_id}")
+            return 128 + (stopped.signum if isinstance(stopped, _Stopped) else signal.SIGINT)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         info = query(record.job_id)
         if info is None or info.state is JobState.UNKNOWN:
             return 1
         return 0 if info.state is JobState.SUCCEEDED else (info.exit_code or 1)
+
+
+class _Stopped(BaseException):  # noqa: N818 - like KeyboardInterrupt
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop_streaming(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
+
+
+def _print_quietly(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass  # the terminal is gone (SIGHUP)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ schema's closest key.
 from __future__ import annotations
 
 import difflib
+import os
 import time
 from importlib import resources
 from pathlib import Path
@@ -172,7 +173,7 @@ def compile_job(
         resolved, algorithm, notes = _nemo_rl_step(step, source, resolved, profile, list(overrides))
     created = time.strftime("%Y%m%d-%H%M%S")
     return Job(
-        name=f"{created}-{sanitise_name(step.slug)}",
+        name=f"{created}-{os.urandom(3).hex()}-{sanitise_name(step.slug)}",  # unique: two runs in one second differ
         step_id=step.id,
         algorithm=algorithm,
         config_name=Path(config_ref).stem,

@@ -20,7 +20,8 @@ from rlsteps.artifacts.inputs import (
 )
 from rlsteps.artifacts.store import SCHEME, resolve_reference
 from rlsteps.catalog import Catalog, Step
-from rlsteps.errors import ArtifactError, InputRefusedInJob, Interrupted, RunFailed, UsageError
+from rlsteps.engine.run_lock import EXIT_IN_USE, holder  # standard library only
+from rlsteps.errors import ArtifactError, InputRefusedInJob, Interrupted, RunFailed, Terminated, UsageError
 from rlsteps.launch.base import Launcher, LaunchPlan, Submission, get_launcher
 from rlsteps.launch.job import Job, Mode
 from rlsteps.plan.compile import compile_job
@@ -165,6 +166,8 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     job = compiled.job
     launcher = get_launcher(job.executor)
     launcher.check(job)  # a refusal writes nothing
+    if launcher.sees_local_files:
+        _refuse_run_directory_in_use(job)  # before anything starts: one run per output.dir
     step = input_step(catalog, catalog.find(job.step_id), job)
     if _tiny_world_built_by(job) is not None:
         _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
@@ -181,14 +184,30 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     record = launcher.record(job, submission)
     for directory in dict.fromkeys([job_dir, submission.job_dir]):  # the launcher may run it from a shared job dir
         record.save(directory)
-    if submission.exit_code == Interrupted.exit_code:  # an attached worker stopped by Ctrl-C
+    if submission.exit_code == Interrupted.exit_code:  # an attached worker stopped by Ctrl-C (SIGINT)
         raise Interrupted(f"{job.step_id} was interrupted", fix="rerun the same command to resume from its checkpoint")
+    if submission.exit_code == Terminated.exit_code:  # SIGTERM or SIGHUP to rlsteps or the worker
+        raise Terminated(f"{job.step_id} was terminated", fix="rerun the same command to resume from its checkpoint")
+    if submission.exit_code == EXIT_IN_USE:  # another run took the output.dir after the check above
+        raise UsageError(
+            f"{job.step_id} was refused: its output.dir is in use by another run", fix="see the line above"
+        )
     if submission.exit_code not in (None, 0):
         refused = submission.exit_code == InputRefusedInJob.exit_code  # an input the job checked itself
         raise (InputRefusedInJob if refused else RunFailed)(
             f"{job.step_id} failed with exit code {submission.exit_code}", fix=f"see the log above and {job_dir}"
         )
     return submission
+
+
+def _refuse_run_directory_in_use(job: Job) -> None:
+    """A run directory whose lock a live run holds is refused now, in seconds, naming that run and how to stop it
+    (the worker's own claim of the lock is what counts; this is the early answer)."""
+    run_dir = (job.config.get("output") or {}).get("dir")
+    found = holder(Path(str(run_dir))) if run_dir else None
+    if found is not None:
+        problem = f"output.dir {run_dir} is in use by {found.describe()}: one run per output.dir"
+        raise UsageError(problem, fix=found.fix())
 
 
 def _check_prompt_files(inputs: list[ResolvedInput]) -> None:

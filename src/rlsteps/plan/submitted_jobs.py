@@ -64,9 +64,10 @@ def find_records(roots: list[Path] | None = None) -> list[JobRecord]:
 
 
 def find_job(ref: str, records: list[JobRecord] | None = None) -> JobRecord:
-    """A job by its id (Slurm job id, pid, ...), its job directory's name or path, or a unique prefix of the name."""
+    """A job by its id (a local job's directory name, a Slurm job id, ...), its job directory's name or path, a local
+    job's pid, or a unique prefix of the name."""
     records = find_records() if records is None else records
-    matches = [r for r in records if ref in (r.job_id, Path(r.job_dir).name, r.job_dir)]
+    matches = [r for r in records if ref in (r.job_id, Path(r.job_dir).name, r.job_dir, str(r.extra.get("pid")))]
     if not matches:
         matches = [r for r in records if Path(r.job_dir).name.startswith(ref)]
     if len(matches) == 1:
