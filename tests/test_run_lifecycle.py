@@ -373,3 +373,32 @@ def test_a_running_attached_run_is_a_job_that_jobs_lists_follows_and_cancels_and
         assert json.loads(jobs_cli("list", "--json").stdout)[0]["state"] == "cancelled"
     finally:
         stop_all(cli, worker, server)
+
+
+# ----- Slurm, attached (-r): a signal to rlsteps cancels the job ---------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_to_rlsteps_streaming_a_slurm_job_cancels_the_job(tiny_world, tmp_path, monkeypatch, sig):
+    from test_launch_slurm import CLUSTER_PROBLEM, PROFILES, TINY_RUN
+
+    if CLUSTER_PROBLEM is not None and os.environ.get("RLSTEPS_REQUIRE_SLURM") != "1":
+        pytest.skip(f"no Slurm cluster here: {CLUSTER_PROBLEM}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rlsteps.yaml").write_text(PROFILES.format(shared=tmp_path / "shared" / "jobs"))
+    cli = start_rlsteps("run", "rs", *TINY_RUN, "-r", "ci", LONG, cwd=tmp_path, log=tmp_path / "cli.log")
+    try:
+        wait_until(lambda: "step 1/" in (tmp_path / "cli.log").read_text() or cli.poll() is not None, 300, "no step")
+        assert cli.poll() is None, (tmp_path / "cli.log").read_text()
+        [record] = jobs.find_records()
+        assert jobs.job_status(record).state is JobState.RUNNING
+        os.kill(cli.pid, sig)  # rlsteps alone
+        assert cli.wait(timeout=60) == CODES[sig], (tmp_path / "cli.log").read_text()[-3000:]
+        assert f"cancelled Slurm job {record.job_id}" in (tmp_path / "cli.log").read_text()
+        wait_until(lambda: jobs.job_status(record).state.ended, 60, "the Slurm job is still running")
+        assert jobs.job_status(record).state is JobState.CANCELLED
+    finally:
+        kill_group(cli)
+        for record in jobs.find_records():
+            subprocess.run(["scancel", record.job_id], check=False)

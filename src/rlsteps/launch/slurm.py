@@ -207,7 +207,7 @@ class SlurmLauncher:
                 signal.signal(sig, signal.SIG_IGN)  # scancel is not cut short by a second signal
             subprocess.run(["scancel", record.job_id], check=False)
             _print_quietly(f"cancelled Slurm job {record.job_id}")
-            return 128 + (stopped.signum if isinstance(stopped, _Stopped) else signal.SIGINT)
+            return 128 + (signal.SIGTERM if isinstance(stopped, _Stopped) else signal.SIGINT)  # SIGHUP too: 143
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
