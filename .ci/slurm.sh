@@ -9,15 +9,21 @@
 #
 # Both are idempotent. Runs as root on Debian 12. One partition "debug" over both nodes. No accounting daemon: finished jobs stay visible to
 # `scontrol show job` for MinJobAge seconds, which is how rlsteps reads their final state.
+#
+# Each node has 8 stand-in GPUs: character devices like /dev/null, so that Slurm counts them, checks GPU requests
+# (sbatch --test-only) and sets CUDA_VISIBLE_DEVICES, while no GPU exists. A requeued job may start again after
+# cred_expire + 1 seconds: 30 here rather than Slurm's 120, for the time-limit test's checkpoint and requeue.
 set -euo pipefail
 
 CONF_DIR=/etc/slurm
 CONF="$CONF_DIR/slurm.conf"
+GRES_CONF="$CONF_DIR/gres.conf"
 RUN_DIR=/run/rlsteps-slurm
 LOG_DIR=/var/log/slurm
 MUNGE_PID=/run/munge/munged.pid
 CTLD_PID="$RUN_DIR/slurmctld.pid"
 NODES=(node1 node2)
+GPUS=8  # stand-in GPUs per node
 slurmd_pid() { echo "$RUN_DIR/slurmd-$1.pid"; }
 PACKAGES=(slurm-wlm munge)
 
@@ -44,8 +50,16 @@ install_packages() {
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+fake_gpus() {  # the stand-in GPU devices, in RUN_DIR (a tmpfs: made again after a reboot)
+    local i
+    mkdir -p "$RUN_DIR"
+    for i in $(seq 0 $((GPUS - 1))); do
+        [ -c "$RUN_DIR/gpu$i" ] || mknod "$RUN_DIR/gpu$i" c 1 3
+    done
+}
+
 write_config() {
-    local cpus mem_mb conf_tmp
+    local cpus mem_mb conf_tmp gres_tmp changed=1
     cpus=$(nproc)
     mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
     mem_mb=$(( mem_mb > 2048 ? mem_mb - 1024 : mem_mb * 3 / 4 ))  # leave a margin for the daemons
@@ -58,7 +72,9 @@ SlurmctldHost=localhost
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=cred_expire=30
 CredType=cred/munge
+GresTypes=gpu
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -81,17 +97,24 @@ SlurmctldLogFile=$LOG_DIR/slurmctld.log
 SlurmdLogFile=$LOG_DIR/slurmd-%n.log
 SlurmctldTimeout=30
 SlurmdTimeout=60
-NodeName=node1 NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=6818 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
-NodeName=node2 NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=6819 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
+NodeName=node1 NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=6818 CPUs=$cpus Gres=gpu:$GPUS RealMemory=$mem_mb State=UNKNOWN
+NodeName=node2 NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=6819 CPUs=$cpus Gres=gpu:$GPUS RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP
 EOF
+    gres_tmp=$(mktemp)
+    echo "NodeName=node[1-2] Name=gpu File=$RUN_DIR/gpu[0-$((GPUS - 1))]" >"$gres_tmp"
+    if ! cmp -s "$gres_tmp" "$GRES_CONF"; then
+        install -m 0644 "$gres_tmp" "$GRES_CONF"
+        changed=0
+    fi
+    rm -f "$gres_tmp"
     if cmp -s "$conf_tmp" "$CONF"; then
         rm -f "$conf_tmp"
-        return 1  # unchanged
+        return $changed
     fi
     install -m 0644 "$conf_tmp" "$CONF"
     rm -f "$conf_tmp"
-    say "wrote $CONF (CPUs=$cpus RealMemory=${mem_mb}MB)"
+    say "wrote $CONF (CPUs=$cpus RealMemory=${mem_mb}MB, $GPUS stand-in GPUs per node)"
     return 0
 }
 
@@ -152,6 +175,7 @@ stop_slurmds() {
 up() {
     need_root
     install_packages
+    fake_gpus
     if write_config && alive "$CTLD_PID"; then
         say "configuration changed: restarting the daemons"
         stop_slurmds
