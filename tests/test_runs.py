@@ -309,7 +309,7 @@ def test_another_config_into_a_run_directory_with_checkpoints_is_refused(tiny_wo
     run = run_dir(tmp_path, "rl_rs")
     before = artifact_metadata(run)
     changed = rlsteps("run", "rl/rs", "-c", "tiny", *short, "train.lr=1e-4", cwd=tmp_path)
-    assert changed.returncode == 1, changed.stderr[-3000:]
+    assert changed.returncode == 2, changed.stderr[-3000:]  # a config error
     assert "holds checkpoints of a run with another config: train.lr (0.0003 -> 0.0001)" in changed.stderr
     assert "output.dir=NEW_DIR" in changed.stderr
     assert artifact_metadata(run) == before  # the finished run's output and provenance are untouched

@@ -43,6 +43,11 @@ class InputRefusedInJob(RunFailed):
     exit_code = ArtifactError.exit_code
 
 
+class DiskFull(RunFailed):
+    """The run directory's disk has no room for what the run writes next: exit 1, with the directory and the
+    megabytes to free."""
+
+
 class Interrupted(RlstepsError):
     """Ctrl-C: the run was interrupted; its last checkpoint is intact. Exit 130, as a shell reports SIGINT."""
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
+from rlsteps.engine.disk import disk_full, is_disk_full
+
 METADATA_FILE = "rlsteps_artifact.json"
 
 
@@ -26,16 +28,23 @@ def config_hash(config: dict[str, Any]) -> str:
 def write_artifact(target: Path, write_contents: Callable[[Path], None], metadata: dict[str, Any]) -> Path:
     """Write into a sibling temp dir, add the metadata last, then rename over the target.
 
-    A kill at any point leaves either the previous artifact or the new one, never a mix.
+    A kill at any point leaves either the previous artifact or the new one, never a mix; a write that fails (a full
+    disk: DiskFull) removes what it wrote.
     """
     recover_interrupted_write(target)
     staging = target.with_name(f".tmp-{target.name}-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    write_contents(staging)
-    size = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
-    full = {**metadata, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "size_bytes": size}
-    (staging / METADATA_FILE).write_text(json.dumps(full, indent=2, sort_keys=True, default=str))
+    try:
+        staging.mkdir(parents=True)
+        write_contents(staging)
+        size = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
+        full = {**metadata, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "size_bytes": size}
+        (staging / METADATA_FILE).write_text(json.dumps(full, indent=2, sort_keys=True, default=str))
+    except Exception as error:
+        shutil.rmtree(staging, ignore_errors=True)  # nothing half-written stays behind
+        if is_disk_full(error):
+            raise disk_full(target.parent, what=f"the output {target.name}/") from error
+        raise
     old = target.with_name(f".old-{target.name}-{os.getpid()}")
     if target.exists():
         target.rename(old)

@@ -23,6 +23,7 @@ from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import RecipeConfig
 from rlsteps.engine.data import Prompt, RunPrompts, load_run_prompts, prompt_indices, steps_per_epoch
 from rlsteps.engine.device import resolve_device
+from rlsteps.engine.disk import checkpoint_estimate, disk_full, is_disk_full
 from rlsteps.engine.distributed import (
     SINGLE,
     World,
@@ -55,6 +56,7 @@ from rlsteps.engine.resume import (
     CheckpointManager,
     capture_rng_state,
     restore_rng_state,
+    rewind_records,
 )
 from rlsteps.engine.rewards.functions import RewardFunction, load_reward_functions
 from rlsteps.engine.rewards.sources import RewardSource, Scores
@@ -114,8 +116,14 @@ def train(
     """run_prompts: the prompts already loaded and measured (the worker does it before the policy loads); else
     they are loaded here, with the policy's tokenizer. rewards: the main process's source (None elsewhere).
     Every process of `world` calls train; the result's model is whole on the main process only."""
-    with contextlib.ExitStack() as cleanup:  # what the run made for itself, removed however it ends
-        return _train(cleanup, cfg, recipe, rewards, run_dir, say, run_prompts, world)
+    try:
+        with contextlib.ExitStack() as cleanup:  # what the run made for itself, removed however it ends
+            return _train(cleanup, cfg, recipe, rewards, run_dir, say, run_prompts, world)
+    except OSError as error:  # a write that met a full disk (each writer has undone its part)
+        if not is_disk_full(error):
+            raise
+        need = CheckpointManager(run_dir / CHECKPOINTS_DIR).needed_bytes() or None
+        raise disk_full(run_dir, need=need, what="the next checkpoint") from error
 
 
 def _train(
@@ -131,7 +139,16 @@ def _train(
     device = join(world, resolve_device(cfg.run.device))
     precision = Precision.named(cfg.run.dtype)
     peak_flops(device, precision.compute)  # a malformed RLSTEPS_PEAK_TFLOPS stops the run now, not after a step
+    checkpoints = CheckpointManager(
+        run_dir / CHECKPOINTS_DIR,
+        keep_last=cfg.checkpoint.keep_last,
+        keep_top_k=cfg.checkpoint.keep_top_k,
+        metric=cfg.checkpoint.metric,
+    )
+    checkpoints.check_room(world)  # room for a checkpoint like the latest: before the policy loads
     initial, tokenizer = load_policy(cfg.inputs.policy, device="cpu", dtype=torch.float32)
+    checkpoints.size_hint = _checkpoint_size(initial)
+    checkpoints.check_room(world)  # before the first checkpoint: room for the estimate, before anything is written
     check_rollout_fits(rollout_shape(cfg), initial.config)
     sampler_name = backend_name(cfg.rollout.backend, device, processes_on_this_node())
     engine_dir = (
@@ -148,14 +165,10 @@ def _train(
     reward_functions = load_reward_functions(cfg.validation.reward_functions)
     total_steps = planned_steps(cfg, len(prompts), say)
 
-    checkpoints = CheckpointManager(
-        run_dir / CHECKPOINTS_DIR,
-        keep_last=cfg.checkpoint.keep_last,
-        keep_top_k=cfg.checkpoint.keep_top_k,
-        metric=cfg.checkpoint.metric,
-    )
     optimizer, scheduler = _optimizer_and_schedule(cfg, recipe, model, total_steps)
     counters = _resume(checkpoints, model, optimizer, scheduler, world, say)
+    # the records of what came after the checkpoint (a stopped run's later steps) go: they are made again
+    rewind_records(run_dir, counters.step if checkpoints.latest() else None, records=world.is_main)
     backend = build_backend(sampler_name, cfg, model, tokenizer, device, precision.compute, engine_dir, say, cleanup)
     run = _Run(
         cfg,
@@ -219,6 +232,14 @@ def _resume(checkpoints, model, optimizer, scheduler, world: World, say: Callabl
     on = f"; written by {written_by} process(es), read by {world.size}" if written_by != world.size else ""
     say(f"resuming from {latest} (step {counters.step}, {counters.consumed_samples} prompts consumed{on})")
     return counters
+
+
+def _checkpoint_size(model: torch.nn.Module) -> int:
+    """What a checkpoint of the policy takes before one exists to measure: its fp32 weights and AdamW's two fp32
+    moments of every trained parameter (the loop keeps both in fp32 whatever the compute dtype)."""
+    weights = sum(t.numel() * 4 for t in model.state_dict().values())
+    trained = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    return checkpoint_estimate(weights, trained)
 
 
 def _read_policy_layout(loaded, model, optimizer, world: World) -> None:

@@ -1,12 +1,15 @@
 """Training metrics: an append-only JSONL log, optional TensorBoard / W&B, timers, progress, plots.
 
 The JSONL file is the record of a run: one line {"step", "time", **metrics} per `log` call,
-flushed at once, so a crash loses at most the line being written. A resumed run appends to
-the same file; `read_metrics` drops the records that the resumed steps superseded.
+written at once and whole: a write the disk cannot take is cut back, so the file never ends in a torn line
+(a kill mid-write may leave one, which the next start drops). A resumed run first cuts the file back to the
+steps of its checkpoint (`keep_records_through`), then appends: the file reads as if the run never stopped.
+`read_metrics` still drops records that a later step superseded (in files written before resumes cut them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -17,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ class MetricsWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         drop_partial_last_line(self.path)
-        self._file: TextIO = self.path.open("a", encoding="utf-8")
+        self._file: BinaryIO = open_records(self.path)
         self._warned_non_finite: set[str] = set()
         self._tensorboard = _open_tensorboard(tensorboard_dir) if tensorboard_dir is not None else None
         self._wandb_run = _open_wandb(wandb) if wandb else None
@@ -58,8 +61,7 @@ class MetricsWriter:
             raise ValueError(f"metric names {clash} are reserved for the record itself; rename them")
         values = {key: self._finite_or_none(step, key, value) for key, value in metrics.items()}
         record = {"step": int(step), "time": round(time.time(), 3), **values}
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
-        self._file.flush()
+        append_whole(self._file, json.dumps(record, allow_nan=False) + "\n")
         numbers = {key: value for key, value in values.items() if value is not None}
         if self._tensorboard is not None:
             for key, value in numbers.items():
@@ -95,6 +97,75 @@ class MetricsWriter:
                 step,
             )
         return number
+
+
+def open_records(path: Path) -> BinaryIO:
+    """A record file opened for `append_whole`: unbuffered, so nothing waits in memory to be written later."""
+    return Path(path).open("ab", buffering=0)
+
+
+def append_whole(file: BinaryIO, text: str) -> None:
+    """Append `text` (whole lines) to a file from `open_records`, or nothing: a write that fails part-way (a full
+    disk) is cut back to where it began, and its error raised."""
+    data = text.encode("utf-8")
+    start = file.seek(0, os.SEEK_END)
+    try:
+        written = 0
+        while written < len(data):
+            written += file.write(data[written:])
+    except OSError:
+        with contextlib.suppress(OSError):  # cutting frees space; it does not need any
+            os.ftruncate(file.fileno(), start)
+        raise
+
+
+def keep_records_through(path: Path, step: int | None) -> int:
+    """Cut a JSONL record file (lines {"step": N, ...}) back to the records of steps <= `step` (None: to no
+    record), dropping a torn last line: what a run resumed from the checkpoint of `step` does before it appends.
+
+    Only when something goes, and atomically: the records kept are the file's first lines (steps only grow in a
+    file this module writes), so the file is truncated in place (one call, no space needed); otherwise it is
+    replaced whole. Returns the number of lines dropped."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    lines = path.read_bytes().splitlines(keepends=True)
+    kept: list[bytes] = []
+    for line in lines:
+        if not line.endswith(b"\n"):
+            break  # torn by a kill mid-write
+        try:
+            at = int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # not a record
+        if step is not None and at <= step:
+            kept.append(line)
+    dropped = len(lines) - len(kept)
+    if not dropped:
+        return 0
+    if lines[: len(kept)] == kept:
+        with path.open("rb+") as f:
+            f.truncate(sum(len(line) for line in kept))
+            os.fsync(f.fileno())
+    else:
+        replace_atomically(path, b"".join(kept))
+    after = f"after step {step}, the checkpoint this run resumes from" if step is not None else "(no checkpoint)"
+    logger.info("%s: dropped %d line(s) %s", path, dropped, after)
+    return dropped
+
+
+def replace_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to a sibling file, sync it, and rename it over `path`; a failure leaves `path` as it was."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        with staging.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staging, path)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
 
 
 def drop_partial_last_line(path: Path) -> None:

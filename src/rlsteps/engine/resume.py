@@ -18,6 +18,14 @@ puts back a trashed checkpoint whose replacement never arrived.
 Pruning keeps the `keep_last` newest and the `keep_top_k` best by a metric. Saving step N also
 removes any step_<M> with M > N: those belong to a run that this one superseded by resuming from
 an earlier checkpoint, and `latest()` must not hand them to the next resume.
+
+A save first checks that the disk has room for it (the latest checkpoint's size, or `size_hint` before the
+first); a save that fails (a full disk, anything) removes its `tmp_step_<N>/` and a full disk is raised as
+DiskFull, naming the directory and what to free.
+
+The run's records follow the checkpoint it resumes from (`keep_records_through`): metrics.jsonl and
+samples.jsonl are cut back to the records of steps <= its step, a torn last line dropped, and the run's log
+(train.log) loses the per-step lines of later steps, so a resumed run's records read as if it never stopped.
 """
 
 from __future__ import annotations
@@ -34,8 +42,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rlsteps.engine.distributed import SINGLE, World, barrier
-from rlsteps.engine.metrics import to_json_number
+from rlsteps.engine import disk
+from rlsteps.engine.distributed import SINGLE, World, barrier, from_main
+from rlsteps.engine.metrics import keep_records_through, replace_atomically, to_json_number
+from rlsteps.errors import DiskFull
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +59,10 @@ TMP_PREFIX = "tmp_"  # tmp_step_<N>: a save in progress
 TRASH_PREFIX = "trash_"  # trash_step_<N>: a checkpoint being replaced or pruned
 REQUIRED_INFO = ("consumed_samples", "epoch", "optimizer_steps")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+RECORD_FILES = ("metrics.jsonl", "samples.jsonl")  # JSONL, one {"step": N, ...} a line, in the run directory
+STEP_LOGGER = "rlsteps.steps"  # the loop's one line per step in the run's log: "<time> INFO rlsteps.steps: step N/T"
+_LOG_HEADER = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+_STEP_LINE = re.compile(_LOG_HEADER.pattern + re.escape(STEP_LOGGER.encode()) + rb": step (\d+)/\d+")
 
 
 class CheckpointError(RuntimeError):
@@ -105,10 +119,18 @@ class CheckpointManager:
     keep_last: how many of the newest checkpoints to keep (>= 1).
     keep_top_k: how many of the best by `info["metrics"][metric]` to keep as well.
     mode: "max" (higher metric is better) or "min".
+    size_hint: the bytes a checkpoint will take, for the room check before the first one exists (then the
+    latest checkpoint's size is used).
     """
 
     def __init__(
-        self, root: Path, keep_last: int = 2, keep_top_k: int = 0, metric: str | None = None, mode: str = "max"
+        self,
+        root: Path,
+        keep_last: int = 2,
+        keep_top_k: int = 0,
+        metric: str | None = None,
+        mode: str = "max",
+        size_hint: int | None = None,
     ):
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1 (the newest checkpoint is what resume uses), got {keep_last}")
@@ -120,6 +142,24 @@ class CheckpointManager:
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
         self.root = Path(root)
         self.keep_last, self.keep_top_k, self.metric, self.mode = keep_last, keep_top_k, metric, mode
+        self.size_hint = size_hint
+
+    def needed_bytes(self) -> int:
+        """What the next checkpoint takes on disk: the latest one's size, else the size hint (0 without one)."""
+        latest = self.latest()
+        return disk.tree_bytes(latest) if latest is not None else (self.size_hint or 0)
+
+    def check_room(self, world: World = SINGLE) -> None:
+        """DiskFull on every process when the disk of `root` has no room for the next checkpoint."""
+        problem = None
+        if world.is_main:
+            try:
+                disk.check_room(self.root, self.needed_bytes())
+            except DiskFull as error:
+                problem = error
+        problem = from_main(world, problem)
+        if problem is not None:
+            raise problem
 
     def save(
         self,
@@ -147,16 +187,29 @@ class CheckpointManager:
         if world.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
             self._clean_interrupted_saves()
+        need = self.needed_bytes() if world.is_main else 0
+        self.check_room(world)
+        if world.is_main:
             tmp.mkdir()
         barrier(world)
-        if write_state is not None:
-            write_state(tmp / STATE_DIR)
-            barrier(world)
         final = self.root / f"step_{step}"
-        if world.is_main:
-            if write_state is None:
-                (write_policy or _hf_policy_writer(model, tokenizer))(tmp / POLICY_DIR)
-            self._complete(tmp, final, trainer_state, training_info)
+        try:
+            if write_state is not None:
+                write_state(tmp / STATE_DIR)
+                barrier(world)
+            if world.is_main:
+                if write_state is None:
+                    (write_policy or _hf_policy_writer(model, tokenizer))(tmp / POLICY_DIR)
+                self._complete(tmp, final, trainer_state, training_info)
+        except Exception as error:
+            if not world.is_main:
+                raise
+            # ENOSPC, or a writer (torch's) that reports a failed write without it while the rest did not fit
+            full = disk.is_disk_full(error) or disk.free_bytes(self.root) < need - _bytes_in(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
+            if full:
+                raise disk.disk_full(self.root, need=need, what=f"checkpoint step_{step}") from error
+            raise
         barrier(world)
         return final
 
@@ -271,6 +324,69 @@ class CheckpointManager:
         _fsync_dir(self.root)
 
 
+# ---------------------------------------------------------------------------- records on resume
+
+
+def rewind_records(run_dir: Path, step: int | None, records: bool = True) -> None:
+    """Cut the run's records back to the checkpoint the run resumes from (`step`; None: a start without one,
+    which keeps no record of an earlier start): metrics.jsonl and samples.jsonl (with `records`: the process
+    that writes them) and the log files this process writes in `run_dir`."""
+    for name in RECORD_FILES if records else ():
+        keep_records_through(run_dir / name, step)
+    for path in _own_logs(run_dir):
+        keep_log_steps_through(path, step)
+
+
+def keep_log_steps_through(path: Path, step: int | None) -> int:
+    """Drop a run log's per-step lines of steps after `step` (all of them for None), and the torn end of a line
+    that a kill cut short (the next start's first line is glued to it). The other lines stay: they tell what
+    happened before the run stopped. Replaced whole, under the lock of this process's handlers that write the
+    file, which then write to the new file. Returns the number of lines dropped or repaired."""
+    if not path.is_file():
+        return 0
+    handlers = [h for h in logging.getLogger().handlers if _writes(h, path)]
+    for handler in handlers:
+        handler.acquire()
+    try:
+        for handler in handlers:
+            handler.flush()
+        lines = path.read_bytes().splitlines(keepends=True)
+        kept, repaired = [], 0
+        for line in lines:
+            glued = _LOG_HEADER.search(line, 1)
+            if glued:
+                line, repaired = line[glued.start() :], repaired + 1
+            at = _STEP_LINE.match(line)
+            if at and (step is None or int(at.group(1)) > step):
+                continue
+            kept.append(line)
+        changed = len(lines) - len(kept) + repaired
+        if changed:
+            replace_atomically(path, b"".join(kept))
+            for handler in handlers:
+                old = handler.setStream(open(handler.baseFilename, handler.mode, encoding=handler.encoding))
+                if old is not None:
+                    old.close()
+    finally:
+        for handler in handlers:
+            handler.release()
+    if changed:
+        dropped = f"{len(lines) - len(kept)} step line(s) " + (f"after step {step}" if step is not None else "")
+        logger.info("%s: dropped %s (resumed run), repaired %d torn line(s)", path, dropped.strip(), repaired)
+    return changed
+
+
+def _own_logs(run_dir: Path) -> list[Path]:
+    """The files in `run_dir` that this process's logging writes (train.log; train.rank<N>.log elsewhere)."""
+    root = Path(run_dir).absolute()
+    files = {Path(h.baseFilename) for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)}
+    return sorted(f for f in files if f.parent == root)
+
+
+def _writes(handler: logging.Handler, path: Path) -> bool:
+    return isinstance(handler, logging.FileHandler) and Path(handler.baseFilename) == Path(path).absolute()
+
+
 # ---------------------------------------------------------------------------- helpers
 
 
@@ -308,6 +424,10 @@ def _read_training_info(path: Path) -> dict:
         raise CheckpointError(
             f"cannot read {path}: {error}. The checkpoint is damaged; resume from another checkpoint or delete this one"
         ) from error
+
+
+def _bytes_in(directory: Path) -> int:
+    return disk.tree_bytes(directory) if directory.is_dir() else 0
 
 
 def _step_of(path: Path) -> int:

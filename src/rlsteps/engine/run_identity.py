@@ -14,6 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlsteps.engine.disk import FULL_ERRNOS, disk_full
+from rlsteps.errors import UsageError
+
 RUN_FILE = "run.json"
 # dotted prefixes that a continuation may change
 RESUMABLE = (
@@ -26,8 +29,8 @@ RESUMABLE = (
 )  # fmt: skip
 
 
-class RunDirectoryInUse(RuntimeError):
-    """The run directory holds checkpoints of a run with another config."""
+class RunDirectoryInUse(UsageError):
+    """The run directory holds checkpoints of a run with another config: a config error, exit 2."""
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -69,8 +72,14 @@ def claim_run_directory(run_dir: Path, config: dict[str, Any], has_checkpoints: 
             )
         return
     staging = path.with_name(f".{RUN_FILE}.{os.getpid()}")
-    staging.write_text(json.dumps({"identity": current}, indent=2, sort_keys=True, default=str) + "\n")
-    staging.replace(path)
+    try:
+        staging.write_text(json.dumps({"identity": current}, indent=2, sort_keys=True, default=str) + "\n")
+        staging.replace(path)
+    except OSError as error:
+        staging.unlink(missing_ok=True)
+        if error.errno in FULL_ERRNOS:
+            raise disk_full(run_dir, what=RUN_FILE) from error
+        raise
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO
 
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.metrics import drop_partial_last_line
+from rlsteps.engine.metrics import append_whole, drop_partial_last_line, open_records
 from rlsteps.engine.rewards.sources import Scores
 
 
@@ -53,18 +53,17 @@ def describe_sample(record: dict, width: int = 160) -> str:
 
 
 class SampleLog:
-    """Appends sample records to a JSONL file, flushed at once (a crash loses at most the line being written)."""
+    """Appends sample records to a JSONL file, written at once and whole: a write the disk cannot take is cut back
+    (a kill mid-write may leave a torn line, which the next start drops)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         drop_partial_last_line(self.path)
-        self._file: TextIO = self.path.open("a", encoding="utf-8")
+        self._file: BinaryIO = open_records(self.path)
 
     def write(self, records: list[dict]) -> None:
-        for record in records:
-            self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._file.flush()
+        append_whole(self._file, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
 
     def close(self) -> None:
         self._file.close()

@@ -81,7 +81,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
             rewards = None if converting or not world.is_main else _start_rewards(cfg, run_dir, servers)
         except RunDirectoryInUse as refused:
             log.error("%s", refused)
-            return 1
+            return refused.exit_code
         _prepare_torch(cfg)  # while a reward server loads
         from rlsteps.engine.loop import RunStopped
 
@@ -322,6 +322,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
     from rlsteps.engine.input_check import EXIT_INPUT, InputProblem
+    from rlsteps.errors import DiskFull
 
     try:
         code = run(args.config, args.log_level)
@@ -340,7 +341,8 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
         ValueError,
         FileNotFoundError,
         ImportError,
-    ) as error:  # bad data, paths or a missing extra: say what, no traceback
+        DiskFull,
+    ) as error:  # bad data, paths, a missing extra or a full disk: say what, no traceback
         log.error("%s", error)
         return 1
 
