@@ -188,9 +188,10 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
         raise Interrupted(f"{job.step_id} was interrupted", fix="rerun the same command to resume from its checkpoint")
     if submission.exit_code == Terminated.exit_code:  # SIGTERM or SIGHUP to rlsteps or the worker
         raise Terminated(f"{job.step_id} was terminated", fix="rerun the same command to resume from its checkpoint")
-    if submission.exit_code == EXIT_IN_USE:  # another run took the output.dir after the check above
+    if submission.exit_code == EXIT_IN_USE:  # the output.dir in use by another run, or holding another config's run
         raise UsageError(
-            f"{job.step_id} was refused: its output.dir is in use by another run", fix="see the line above"
+            f"{job.step_id} was refused: its output.dir is in use by another run or holds another config's checkpoints",
+            fix="see the line above",
         )
     if submission.exit_code not in (None, 0):
         refused = submission.exit_code == InputRefusedInJob.exit_code  # an input the job checked itself
