@@ -50,7 +50,6 @@ from rlsteps.engine.megatron.format import (
 from rlsteps.engine.megatron.gpt_model import (
     compare_with_engine,
     megatron_gpt,
-    transformer_config,
 )
 from rlsteps.engine.megatron.layout import (
     GPTShape,
@@ -257,8 +256,12 @@ def test_folder_is_laid_out_as_megatron_writes_it(saved):
     original, root = saved["llama_tied"]
     checkpoint = root / f"iter_{ITERATION:07d}"
 
-    assert sorted(p.name for p in root.iterdir()) == [checkpoint.name, "latest_checkpointed_iteration.txt"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        checkpoint.name, "latest_checkpointed_iteration.txt", "latest_train_state.pt"
+    ]  # fmt: skip
     assert (root / "latest_checkpointed_iteration.txt").read_text().strip() == str(ITERATION)
+    for train_state in (checkpoint / "train_state.pt", root / "latest_train_state.pt"):  # Megatron-Bridge's TrainState
+        assert torch.load(train_state, weights_only=True)["step"].item() == ITERATION
     assert json.loads((checkpoint / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
     assert any(checkpoint.glob("*.distcp")) and (checkpoint / ".metadata").is_file()
     common = torch.load(checkpoint / "common.pt", weights_only=False)
@@ -278,9 +281,9 @@ def test_run_config_records_dtype_bias_and_rope_base(saved):
     def model_section(name: str) -> dict:
         return OmegaConf.to_container(OmegaConf.load(iter_dir(saved[name][1]) / "run_config.yaml"))["model"]
 
-    assert model_section("llama_bf16")["params_dtype"] == "bfloat16"
+    assert model_section("llama_bf16")["params_dtype"] == {"_target_": "torch.bfloat16", "_call_": False}
     assert model_section("qwen2")["add_qkv_bias"] is True
-    assert model_section("qwen2")["hf_architecture"] == "Qwen2ForCausalLM"
+    assert model_section("qwen2")["_target_"] == "megatron.bridge.models.gpt_provider.GPTModelProvider"
     assert model_section("llama_untied")["rotary_base"] == 1000.0
     assert model_section("llama_untied")["share_embeddings_and_output_weights"] is False
 
@@ -362,65 +365,8 @@ def test_gpt_model_runtime_seeds_the_tracker_on_cuda_and_forks_plainly_without(m
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. We read what megatron-core's GPTModel writes
-
-
-def megatron_written_checkpoint(
-    folder: Path, tokenizer, tokens: torch.Tensor, *, stored_vocab: int, tied: bool, qkv_bias: bool
-) -> torch.Tensor:
-    """Build a random GPTModel, save it with dist_checkpointing from its own sharded_state_dict (no hf_config/),
-    and return its logits on `tokens` ([B, T, stored_vocab])."""
-    from megatron.core import dist_checkpointing
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    model_cfg = {
-        "num_layers": 2, "hidden_size": 32, "ffn_hidden_size": 48, "num_attention_heads": 4, "num_query_groups": 2,
-        "kv_channels": 8, "vocab_size": len(tokenizer), "seq_length": 64, "normalization": "RMSNorm",
-        "layernorm_epsilon": 1e-5, "gated_linear_unit": True, "activation_func": "silu", "add_bias_linear": False,
-        "add_qkv_bias": qkv_bias, "position_embedding_type": "rope", "rotary_base": 1000.0,
-        "share_embeddings_and_output_weights": tied, "params_dtype": "float32",
-    }  # fmt: skip
-    with gpt_model_runtime():
-        model = GPTModel(
-            transformer_config(model_cfg, torch.float32), get_gpt_layer_local_spec(normalization="RMSNorm"),
-            vocab_size=stored_vocab, max_sequence_length=64, position_embedding_type="rope", rotary_base=1000,
-            share_embeddings_and_output_weights=tied,
-        )  # fmt: skip
-        randomized(model, seed=5)
-        b, t = tokens.shape
-        causal = torch.triu(torch.ones(1, 1, t, t, dtype=torch.bool), diagonal=1)  # True = masked
-        with torch.no_grad():
-            logits = model(tokens, torch.arange(t).expand(b, t), attention_mask=causal)
-        state = {"model": model.sharded_state_dict(), "checkpoint_version": 3.0, "iteration": 0}
-        dist_checkpointing.save(state, str(folder))
-    OmegaConf.save({"model": model_cfg}, folder / "run_config.yaml")
-    tokenizer.save_pretrained(folder / "tokenizer")
-    return logits
-
-
-@pytest.mark.parametrize(
-    ("stored_vocab_extra", "tied", "qkv_bias", "architecture"),
-    [(0, True, False, "LlamaForCausalLM"), (18, False, True, "Qwen2ForCausalLM")],
-    ids=["llama-tied", "qwen2-untied-padded-vocab"],
-)
-def test_load_policy_reads_a_checkpoint_gpt_model_wrote(
-    tmp_path, tokenizer, tokens, stored_vocab_extra, tied, qkv_bias, architecture
-):
-    vocab = len(tokenizer)
-    folder = tmp_path / "iter_0000000"
-    folder.mkdir()
-    expected = megatron_written_checkpoint(folder, tokenizer, tokens, stored_vocab=vocab + stored_vocab_extra,
-                                           tied=tied, qkv_bias=qkv_bias)  # fmt: skip
-    assert not (folder / "hf_config").exists()
-
-    loaded, loaded_tokenizer = load_policy(folder)
-    assert type(loaded).__name__ == architecture and len(loaded_tokenizer) == vocab
-    assert loaded.model.embed_tokens.weight.shape == (vocab, 32)  # Megatron's padding rows dropped
-    got = hf_logits(loaded, tokens)
-    assert got.shape == (2, 12, vocab)
-    assert (got - expected[..., :vocab]).abs().max() < 1e-4
-    assert torch.equal(got.argmax(-1), expected[..., :vocab].argmax(-1))
+# 5. We read what megatron-core's GPTModel writes with Megatron-Bridge's run_config.yaml: tests/test_megatron_bridge.py,
+#    where Bridge's own serialiser writes that file
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,6 +39,12 @@ from rlsteps.engine.megatron.layout import (
 )  # fmt: skip
 
 RUN_CONFIG_FILE = "run_config.yaml"
+TRAIN_STATE_FILE = "train_state.pt"  # Megatron-Bridge's TrainState; latest_train_state.pt at the root
+BRIDGE_CONFIG = "megatron.bridge.training.config"
+BRIDGE_GPT_PROVIDER = "megatron.bridge.models.gpt_provider.GPTModelProvider"
+# Kernel choices Megatron-Bridge's Llama bridge switches on (fused where Transformer Engine is there)
+BRIDGE_FUSIONS = ("bias_activation_fusion", "masked_softmax_fusion", "persist_layer_norm", "bias_dropout_fusion",
+                  "apply_rope_fusion")  # fmt: skip
 TOKENIZER_DIR = "tokenizer"
 HF_CONFIG_DIR = "hf_config"
 CHECKPOINT_VERSION = 3.0
@@ -79,6 +85,7 @@ def save_megatron_checkpoint(model: Any, tokenizer: Any, root: str | Path, itera
     state = {"model": _sharded_model(shape, tensors), "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
     _dist_save(state, target)
     _write_run_config(target / RUN_CONFIG_FILE, shape, hf_config, model.dtype)
+    _write_train_state(root, target, iteration)
     model.config.save_pretrained(target / HF_CONFIG_DIR)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(target / HF_CONFIG_DIR)
@@ -118,14 +125,70 @@ def _dist_save(state: dict[str, Any], target: Path) -> None:
 def _write_run_config(path: Path, shape: GPTShape, hf_config: dict[str, Any], dtype: torch.dtype) -> None:
     from omegaconf import OmegaConf
 
-    OmegaConf.save({"model": megatron_model_config(shape, hf_config, dtype)}, path)
+    OmegaConf.save(bridge_run_config(megatron_model_config(shape, hf_config, dtype)), path)
+
+
+def _write_train_state(root: Path, target: Path, iteration: int) -> None:
+    """Megatron-Bridge's train_state.pt (TrainState.state_dict()) in the iter folder and latest_train_state.pt
+    beside it, as its save_checkpoint writes them; its loader finds the latest iteration through the latter."""
+    state = {
+        "step": torch.tensor(iteration, dtype=torch.int64),
+        "consumed_train_samples": torch.tensor(0, dtype=torch.int64),
+        "skipped_train_samples": torch.tensor(0, dtype=torch.int64),
+        "consumed_valid_samples": torch.tensor(0, dtype=torch.int64),
+        "floating_point_operations_so_far": torch.tensor(0, dtype=torch.float32),
+        "do_train": torch.tensor(False),
+        "do_valid": torch.tensor(False),
+        "do_test": torch.tensor(False),
+    }
+    torch.save(state, target / TRAIN_STATE_FILE)
+    torch.save(state, root / f"latest_{TRAIN_STATE_FILE}")
+
+
+def _callable(target: str) -> dict[str, Any]:
+    """A function or dtype as Megatron-Bridge serialises one: instantiated to the object itself, not called."""
+    return {"_target_": target, "_call_": False}
+
+
+def bridge_run_config(model: dict[str, Any]) -> dict[str, Any]:
+    """run_config.yaml as Megatron-Bridge writes it for an imported model (save_megatron_model's ConfigContainer):
+    the sections its ConfigContainer.from_yaml requires, and the ones its checkpoint loading reads (checkpoint:
+    save_optim, save_rng, fully_parallel_save; model: the parallel sizes). Every field not written keeps
+    Bridge's default; `tokenizer:` is null as for a conversion without one (the tokenizer is in tokenizer/)."""
+    return {
+        "_target_": f"{BRIDGE_CONFIG}.ConfigContainer",
+        "model": model,
+        "train": None,
+        "optimizer": {"_target_": f"{BRIDGE_CONFIG}.OptimizerConfig", "use_distributed_optimizer": False},
+        "ddp": None,
+        "scheduler": None,
+        "dataset": None,
+        "logger": {"_target_": f"{BRIDGE_CONFIG}.LoggerConfig"},
+        "tokenizer": None,
+        "checkpoint": {
+            "_target_": f"{BRIDGE_CONFIG}.CheckpointConfig",
+            "ckpt_format": "torch_dist",
+            "async_save": False,
+            "save_optim": False,
+            "save_rng": False,
+            "fully_parallel_save": True,
+            "dist_ckpt_optim_fully_reshardable": True,
+        },
+        "dist": None,
+    }
 
 
 def megatron_model_config(shape: GPTShape, hf_config: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
-    """The Megatron-Core TransformerConfig and GPTModel fields of this model (Megatron-Bridge's provider names)."""
+    """The `model:` section: Megatron-Bridge's GPTModelProvider (a Megatron-Core TransformerConfig) with the fields
+    its Llama and Qwen2 bridges set from this Hugging Face config, and the parallel sizes of a one-rank checkpoint."""
     rope = rope_scaling(hf_config)
-    return {
-        "hf_architecture": shape.architecture,
+    dtype_name = str(dtype).removeprefix("torch.")
+    if shape.architecture == "Qwen2ForCausalLM":  # Qwen2Bridge.provider_bridge
+        by_architecture = {"autocast_dtype": _callable("torch.bfloat16")}
+    else:  # LlamaBridge.provider_bridge
+        by_architecture = dict.fromkeys(BRIDGE_FUSIONS, True)
+    model = {
+        "_target_": BRIDGE_GPT_PROVIDER,
         "num_layers": shape.num_layers,
         "hidden_size": shape.hidden_size,
         "ffn_hidden_size": shape.ffn_hidden_size,
@@ -138,16 +201,32 @@ def megatron_model_config(shape: GPTShape, hf_config: dict[str, Any], dtype: tor
         "normalization": "RMSNorm",
         "layernorm_epsilon": float(hf_config.get("rms_norm_eps", 1e-6)),
         "gated_linear_unit": True,
-        "activation_func": "silu",
+        "activation_func": _callable("torch.nn.functional.silu"),
         "add_bias_linear": False,
         "add_qkv_bias": shape.qkv_bias,
         "position_embedding_type": "rope",
         "rotary_base": float(hf_config.get("rope_theta") or rope.get("rope_theta", 10000.0)),
+        "rotary_percent": 1.0,
         "rope_scaling": rope["rope_type"] == "llama3",
-        "rope_scaling_factor": float(rope.get("factor", 8.0)),
+        "rope_scaling_factor": float(rope["factor"]) if rope["rope_type"] == "llama3" else 1.0,
         "share_embeddings_and_output_weights": shape.tied_embeddings,
-        "params_dtype": str(dtype).removeprefix("torch."),
+        "init_method_std": float(hf_config.get("initializer_range", 0.02)),
+        "hidden_dropout": 0.0,
+        "attention_dropout": float(hf_config.get("attention_dropout", 0.0)),
+        "params_dtype": _callable(f"torch.{dtype_name}"),
+        "bf16": dtype == torch.bfloat16,
+        "fp16": dtype == torch.float16,
+        **by_architecture,
+        "tensor_model_parallel_size": 1,
+        "pipeline_model_parallel_size": 1,
+        "virtual_pipeline_model_parallel_size": None,
+        "context_parallel_size": 1,
+        "expert_model_parallel_size": 1,
+        "sequence_parallel": False,
     }
+    if hf_config.get("head_dim") is None:  # as Bridge maps it: TransformerConfig derives hidden_size / heads
+        model["kv_channels"] = None
+    return model
 
 
 def vocab_divisor(vocab_size: int) -> int:
@@ -165,7 +244,7 @@ def vocab_divisor(vocab_size: int) -> int:
 
 def read_hf_config(checkpoint_dir: Path) -> dict[str, Any]:
     """The Hugging Face config: hf_config/config.json as written here, else one derived from run_config.yaml
-    (a checkpoint Megatron-LM or Megatron-Bridge wrote)."""
+    (a checkpoint Megatron-LM or Megatron-Bridge wrote), its token ids taken from the tokenizer beside it."""
     config_file = checkpoint_dir / HF_CONFIG_DIR / "config.json"
     if config_file.is_file():
         return json.loads(config_file.read_text())
@@ -175,23 +254,58 @@ def read_hf_config(checkpoint_dir: Path) -> dict[str, Any]:
             f"{checkpoint_dir} has neither {HF_CONFIG_DIR}/config.json nor {RUN_CONFIG_FILE}: "
             "nothing says which model the weights belong to"
         )
+    hf_config = hf_config_from_megatron(read_model_section(run_config), str(run_config))
+    return {**hf_config, **token_ids(checkpoint_dir / TOKENIZER_DIR)}
+
+
+def read_model_section(run_config: Path) -> dict[str, Any]:
+    """The `model:` section of a run_config.yaml, ours or Megatron-Bridge's (a ConfigContainer whose functions and
+    dtypes are `{_target_: ..., _call_: false}` entries), as plain values: those entries become their dotted names."""
     from omegaconf import OmegaConf
 
     model = OmegaConf.to_container(OmegaConf.load(run_config)).get("model") or {}
-    return hf_config_from_megatron(model, str(run_config))
+    return {key: _target_name(value) for key, value in model.items()}
+
+
+def _target_name(value: Any) -> Any:
+    if isinstance(value, dict) and "_target_" in value and value.get("_call_") is False:
+        return value["_target_"]
+    return value
+
+
+def activation_name(value: Any) -> str:
+    """silu for "silu", "torch.nn.functional.silu" or Bridge's {_target_: torch.nn.functional.silu, _call_: false}."""
+    return str(_target_name(value)).rpartition(".")[2]
+
+
+def token_ids(tokenizer_dir: Path) -> dict[str, int]:
+    """pad, unk, bos and eos token ids of the tokenizer in `tokenizer_dir` (those it has), for a config rebuilt
+    without hf_config/: a Megatron config does not hold them."""
+    if not tokenizer_dir.is_dir():
+        return {}
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    ids = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id", None) for name in ("pad", "unk", "bos", "eos")}
+    return {key: value for key, value in ids.items() if value is not None}
 
 
 def hf_config_from_megatron(model: dict[str, Any], source: str) -> dict[str, Any]:
     """A Llama or Qwen2 config.json dict from Megatron GPT config fields (ours or a Megatron-Bridge provider's)."""
+    model = {key: _target_name(value) for key, value in model.items()}
     required = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
     missing = [key for key in required if model.get(key) is None]
     if missing:
         raise ValueError(f"{source}: model.{missing[0]} is not set, so the model cannot be rebuilt")
     if model.get("normalization", "RMSNorm") != "RMSNorm" or not model.get("gated_linear_unit", True):
         raise LayoutError(f"{source}: only RMSNorm models with a gated (SwiGLU) MLP are supported")
+    activation = activation_name(model.get("activation_func", "silu"))
+    if activation != "silu":
+        raise LayoutError(f"{source}: model.activation_func is {activation}; only silu (SwiGLU) is supported")
     target = str(model.get("_target_", "")).lower()
     qwen = model.get("hf_architecture") == "Qwen2ForCausalLM" or "qwen" in target or bool(model.get("add_qkv_bias"))
     heads = int(model["num_attention_heads"])
+    dtype = str(model.get("params_dtype") or "float32").removeprefix("torch.")
     return {
         "architectures": ["Qwen2ForCausalLM" if qwen else model.get("hf_architecture") or "LlamaForCausalLM"],
         "model_type": "qwen2" if qwen else "llama",
@@ -207,6 +321,7 @@ def hf_config_from_megatron(model: dict[str, Any], source: str) -> dict[str, Any
         "rope_theta": model.get("rotary_base", 10000.0),
         "tie_word_embeddings": bool(model.get("share_embeddings_and_output_weights", False)),
         "hidden_act": "silu",
+        "dtype": dtype,
         **_rope_fields(model),
     }
 

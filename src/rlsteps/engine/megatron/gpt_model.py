@@ -22,22 +22,23 @@ from typing import Any
 import torch
 
 from rlsteps.engine.megatron.compat import gpt_model_runtime, import_megatron
-from rlsteps.engine.megatron.format import RUN_CONFIG_FILE, resolve_checkpoint_dir
+from rlsteps.engine.megatron.format import RUN_CONFIG_FILE, activation_name, read_model_section, resolve_checkpoint_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 Logits = Callable[[torch.Tensor], torch.Tensor]  # tokens [B, T] -> logits [B, T, V] (fp32, on the CPU)
 
 
 def transformer_config(model: dict[str, Any], dtype: torch.dtype) -> Any:
-    """A TransformerConfig from the `model:` section of run_config.yaml; dropout off, no fused kernels."""
+    """A TransformerConfig from the `model:` section of run_config.yaml (ours, or Megatron-Bridge's GPTModelProvider
+    fields); dropout off, no fused kernels."""
     config_module = import_megatron("megatron.core.transformer.transformer_config")
     return config_module.TransformerConfig(
         num_layers=model["num_layers"], hidden_size=model["hidden_size"], ffn_hidden_size=model["ffn_hidden_size"],
         num_attention_heads=model["num_attention_heads"], num_query_groups=model["num_query_groups"],
-        kv_channels=model["kv_channels"], normalization=model["normalization"],
+        kv_channels=model.get("kv_channels"), normalization=model["normalization"],
         layernorm_epsilon=model["layernorm_epsilon"], gated_linear_unit=model["gated_linear_unit"],
-        activation_func=getattr(torch.nn.functional, model["activation_func"]),
-        add_bias_linear=model["add_bias_linear"], add_qkv_bias=model["add_qkv_bias"],
+        activation_func=getattr(torch.nn.functional, activation_name(model["activation_func"])),
+        add_bias_linear=model["add_bias_linear"], add_qkv_bias=model.get("add_qkv_bias", False),
         params_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=True,
         hidden_dropout=0.0, attention_dropout=0.0, bias_dropout_fusion=False, apply_rope_fusion=False,
         masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
@@ -56,10 +57,8 @@ def megatron_gpt(
     ref: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, spec: str = "local"
 ) -> Iterator[Logits]:
     """Yields logits(tokens) of a GPTModel that loaded the checkpoint through its own sharded_state_dict."""
-    from omegaconf import OmegaConf
-
     checkpoint_dir = resolve_checkpoint_dir(ref)
-    model_cfg = OmegaConf.to_container(OmegaConf.load(checkpoint_dir / RUN_CONFIG_FILE))["model"]
+    model_cfg = read_model_section(checkpoint_dir / RUN_CONFIG_FILE)
     dist_checkpointing = import_megatron()
     gpt = import_megatron("megatron.core.models.gpt")
     with gpt_model_runtime():

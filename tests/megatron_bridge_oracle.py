@@ -1,0 +1,194 @@
+"""Megatron-Bridge 0.6.2's own code, run here (Python 3.11, no GPU): one command, one JSON line on stdout.
+
+    provider HF_DIR             the GPTModelProvider Bridge builds from a Hugging Face config
+                                (AutoBridge.from_hf_config)
+    load ITER_DIR               what Bridge's loaders make of a checkpoint's iter folder: ConfigContainer.from_yaml in
+                                STRICT mode (as NeMo-RL's Megatron setup calls it), load_model_config (what
+                                AutoBridge.load_megatron_model and export_ckpt instantiate), the run_config fields its
+                                checkpoint loading reads, and its train-state files
+    write HF_DIR OUT_YAML       run_config.yaml as Bridge writes it for an imported model (save_megatron_model's
+                                ConfigContainer, serialised by ConfigContainer.to_yaml)
+    export ROOT HF_DIR OUT_DIR  AutoBridge.export_ckpt of a checkpoint root to a Hugging Face folder, on the CPU
+    batch JSON                  several of these, Bridge imported once
+
+The unpacked wheels come first on sys.path (RLSTEPS_MEGATRON_BRIDGE_ROOTS, from tests/megatron_bridge.py). Stand-ins,
+each for an import Bridge or megatron-core makes unguarded: Triton kernels (Mamba's SSD ops, MoE paged stash), and
+Transformer Engine, einops, NVIDIA ModelOpt, torch's TensorBoard writer, megatron.energon and transformers modules
+newer than Bridge's pin, which Bridge's other model families import; the third-party stand-ins leave sys.modules once
+Bridge is imported, so megatron-core's guarded imports still find no Transformer Engine. typing.override (Python 3.12)
+is typing_extensions's. The export command is not used by the tests (see README, Megatron checkpoints).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib.machinery
+import json
+import os
+import sys
+import types
+import typing
+from pathlib import Path
+
+import torch
+import typing_extensions
+
+sys.path[:0] = os.environ["RLSTEPS_MEGATRON_BRIDGE_ROOTS"].split(os.pathsep)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+typing.override = typing_extensions.override
+
+import upstream  # noqa: E402  (its inert stand-ins)
+
+STUBBED_MODULES = ("megatron.core.transformer.moe.ops.paged_stash", "megatron.core.ssm.ops", "megatron.energon")
+STUBBED_FOR_BRIDGE = ("transformer_engine", "einops", "modelopt", "torch.utils.tensorboard")  # unguarded in Bridge
+MISSING_SUBMODULES_OF = frozenset({"transformers"})  # modules of a newer transformers than Bridge pins
+
+
+def _importer() -> str:
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith(("importlib", "_frozen_importlib", __name__, "upstream")):
+            return module
+        frame = frame.f_back
+    return ""
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
+class _Finder(upstream._StandInFinder):
+    def __init__(self, last: bool) -> None:
+        super().__init__(frozenset(), fallback=last)
+
+    def find_spec(self, fullname, path=None, target=None):
+        top, importer = fullname.partition(".")[0], _importer()
+        if self.fallback:  # at the end of sys.meta_path: nothing else found it
+            wanted = "." in fullname and top in MISSING_SUBMODULES_OF and importer.startswith("megatron.bridge.")
+        else:
+            by_bridge = importer.startswith("megatron.bridge.") and importer != "megatron.bridge.utils.import_utils"
+            wanted = _under(fullname, STUBBED_MODULES) or (_under(fullname, STUBBED_FOR_BRIDGE) and by_bridge)
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True) if wanted else None
+
+
+def import_bridge() -> None:
+    import logging
+    import warnings
+
+    logging.disable(logging.WARNING)
+    warnings.simplefilter("ignore")
+    sys.meta_path.insert(0, _Finder(last=False))
+    sys.meta_path.append(_Finder(last=True))
+    import megatron.bridge  # noqa: F401
+    import megatron.bridge.training.config  # noqa: F401
+    import megatron.bridge.training.model_load_save  # noqa: F401
+
+    for name in [n for n, m in sys.modules.items() if isinstance(m, upstream._InertModule)]:
+        if not name.startswith("megatron.") and name != "torch.utils.tensorboard":
+            del sys.modules[name]
+
+
+def plain(value):
+    """A provider's field value as JSON: functions and classes by their dotted name, dtypes and enums by str."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
+        return f"{value.__module__}.{value.__qualname__}"
+    if isinstance(value, (torch.dtype, enum.Enum, Path)):
+        return str(value)
+    return repr(value)
+
+
+def provider_fields(provider) -> dict:
+    fields = {f.name: getattr(provider, f.name) for f in dataclasses.fields(provider) if not f.name.startswith("_")}
+    return {"_class_": plain(type(provider)), **plain(fields)}
+
+
+def hf_bridge(hf_dir: str):
+    from megatron.bridge import AutoBridge
+    from transformers import AutoConfig
+
+    return AutoBridge.from_hf_config(AutoConfig.from_pretrained(hf_dir))
+
+
+def cmd_provider(hf_dir: str) -> dict:
+    return provider_fields(hf_bridge(hf_dir).to_megatron_provider(load_weights=False))
+
+
+def cmd_load(iter_dir: str) -> dict:
+    from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.training.model_load_save import load_model_config
+    from megatron.bridge.training.utils.checkpoint_utils import read_run_config, read_train_state
+    from megatron.bridge.utils.instantiate_utils import InstantiationMode
+
+    run_config = Path(iter_dir) / "run_config.yaml"
+    container = ConfigContainer.from_yaml(str(run_config), mode=InstantiationMode.STRICT)
+    model_cfg, mlm_args = load_model_config(iter_dir)
+    raw = read_run_config(str(run_config))
+    train_states = {}
+    for name, path in (("train_state", Path(iter_dir) / "train_state.pt"),
+                       ("latest_train_state", Path(iter_dir).parent / "latest_train_state.pt")):  # fmt: skip
+        if path.is_file():
+            state = read_train_state(str(path))
+            train_states[name] = {"step": state.step, "consumed_train_samples": state.consumed_train_samples}
+    return {
+        "container": plain(type(container)),
+        "strict": provider_fields(container.model),
+        "load_model_config": provider_fields(model_cfg),
+        "mlm_args": mlm_args is not None,
+        "tp_pp": [raw["model"]["tensor_model_parallel_size"], raw["model"]["pipeline_model_parallel_size"]],
+        "checkpoint": {key: raw["checkpoint"][key] for key in ("save_rng", "save_optim", "fully_parallel_save")},
+        "checkpoint_format": container.checkpoint.ckpt_format,
+        "train_states": train_states,
+    }
+
+
+def cmd_write(hf_dir: str, out: str) -> dict:
+    """save_megatron_model's container (megatron/bridge/training/model_load_save.py) for the imported model."""
+    from megatron.bridge.training.config import CheckpointConfig, ConfigContainer, LoggerConfig, OptimizerConfig
+
+    provider = hf_bridge(hf_dir).to_megatron_provider(load_weights=False)
+    container = ConfigContainer(
+        model=provider, train=None, optimizer=OptimizerConfig(use_distributed_optimizer=False), ddp=None,
+        scheduler=None, dataset=None, logger=LoggerConfig(), tokenizer=None,
+        checkpoint=CheckpointConfig(async_save=False, save=str(Path(out).parent), save_optim=False, save_rng=False,
+                                    ckpt_format="torch_dist", dist_ckpt_optim_fully_reshardable=True),
+        dist=None,
+    )  # fmt: skip
+    container.to_yaml(out)
+    return {"written": out}
+
+
+def cmd_export(root: str, hf_dir: str, out: str) -> dict:
+    hf_bridge(hf_dir).export_ckpt(root, out, show_progress=False)
+    return {"exported": out}
+
+
+COMMANDS = {"provider": cmd_provider, "load": cmd_load, "write": cmd_write, "export": cmd_export}
+
+
+def main() -> None:
+    """`COMMAND ARGS...`, or `batch JSON` with a list of [COMMAND, ARGS...]: Bridge is imported once (15 s on two
+    cores) and each answer is {"ok": ...} or {"error": the exception, as Bridge raised it}."""
+    command, *args = sys.argv[1:]
+    import_bridge()
+    if command != "batch":
+        answer = COMMANDS[command](*args)
+    else:
+        answer = []
+        for name, *item_args in json.loads(args[0]):
+            try:
+                answer.append({"ok": COMMANDS[name](*item_args)})
+            except Exception as error:  # what Bridge says, for the test to show
+                answer.append({"error": f"{type(error).__name__}: {error}"})
+    sys.stdout.write("\n" + json.dumps(answer) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""checkpoint_megatron judged by Megatron-Bridge 0.6.2's own code (tests/megatron_bridge.py): its loaders accept the
+run_config.yaml and train state rlsteps writes and build the model the Hugging Face config describes, and rlsteps
+reads the run_config.yaml Bridge's serialiser writes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from megatron_bridge import bridge_batch  # noqa: E402
+from model_fixtures import build_tokenizer  # noqa: E402
+from rlsteps.engine.megatron.format import read_hf_config, save_megatron_checkpoint  # noqa: E402
+from rlsteps.engine.megatron.gpt_model import megatron_gpt  # noqa: E402
+from rlsteps.engine.policy.model import load_policy  # noqa: E402
+from test_megatron_format import hf_logits, randomized, tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*ShardedTensor:FutureWarning",
+    "ignore:`load_state_dict` is deprecated:FutureWarning",
+    "ignore:.*tp_group is None:DeprecationWarning",
+    "ignore:MLP requires ffn_hidden_size:DeprecationWarning",
+    "ignore:full scope is deprecated:UserWarning",
+)
+
+# Fields Bridge's provider holds that the checkpoint does not decide: where Bridge read the HF model from.
+NOT_FROM_THE_CHECKPOINT = {"hf_model_id"}
+TOKEN_IDS = ("pad_token_id", "unk_token_id", "bos_token_id", "eos_token_id")
+
+
+def written(hf_dir: Path, root: Path) -> Path:
+    """The HF folder `hf_dir` saved as a checkpoint_megatron by rlsteps; its iter folder."""
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype="auto")
+    return save_megatron_checkpoint(model, AutoTokenizer.from_pretrained(hf_dir), root)
+
+
+def hf_folder(model, tokenizer, folder: Path) -> Path:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def assert_bridge_loads_it_as_it_imports_it(hf_dir: Path, iter_dir: Path, provider: dict, loaded: dict) -> None:
+    """Bridge's loaders accept the checkpoint, and what they build from it is the provider Bridge builds from the
+    Hugging Face config itself, field for field, and what the HF config says."""
+    assert "ok" in loaded, f"Megatron-Bridge refuses {iter_dir}: {loaded.get('error')}"
+    assert "ok" in provider, provider.get("error")
+    loaded, provider = loaded["ok"], provider["ok"]
+    assert loaded["container"] == "megatron.bridge.training.config.ConfigContainer"
+    assert loaded["tp_pp"] == [1, 1] and loaded["checkpoint_format"] == "torch_dist"
+    assert loaded["checkpoint"] == {"save_rng": False, "save_optim": False, "fully_parallel_save": True}
+    iteration = int(iter_dir.name.removeprefix("iter_"))
+    assert {name: state["step"] for name, state in loaded["train_states"].items()} == {
+        "train_state": iteration, "latest_train_state": iteration
+    }  # fmt: skip
+    for how in ("strict", "load_model_config"):  # NeMo-RL's from_yaml(STRICT), AutoBridge.export_ckpt's loader
+        built = loaded[how]
+        differ = {k: (built.get(k), v) for k, v in provider.items() if built.get(k) != v}
+        assert set(differ) <= NOT_FROM_THE_CHECKPOINT, f"{how}: (from the checkpoint, Bridge's import) {differ}"
+    hf = json.loads((hf_dir / "config.json").read_text())
+    built = loaded["strict"]
+    assert built["_class_"] == "megatron.bridge.models.gpt_provider.GPTModelProvider"
+    assert {k: built[k] for k in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                                  "ffn_hidden_size", "vocab_size", "kv_channels", "seq_length")} == {
+        # kv_channels: None where the HF config has no head_dim (Qwen2): TransformerConfig derives hidden / heads
+        "num_layers": hf["num_hidden_layers"], "hidden_size": hf["hidden_size"],
+        "num_attention_heads": hf["num_attention_heads"], "num_query_groups": hf["num_key_value_heads"],
+        "ffn_hidden_size": hf["intermediate_size"], "vocab_size": hf["vocab_size"],
+        "kv_channels": hf.get("head_dim"), "seq_length": hf["max_position_embeddings"],
+    }  # fmt: skip
+    rope_theta = hf.get("rope_theta") or hf["rope_parameters"]["rope_theta"]
+    assert built["rotary_base"] == rope_theta and built["layernorm_epsilon"] == hf["rms_norm_eps"]
+    assert built["share_embeddings_and_output_weights"] == hf["tie_word_embeddings"]
+    assert built["activation_func"] == "torch.nn.functional.silu" and hf["hidden_act"] == "silu"
+    assert built["normalization"] == "RMSNorm" and built["gated_linear_unit"] is True
+    assert built["params_dtype"] == f"torch.{hf['dtype']}"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def cases(tiny_world, tmp_path_factory, tokenizer) -> dict[str, tuple[Path, Path]]:
+    """name -> (HF folder, the iter folder rlsteps wrote from it): the tiny policy, a Qwen2 and a bf16 Llama."""
+    folder = tmp_path_factory.mktemp("bridge_cases")
+    hf_dirs = {
+        "tiny_policy": Path(tiny_world.policy),
+        "qwen2": hf_folder(tiny_model("qwen2", tokenizer, seed=1), tokenizer, folder / "qwen2_hf"),
+        "llama_bf16": hf_folder(
+            tiny_model("llama", tokenizer, seed=2, dtype=torch.bfloat16, tie_word_embeddings=False),
+            tokenizer, folder / "llama_bf16_hf",
+        ),
+    }  # fmt: skip
+    return {name: (hf_dir, written(hf_dir, folder / name)) for name, hf_dir in hf_dirs.items()}
+
+
+@pytest.fixture(scope="module")
+def gpt_model_written(tmp_path_factory, tokenizer) -> dict[str, tuple[Path, torch.Tensor]]:
+    """name -> (an iter folder megatron-core's GPTModel saved, with no hf_config/, its logits); run_config.yaml is
+    added by Bridge's serialiser in `judged` (from the HF config of the same shape)."""
+    tokens = torch.randint(0, len(tokenizer), (2, 12), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for name, kind, overrides, extra_vocab in (("llama", "llama", {"tie_word_embeddings": True}, 0),
+                                               ("qwen2_padded", "qwen2", {}, 18)):  # fmt: skip
+        folder = tmp_path_factory.mktemp(f"gpt_{name}")
+        hf_dir = hf_folder(tiny_model(kind, tokenizer, **overrides), tokenizer, folder / "hf")
+        iter_dir = folder / "ckpt" / "iter_0000000"
+        logits = gpt_model_checkpoint(hf_dir, iter_dir, tokens, extra_vocab)
+        out[name] = (hf_dir, iter_dir, tokens, logits)
+    return out
+
+
+def gpt_model_checkpoint(hf_dir: Path, iter_dir: Path, tokens: torch.Tensor, extra_vocab: int) -> torch.Tensor:
+    """A random GPTModel of the HF config's shape (vocab padded by `extra_vocab`), saved by dist_checkpointing from
+    its own sharded_state_dict, with the tokenizer beside it as Bridge saves its assets; its logits on `tokens`."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from rlsteps.engine.megatron.compat import gpt_model_runtime
+    from rlsteps.engine.megatron.format import megatron_model_config
+    from rlsteps.engine.megatron.gpt_model import transformer_config
+    from rlsteps.engine.megatron.layout import gpt_shape
+
+    hf = AutoConfig.from_pretrained(hf_dir).to_dict()
+    shape = gpt_shape(hf)
+    model_cfg = megatron_model_config(shape, hf, torch.float32)  # only to size GPTModel: the file is Bridge's
+    iter_dir.mkdir(parents=True)
+    with gpt_model_runtime():
+        model = GPTModel(
+            transformer_config(model_cfg, torch.float32), get_gpt_layer_local_spec(normalization="RMSNorm"),
+            vocab_size=shape.vocab_size + extra_vocab, max_sequence_length=model_cfg["seq_length"],
+            position_embedding_type="rope", rotary_base=int(model_cfg["rotary_base"]),
+            share_embeddings_and_output_weights=shape.tied_embeddings,
+        )  # fmt: skip
+        randomized(model, seed=5)
+        b, t = tokens.shape
+        causal = torch.triu(torch.ones(1, 1, t, t, dtype=torch.bool), diagonal=1)  # True = masked
+        with torch.no_grad():
+            logits = model(tokens, torch.arange(t).expand(b, t), attention_mask=causal)
+        state = {"model": model.sharded_state_dict(), "checkpoint_version": 3.0, "iteration": 0}
+        dist_checkpointing.save(state, str(iter_dir))
+    shutil.copytree(
+        hf_dir,
+        iter_dir / "tokenizer",
+        ignore=shutil.ignore_patterns("*.safetensors", "config.json", "generation_config.json"),
+    )
+    return logits
+
+
+@pytest.fixture(scope="module")
+def judged(cases, gpt_model_written) -> dict[str, dict]:
+    """Bridge's answers, in one process: its provider from each HF config and its loaders on rlsteps's checkpoint;
+    and run_config.yaml, by Bridge's serialiser, into each GPTModel-written checkpoint."""
+    calls = []
+    for hf_dir, iter_dir in cases.values():
+        calls += [("provider", hf_dir), ("load", iter_dir)]
+    for hf_dir, iter_dir, _, _ in gpt_model_written.values():
+        calls += [("write", hf_dir, iter_dir / "run_config.yaml")]
+    answers = iter(bridge_batch(*calls))
+    out = {name: {"provider": next(answers), "load": next(answers)} for name in cases}
+    for name in gpt_model_written:
+        out[f"write:{name}"] = next(answers)
+    return out
+
+
+@pytest.mark.parametrize("name", ["tiny_policy", "qwen2", "llama_bf16"])
+def test_megatron_bridge_loads_our_checkpoint_as_it_imports_the_hf_model(cases, judged, name):
+    hf_dir, iter_dir = cases[name]
+    assert_bridge_loads_it_as_it_imports_it(hf_dir, iter_dir, judged[name]["provider"], judged[name]["load"])
+
+
+def test_megatron_bridge_refuses_the_flat_model_section_rlsteps_used_to_write(cases, tmp_path):
+    """The oracle tells: the run_config.yaml rlsteps wrote before (a flat `model:` dict) is refused."""
+    from omegaconf import OmegaConf
+
+    copy = tmp_path / "old"
+    shutil.copytree(cases["tiny_policy"][1].parent, copy)
+    run_config = next(copy.glob("iter_*")) / "run_config.yaml"
+    model = OmegaConf.to_container(OmegaConf.load(run_config))["model"]
+    model = {k: v for k, v in model.items() if k != "_target_"} | {"activation_func": "silu"}
+    OmegaConf.save({"model": model}, run_config)
+    (answer,) = bridge_batch(("load", run_config.parent))
+    assert "error" in answer
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2_padded"])
+def test_rlsteps_reads_the_run_config_megatron_bridge_writes(gpt_model_written, judged, name):
+    hf_dir, iter_dir, tokens, expected = gpt_model_written[name]
+    assert "ok" in judged[f"write:{name}"], judged[f"write:{name}"]
+    model_section = (iter_dir / "run_config.yaml").read_text()
+    assert "_target_: megatron.bridge.models.gpt_provider.GPTModelProvider" in model_section
+    assert "_target_: torch.nn.functional.silu" in model_section  # Bridge's activation: not a plain string
+    assert not (iter_dir / "hf_config").exists()
+
+    hf = AutoConfig.from_pretrained(hf_dir)
+    tokenizer = AutoTokenizer.from_pretrained(iter_dir / "tokenizer")
+    rebuilt = read_hf_config(iter_dir)
+    for key in TOKEN_IDS:  # not in Bridge's config: from the tokenizer beside it
+        assert rebuilt.get(key) == getattr(tokenizer, key), key
+    assert rebuilt["pad_token_id"] == hf.pad_token_id is not None
+
+    loaded, _ = load_policy(iter_dir)
+    assert type(loaded).__name__ == hf.architectures[0]
+    assert loaded.config.pad_token_id == hf.pad_token_id and loaded.config.eos_token_id == hf.eos_token_id
+    vocab = hf.vocab_size
+    assert loaded.model.embed_tokens.weight.shape[0] == vocab  # Megatron's padding rows dropped
+    got = hf_logits(loaded, tokens)
+    assert (got - expected[..., :vocab]).abs().max() < 1e-4
+    assert torch.equal(got.argmax(-1), expected[..., :vocab].argmax(-1))
+
+    if expected.shape[-1] == vocab:  # (a padded vocab is Megatron-LM's, not what Bridge's file sizes GPTModel to)
+        with megatron_gpt(iter_dir) as gpt_logits:  # GPTModel built from Bridge's file (its _target_ entries)
+            assert (gpt_logits(tokens) - expected).abs().max() < 1e-4
+
+
+def test_smollm2_checkpoint_loads_in_megatron_bridge_as_it_imports_smollm2(tmp_path):
+    from vllm_judge import smollm2_hf
+
+    hf_dir = smollm2_hf()
+    iter_dir = written(hf_dir, tmp_path / "smollm2")
+    provider, loaded = bridge_batch(("provider", hf_dir), ("load", iter_dir))
+    assert_bridge_loads_it_as_it_imports_it(hf_dir, iter_dir, provider, loaded)
+
+    shutil.rmtree(iter_dir / "hf_config")  # as Bridge writes it: token ids from the tokenizer beside it
+    rebuilt, hf = read_hf_config(iter_dir), json.loads((hf_dir / "config.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    for key in TOKEN_IDS:
+        assert rebuilt.get(key) == getattr(tokenizer, key), key
+    assert rebuilt["eos_token_id"] == hf["eos_token_id"] and rebuilt["bos_token_id"] == hf["bos_token_id"]
