@@ -125,7 +125,6 @@ class Case:
     exit_code: int
     message: tuple[str, ...]  # words of the error line
     fix: tuple[str, ...]  # words of the fix line
-    gap: str | None = None  # where the code is known to give no fix line yet (the README promises one)
 
 
 LINE_FIX = ('{"prompt": "..."}', '{"messages"')
@@ -231,9 +230,7 @@ CASES = {
         ("train.lr=abc",),
         2,
         ("train.lr", "valid number", "'abc'"),
-        ("train.lr",),
-        gap="a config the schema refuses (plan/compile.py _validate) raises UsageError('invalid config: ...') with "
-        "no fix, so the error has no fix: line, where the README promises 'one line with the cause and the fix'",
+        ("train.lr", "a value of the type it takes"),
     ),
 }
 
@@ -262,8 +259,6 @@ def test_a_bad_input_is_refused_in_one_line_before_anything_starts(name, bad, tm
     assert leftover_processes(marker, str(tmp_path)) == []
     assert files_under(work) == [] and not out.exists()
 
-    if not rest and case.gap:
-        pytest.xfail(case.gap)
     [fix] = rest
     assert fix.startswith("fix: "), shown
     for word in _at(case.fix, bad):

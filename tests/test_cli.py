@@ -212,7 +212,7 @@ def test_an_attached_run_interrupted_with_ctrl_c_exits_130_not_1(monkeypatch, ca
     from rlsteps.launch import local
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(local, "_run_attached", lambda command, env: 130)  # what the worker returns after Ctrl-C
+    monkeypatch.setattr(local, "_run_attached", lambda command, env, **_: 130)  # what the worker returns after Ctrl-C
     assert main(["run", "rs", "-c", "tiny"]) == 130
     err = capsys.readouterr().err
     assert "rl/rs was interrupted" in err and "rerun the same command" in err

@@ -31,7 +31,7 @@ class ResolvedInput:
     # ok | absent | missing | wrong_type | malformed (of the type, but broken: see problem)
     # | pending (an earlier stage, or the run itself, writes it first)
     # | in_job (on a cluster path: the job checks it) | unreachable (on this machine, which the job cannot see)
-    # | hub (a Hugging Face Hub id the job's machines fetch)
+    # | hub (a Hugging Face Hub id, fetched where the run starts)
     status: str
     problem: str | None = None  # what is broken, for a malformed input (its message starts "input 'NAME': ")
     fix: str | None = None  # and what to do about it
@@ -91,7 +91,7 @@ def check_input(
 ) -> ResolvedInput:
     if ref is None:
         return ResolvedInput(spec_name, key, None, required_type, [], "absent")
-    if hub_id and not reach.sees_local_files and is_hub_id(ref):
+    if hub_id and is_hub_id(ref):  # fetched where the run starts (HF_HOME; offline, it must be in the cache there)
         return ResolvedInput(spec_name, key, ref, required_type, [], "hub")
     if reach.on_cluster(ref):
         return ResolvedInput(spec_name, key, ref, required_type, [], "in_job")

@@ -98,7 +98,7 @@ def dry_run(compiled: Compiled) -> Group:
             "malformed": "[red]malformed[/]",
             "in_job": "[cyan]on a cluster path: checked in the job[/]",
             "unreachable": "[red]on this machine: the job cannot see it[/]",
-            "hub": "[cyan]a Hugging Face Hub id: the job fetches it[/]",
+            "hub": "[cyan]a Hugging Face Hub id: fetched where the run starts[/]",
         }[item.status]
         inputs.add_row(item.name, item.key, item.ref or "-", item.required_type, status)
     parts = [Panel(summary, title="[bold]dry run[/]: nothing was written, started or sent")]

@@ -296,7 +296,13 @@ def _validate(step: Step, cfg: dict[str, Any]) -> dict[str, Any]:
     try:
         return schema.model_validate(cfg).model_dump(mode="json")
     except ValidationError as err:
-        raise UsageError("invalid config: " + "; ".join(_describe(e) for e in err.errors())) from None
+        problems = [_describe(e) for e in err.errors()]
+        keys = [".".join(str(part) for part in e["loc"]) for e in err.errors() if e["type"] != "value_error"]
+        fix = f"give {', '.join(dict.fromkeys(keys))} a value of the type it takes" if keys else _SCHEMA_FIX
+        raise UsageError("invalid config: " + "; ".join(problems), fix=fix) from None
+
+
+_SCHEMA_FIX = "change the keys the message names (key=value, or in the config file)"
 
 
 def worker_config_hash(step: Step, cfg: dict[str, Any]) -> str:
