@@ -9,6 +9,7 @@ signal the CLI alone (its process, not its group), as a scheduler, an IDE or a p
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -326,8 +327,12 @@ def test_a_signal_to_rlsteps_alone_stops_its_worker_and_server_and_exits_with_th
         assert cli.wait(timeout=60) == CODES[sig]
         assert time.monotonic() - started < STOPPED_WITHIN_S
         assert wait_gone(worker, 5) and wait_gone(server, 5), "a process outlived rlsteps"
-        train_log = (here / ".rlsteps" / "runs" / "rl_rs-tiny" / "train.log").read_text()
-        assert ("interrupted" if sig is signal.SIGINT else "terminated (SIGTERM)") in train_log
+        run_dir = here / ".rlsteps" / "runs" / "rl_rs-tiny"
+        stop = re.search(
+            rf"stopped at step (\d+) after a checkpoint \({sig.name}\)", (run_dir / "train.log").read_text()
+        )
+        assert stop, "the worker did not stop at a step's end with a checkpoint"
+        assert (run_dir / "checkpoints" / f"step_{stop[1]}").is_dir()
         [record] = jobs.find_records()
         status = jobs.job_status(record)
         assert status.state is JobState.FAILED and f"exit code {CODES[sig]}" in status.detail
@@ -347,7 +352,8 @@ def test_rlsteps_killed_with_sigkill_takes_its_worker_and_server_and_the_job_say
         status = jobs.job_status(record)
         assert status.state is JobState.FAILED
         assert "exit code 143" in status.detail and "the rlsteps run that started it had ended" in status.detail
-        assert "terminated (SIGTERM)" in (here / ".rlsteps" / "runs" / "rl_rs-tiny" / "train.log").read_text()
+        train_log = (here / ".rlsteps" / "runs" / "rl_rs-tiny" / "train.log").read_text()
+        assert re.search(r"(stopped at step \d+ after a checkpoint|terminated) \(SIGTERM\)", train_log)
     finally:
         stop_all(cli, worker, server)
 

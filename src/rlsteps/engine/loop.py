@@ -191,6 +191,7 @@ def _train(
         metrics, progress = _main_outputs(outputs, cfg, run_dir, run, total_steps, counters.step)
         if counters.step == 0 and val_prompts:
             metrics.log(0, run.validate(val_prompts))
+        outputs.enter_context(signals.stops_at_step_end())  # SIGTERM/SIGINT: checkpoint at the step's end, stop
         while counters.step < total_steps:
             step_metrics = run.step(prompts)
             if val_prompts and cfg.validation.interval and counters.step % cfg.validation.interval == 0:
@@ -201,12 +202,16 @@ def _train(
             run.stop_if_not_learning(step_metrics)
             # read once (the signal may arrive at any moment), and on any process: all of them checkpoint
             requested = bool(reduce_max(world, float(signals.checkpoint_requested())))
+            stop = int(reduce_max(world, float(signals.stop_requested() or 0)))
             if (
                 requested
+                or stop
                 or counters.step == total_steps
                 or (cfg.checkpoint.interval and counters.step % cfg.checkpoint.interval == 0)
             ):
                 run.save(step_metrics)
+            if stop:
+                raise signals.stopped(counters.step, stop)
             if requested and counters.step < total_steps:
                 raise signals.CheckpointRequested(
                     f"checkpoint written at step {counters.step} of {total_steps}, as asked (SIGUSR1: the job's "

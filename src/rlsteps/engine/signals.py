@@ -1,11 +1,14 @@
 """How the worker answers signals: every way it ends leaves a log line, a clean exit code and no helper behind.
 
-SIGTERM (`scancel`, `rlsteps jobs cancel`, `timeout`, a pod being stopped) raises Terminated in the main
-thread, so every `with` block unwinds: the reward server and the judge are stopped, files are closed, and
-the last checkpoint stays intact. SIGUSR1 (Slurm's `--signal=USR1@SECONDS` before the time limit) asks the
-loop to write a checkpoint after the step in progress and stop with EXIT_CHECKPOINTED, which the batch
-script answers by requeueing the job; the requeued job resumes from that checkpoint. SIGHUP (the terminal or
-session that ran it went away) is answered as SIGTERM.
+SIGTERM (`scancel`, `rlsteps jobs cancel`, `timeout`, a pod being stopped) and SIGINT (Ctrl-C) stop the run. Inside
+the training loop's steps the first one asks for a stop at the end of the step in progress: the loop writes a
+checkpoint there and raises StoppedBySignal (exit 143, or 130 for SIGINT), so a rerun loses nothing; a step that
+does not end within STOP_GRACE_S, or a second signal, unwinds at once. Elsewhere (starting up, writing the output)
+the signal raises Terminated (or KeyboardInterrupt) in the main thread at once. Either way every `with` block
+unwinds: the reward server and the judge are stopped, files are closed, and the last checkpoint stays intact.
+SIGUSR1 (Slurm's `--signal=USR1@SECONDS` before the time limit) asks the loop to write a checkpoint after the step
+in progress and stop with EXIT_CHECKPOINTED, which the batch script answers by requeueing the job; the requeued job
+resumes from that checkpoint. SIGHUP (the terminal or session that ran it went away) is answered as SIGTERM.
 
 A worker started by `rlsteps run` (STOP_WITH_PARENT in its environment) also stops as on SIGTERM when the process
 that started it is gone: the CLI killed outright (kill -9) has the kernel send it SIGTERM (PR_SET_PDEATHSIG, set by
@@ -14,6 +17,7 @@ the launcher), and a watcher thread covers what that does not (torchrun killed u
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -26,8 +30,12 @@ STOP_WITH_PARENT = "RLSTEPS_STOP_WITH_PARENT"  # set by the local launcher: the 
 PARENT_POLL_S = 0.5
 EXIT_FILE_ENV = "RLSTEPS_EXIT_FILE"  # set by the local launcher: where the worker writes its exit code
 
+STOP_GRACE_S = float(os.environ.get("RLSTEPS_STOP_GRACE_S", "30"))  # the step in progress may end this long after
+
 _checkpoint_requested = threading.Event()
 _stopping = threading.Event()  # SIGTERM, SIGHUP or SIGINT arrived: the worker is unwinding
+_at_step_boundary = threading.Event()  # the loop is in its steps: a stop waits for the step's end
+_stop_signal: list[int] = []  # the signal that asked for a stop at the step's end
 _parent: int | None = None  # the parent the watcher watches
 
 
@@ -37,6 +45,37 @@ class Terminated(BaseException):  # noqa: N818 - like KeyboardInterrupt: not an 
 
 class CheckpointRequested(RuntimeError):
     """The run stopped at a step boundary after writing the checkpoint it was asked for."""
+
+
+class StoppedBySignal(BaseException):  # noqa: N818 - like Terminated: how the run ends, not an error to catch
+    """SIGTERM, SIGHUP or SIGINT stopped the run at the end of a step, after a checkpoint."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@contextlib.contextmanager
+def stops_at_step_end():
+    """While the loop runs its steps: a stop signal is answered at the end of the step in progress."""
+    _at_step_boundary.set()
+    try:
+        yield
+    finally:
+        _at_step_boundary.clear()
+
+
+def stop_requested() -> int | None:
+    """The signal that asked the loop to stop at the end of this step, or None."""
+    return _stop_signal[0] if _stop_signal else None
+
+
+def stopped(step: int, signum: int) -> StoppedBySignal:
+    name = signal.Signals(signum).name
+    code = 130 if signum == signal.SIGINT else EXIT_TERMINATED
+    return StoppedBySignal(
+        f"stopped at step {step} after a checkpoint ({name}); rerun the same command to resume", code
+    )
 
 
 def install() -> None:
@@ -74,6 +113,8 @@ def checkpoint_requested() -> bool:
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
+    if _stop_at_step_end(signum):
+        return
     _stopping.set()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal is gone: let the cleanup finish
@@ -81,8 +122,23 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    if _stop_at_step_end(signum):
+        return
     _stopping.set()
     raise KeyboardInterrupt
+
+
+def _stop_at_step_end(signum: int) -> bool:
+    """The first stop signal inside the loop's steps: noted for the step's end, with a deadline; True when so."""
+    if not _at_step_boundary.is_set() or _stop_signal:
+        return False
+    _stop_signal.append(signum)
+    _at_step_boundary.clear()  # a second signal unwinds at once
+    again = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+    timer = threading.Timer(STOP_GRACE_S, lambda: None if _stopping.is_set() else os.kill(os.getpid(), again))
+    timer.daemon = True
+    timer.start()
+    return True
 
 
 def _request_checkpoint(signum: int, frame: FrameType | None) -> None:

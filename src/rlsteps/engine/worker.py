@@ -331,6 +331,9 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
     except InputProblem as problem:
         log.error("%s", problem)
         return EXIT_INPUT
+    except signals.StoppedBySignal as stopped:
+        log.warning("%s", stopped)
+        return stopped.exit_code
     except KeyboardInterrupt:
         log.error("interrupted: the last checkpoint is intact; rerun the same command to resume")
         return 130
