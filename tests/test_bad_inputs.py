@@ -345,7 +345,8 @@ def test_a_dry_run_whose_inputs_are_not_given_yet_exits_0_listing_them(tmp_path,
 
 def test_an_unreachable_reward_server_stops_the_run_with_exit_1_naming_the_url(bad, tmp_path, monkeypatch):
     """The worker starts (the server is only asked at the first step's scoring), finds nothing at the URL, and stops:
-    exit 1 (the run failed), the URL and what to do in the log, no checkpoint (no step was done), no process left."""
+    exit 1 (the run failed), the URL and what to do in the log and in the CLI's error line (the cause the worker
+    left beside its exit code), no checkpoint (no step was done), no process left."""
     url = "http://127.0.0.1:9"  # the discard port: nothing listens there
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()
@@ -356,12 +357,13 @@ def test_an_unreachable_reward_server_stops_the_run_with_exit_1_naming_the_url(b
 
     assert result.returncode == 1, shown
     assert "Traceback" not in shown, shown
-    [cause] = [line for line in shown.splitlines() if "rewards unavailable" in line]
+    [cause, error] = [line for line in shown.splitlines() if "rewards unavailable" in line]  # the log, the error
     assert f"reward server at {url} unavailable after 2 attempts" in cause and "Connection refused" in cause, cause
     assert "rlsteps serve rm --model PATH" in cause and "rm.url" in cause, cause
     [job] = (work / ".rlsteps" / "jobs").iterdir()  # every real run writes its job directory
-    *_, error, fix = result.stderr.rstrip("\n").splitlines()
-    assert error == "error: rl/rs failed with exit code 1" and fix == f"fix: see the log above and {job}", shown
+    *_, last_error, fix = result.stderr.rstrip("\n").splitlines()
+    assert last_error == error and error.startswith("error: rl/rs failed with exit code 1: rewards unavailable"), shown
+    assert fix == f"fix: see the log above and {job}", shown
     assert [line for line in shown.splitlines() if line.startswith("error:")] == [error]
     assert (job / "job.yaml").is_file() and (job / "exit_code").read_text().strip() == "1"
 

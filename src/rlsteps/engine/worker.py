@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import rlsteps
 from rlsteps.engine import preflight
+from rlsteps.secrets import MaskingFilter
 
 if TYPE_CHECKING:
     from rlsteps.engine.config import ConvertConfig, RecipeConfig
@@ -273,9 +274,11 @@ def _log_to(path: Path, level: str = "info", rank: int = 0) -> None:
         stream.setLevel(logging.WARNING)
     file = logging.FileHandler(path)
     file.setFormatter(fmt)
+    for handler in (stream, file):
+        handler.addFilter(MaskingFilter())  # a URL's password (rm.url=http://user:pw@host) never reaches a log
     root = logging.getLogger()
     root.setLevel(level.upper())
-    root.handlers[:] = [stream, file]
+    root.handlers[:] = [stream, file, _last_error]
     for noisy in ("httpx", "httpcore", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -368,8 +371,38 @@ def _exit(code: int) -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    _record_failure(code)
     _record_exit_code(code)
     os._exit(code)
+
+
+class _LastError(logging.Handler):
+    """The last error the run logged: the cause `rlsteps run` names when the worker fails."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.addFilter(MaskingFilter())
+        self.message: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.message = record.getMessage().splitlines()[0] if record.getMessage() else None
+
+
+_last_error = _LastError()
+FAILURE_FILE = "failure"  # beside the exit-code file: the cause of a failed run, one line
+
+
+def _record_failure(code: int) -> None:
+    """A failed run's cause (its last error line) beside its exit-code file, for the CLI's one-line error."""
+    from rlsteps.engine import signals
+
+    path = os.environ.get(signals.EXIT_FILE_ENV)
+    if code in (0, signals.EXIT_CHECKPOINTED) or not path or not _last_error.message:
+        return
+    if os.environ.get("RANK", "0") != "0":
+        return
+    with contextlib.suppress(OSError):  # the job directory is gone: nobody is left to read it
+        Path(path).with_name(FAILURE_FILE).write_text(_last_error.message + "\n")
 
 
 def _record_exit_code(code: int) -> None:

@@ -195,10 +195,22 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
         )
     if submission.exit_code not in (None, 0):
         refused = submission.exit_code == InputRefusedInJob.exit_code  # an input the job checked itself
+        cause = _failure_cause(submission.job_dir or job_dir)
         raise (InputRefusedInJob if refused else RunFailed)(
-            f"{job.step_id} failed with exit code {submission.exit_code}", fix=f"see the log above and {job_dir}"
+            f"{job.step_id} failed with exit code {submission.exit_code}" + (f": {cause}" if cause else ""),
+            fix=f"see the log above and {job_dir}",
         )
     return submission
+
+
+def _failure_cause(job_dir: Path) -> str | None:
+    """The cause a failed worker left beside its exit code (its last error line), if it did."""
+    from rlsteps.engine.worker import FAILURE_FILE  # torch-free
+
+    try:
+        return (job_dir / FAILURE_FILE).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _refuse_run_directory_in_use(job: Job) -> None:
