@@ -7,6 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from policy_speech import against_sft, validation_prompts
 from run_helpers import FAST, artifact_metadata, kill_group, rlsteps, run_dir, series, start_rlsteps, wait_for, weights
 
 pytestmark = pytest.mark.slow
@@ -47,6 +48,10 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     assert val[-1] > val[0], val
     true = series(run, "val/true_reward")  # what the reward model stands for: a hacked reward would not move it
     assert len(true) == 5 and true[-1] - true[0] >= TRUE_REWARD_GAIN[step], true
+    # what the policy says beside what the SFT policy said: it ends, keeps the task's sentence, repeats no word and
+    # answers each prompt in its own words as well as before (tests/policy_speech.py)
+    figures, worse = against_sft(run / "policy", tiny_world.policy_megatron, validation_prompts(tiny_world.val_prompts))
+    assert not worse, f"{worse}\n{figures}"
     assert series(run, "train/steps_without_update") == [0] * 16
     agreement = series(run, "train/token_mult_prob_error")  # the built-in sampler is the trainer's own model
     assert len(agreement) == 16 and all(1.0 <= x < 1.001 for x in agreement), agreement
