@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from policy_speech import against_sft, validation_prompts
 from run_helpers import FAST, kill_group, rlsteps, run_dir, series, start_rlsteps, wait_for, weights
 
 pytestmark = pytest.mark.slow
@@ -39,6 +40,9 @@ def test_a_tiny_run_on_two_processes_raises_the_reward_and_ends_where_one_proces
     run = run_dir(two, "rl_rs")
     true = series(run, "val/true_reward")
     assert len(true) == 5 and true[-1] - true[0] >= 1.0, true  # as much as one process gains (test_runs)
+    # and says it as well as the SFT policy did (tests/policy_speech.py)
+    figures, worse = against_sft(run / "policy", tiny_world.policy_megatron, validation_prompts(tiny_world.val_prompts))
+    assert not worse, f"{worse}\n{figures}"
     assert "process 1 of 2" in (run / "train.rank1.log").read_text()
     # Two processes sum the gradient in another order than one: float32 rounding differs in the last bits, and after
     # enough steps a sampled token may flip in one rollout (one row of 64: a step's mean moves by < 0.05). Until then
