@@ -240,12 +240,13 @@ def _from_exit_code(code: int, where: str, note: str = "") -> JobStatus:
 
 
 def _read_exit_code(path: Path) -> tuple[int, str] | None:
-    """(exit code, the note after it) from an exit-code file; None before the job has ended."""
+    """(exit code, the note after it) from an exit-code file; None before the job has ended. A file that holds no
+    exit code raises ValueError: the job's state is unknown then, not running nor failed."""
     try:
         code, _, note = path.read_text().strip().partition("\n")
-        return int(code), note.strip()
-    except (OSError, ValueError):
+    except OSError:
         return None
+    return int(code), note.strip()
 
 
 def _write_exit_code(path: Path, code: int) -> None:
