@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import rlsteps
 from rlsteps.engine import preflight
-from rlsteps.secrets import MaskingFilter
 
 if TYPE_CHECKING:
     from rlsteps.engine.config import ConvertConfig, RecipeConfig
@@ -274,7 +273,9 @@ def _log_to(path: Path, level: str = "info", rank: int = 0) -> None:
         stream.setLevel(logging.WARNING)
     file = logging.FileHandler(path)
     file.setFormatter(fmt)
-    for handler in (stream, file):
+    from rlsteps.secrets import MaskingFilter  # after the preflight: parses on the Pythons it runs on only
+
+    for handler in (stream, file, _last_error):
         handler.addFilter(MaskingFilter())  # a URL's password (rm.url=http://user:pw@host) never reaches a log
     root = logging.getLogger()
     root.setLevel(level.upper())
@@ -381,7 +382,6 @@ class _LastError(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
-        self.addFilter(MaskingFilter())
         self.message: str | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
