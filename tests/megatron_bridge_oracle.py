@@ -8,7 +8,11 @@
                                 checkpoint loading reads, and its train-state files
     write HF_DIR OUT_YAML       run_config.yaml as Bridge writes it for an imported model (save_megatron_model's
                                 ConfigContainer, serialised by ConfigContainer.to_yaml)
-    export ROOT HF_DIR OUT_DIR  AutoBridge.export_ckpt of a checkpoint root to a Hugging Face folder, on the CPU
+    export ROOT HF_DIR OUT_DIR  AutoBridge.export_ckpt of a checkpoint root to a Hugging Face folder, as Bridge runs
+                                it: on a machine without Transformer Engine it stops where it builds the model
+    export_cpu ROOT HF_DIR OUT_DIR TOKENS
+                                the same export with the model built for a CPU (cpu_build), and the logits of the
+                                GPTModel Bridge loaded on TOKENS (JSON, [batch][positions]), saved to OUT_DIR.pt
     batch JSON                  several of these, Bridge imported once
 
 The unpacked wheels come first on sys.path (RLSTEPS_MEGATRON_BRIDGE_ROOTS, from tests/megatron_bridge.py). Stand-ins,
@@ -16,11 +20,23 @@ each for an import Bridge or megatron-core makes unguarded: Triton kernels (Mamb
 Transformer Engine, einops, NVIDIA ModelOpt, torch's TensorBoard writer, megatron.energon and transformers modules
 newer than Bridge's pin, which Bridge's other model families import; the third-party stand-ins leave sys.modules once
 Bridge is imported, so megatron-core's guarded imports still find no Transformer Engine. typing.override (Python 3.12)
-is typing_extensions's. The export command is not used by the tests (see README, Megatron checkpoints).
+is typing_extensions's.
+
+Bridge's export builds the model its checkpoint's provider describes, and for a Llama or Qwen2 model that provider
+(as Bridge's own import writes it) asks for Transformer Engine twice: its default layer spec is Transformer Engine's
+(megatron-core's TESpecProvider, None without it: "'NoneType' object is not callable"), and apply_rope_fusion makes
+TransformerConfig.__post_init__ look for Transformer Engine's fused RoPE ("apply_rope_fusion is not available.
+Please install TE >= 1.4."). export_cpu builds it instead with Bridge's own local layer spec (the names Bridge's
+Llama and Qwen2 mappings list as the local implementation) and with the three fusions off that need CUDA kernels
+(persist_layer_norm: an assert in megatron-core's torch norm; gradient_accumulation_fusion: APEX's CUDA extension).
+None of these changes which tensors the checkpoint holds or how Bridge maps them: the sharded state dict of the local
+spec has the Transformer Engine spec's keys. Its forward pass on a CPU needs two CUDA calls answered (the rotary
+embedding's torch.cuda.current_device and the RNG tracker's fork around dropout), only while it runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import importlib.machinery
@@ -170,7 +186,87 @@ def cmd_export(root: str, hf_dir: str, out: str) -> dict:
     return {"exported": out}
 
 
-COMMANDS = {"provider": cmd_provider, "load": cmd_load, "write": cmd_write, "export": cmd_export}
+CPU_BUILD_OFF = ("apply_rope_fusion", "persist_layer_norm", "gradient_accumulation_fusion")
+
+
+@contextlib.contextmanager
+def cpu_build():
+    """While open, the provider Bridge's load_megatron_model reads from a checkpoint builds its GPTModel on a CPU:
+    Bridge's local layer spec, the fusions of CPU_BUILD_OFF off. What it changed is recorded in the yielded dict."""
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+    from megatron.bridge.training import model_load_save
+
+    read = model_load_save.load_model_config
+    changed = {}
+
+    def for_the_cpu(checkpoint_path):
+        model_cfg, mlm_args = read(checkpoint_path)
+        changed["transformer_layer_spec"] = [plain(model_cfg.transformer_layer_spec), plain(local_layer_spec)]
+        model_cfg.transformer_layer_spec = local_layer_spec
+        for name in CPU_BUILD_OFF:
+            changed[name] = [getattr(model_cfg, name), False]
+            setattr(model_cfg, name, False)
+        return model_cfg, mlm_args
+
+    model_load_save.load_model_config = for_the_cpu
+    try:
+        yield changed
+    finally:
+        model_load_save.load_model_config = read
+
+
+@contextlib.contextmanager
+def cuda_calls_answered():
+    """For a forward pass on a CPU: torch.cuda.current_device answers "cpu" (the rotary embedding moves its
+    frequencies there) and the RNG tracker's fork is a plain context (there are no CUDA RNG states to swap)."""
+    from megatron.core.tensor_parallel import random
+
+    tracker = random.get_cuda_rng_tracker()
+    current_device, fork = torch.cuda.current_device, tracker.fork
+    torch.cuda.current_device = lambda: "cpu"
+    tracker.fork = lambda *args, **kwargs: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        torch.cuda.current_device, tracker.fork = current_device, fork
+
+
+def cmd_export_cpu(root: str, hf_dir: str, out: str, tokens: str) -> dict:
+    """export_ckpt, unchanged, with the model built for a CPU; the GPTModel it loads (inside export_ckpt's own
+    distributed context) also runs on `tokens`, and its logits are saved to OUT.pt."""
+    bridge = hf_bridge(hf_dir)
+    load = bridge.load_megatron_model
+    ids = torch.tensor(json.loads(tokens))
+    logits_path = f"{out}.pt"
+    built = {}
+
+    def load_and_run(*args, **kwargs):
+        model = load(*args, **kwargs)
+        gpt = model[0]
+        built["model_class"] = [
+            plain(type(module)) for module in (gpt, getattr(gpt, "module", None)) if module is not None
+        ]
+        batch, length = ids.shape
+        causal = torch.triu(torch.ones(1, 1, length, length, dtype=torch.bool), diagonal=1)  # True = masked
+        gpt.eval()
+        with torch.no_grad(), cuda_calls_answered():
+            logits = gpt(ids, torch.arange(length).expand(batch, length), attention_mask=causal)
+        torch.save(logits.float(), logits_path)
+        return model
+
+    bridge.load_megatron_model = load_and_run
+    with cpu_build() as changed:
+        bridge.export_ckpt(root, out, show_progress=False)
+    return {"exported": out, "logits": logits_path, "cpu_build": changed, **built}
+
+
+COMMANDS = {
+    "provider": cmd_provider,
+    "load": cmd_load,
+    "write": cmd_write,
+    "export": cmd_export,
+    "export_cpu": cmd_export_cpu,
+}
 
 
 def main() -> None:

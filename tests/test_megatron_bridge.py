@@ -1,6 +1,7 @@
 """checkpoint_megatron judged by Megatron-Bridge 0.6.2's own code (tests/megatron_bridge.py): its loaders accept the
-run_config.yaml and train state rlsteps writes and build the model the Hugging Face config describes, and rlsteps
-reads the run_config.yaml Bridge's serialiser writes."""
+run_config.yaml and train state rlsteps writes and build the model the Hugging Face config describes, Bridge's
+export (AutoBridge.export_ckpt, its model built for a CPU) turns the checkpoint back into the very Hugging Face
+weights it came from, and rlsteps reads the run_config.yaml Bridge's serialiser writes."""
 
 from __future__ import annotations
 
@@ -157,19 +158,52 @@ def gpt_model_checkpoint(hf_dir: Path, iter_dir: Path, tokens: torch.Tensor, ext
     return logits
 
 
+# How the export built for a CPU builds Bridge's model (what the checkpoint's provider asks for is recorded beside it).
+CPU_BUILD = {
+    "transformer_layer_spec": "megatron.bridge.models.gpt_provider.local_layer_spec",
+    "apply_rope_fusion": False,
+    "persist_layer_norm": False,
+    "gradient_accumulation_fusion": False,
+}
+AS_IS = {  # checkpoint -> why Bridge's export, as Bridge runs it, stops on a machine without Transformer Engine
+    "tiny_policy": "ValueError: apply_rope_fusion is not available. Please install TE >= 1.4.",
+    "qwen2": "TypeError: 'NoneType' object is not callable",
+}
+EXPORT_TOKENS = [[5, 17, 42, 99, 3, 250, 7, 64], [120, 8, 8, 301, 11, 2, 77, 180]]
+
+
+def config_only(hf_dir: Path, folder: Path) -> Path:
+    """The HF folder's config.json alone: Bridge's export takes the config from it and every weight from the
+    checkpoint (from_hf_config reads no weights; here there are none to read)."""
+    folder.mkdir(parents=True)
+    shutil.copy(hf_dir / "config.json", folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
-def judged(cases, gpt_model_written) -> dict[str, dict]:
+def judged(cases, gpt_model_written, tmp_path_factory) -> dict[str, dict]:
     """Bridge's answers, in one process: its provider from each HF config and its loaders on rlsteps's checkpoint;
-    and run_config.yaml, by Bridge's serialiser, into each GPTModel-written checkpoint."""
+    run_config.yaml, by Bridge's serialiser, into each GPTModel-written checkpoint; and Bridge's export of each of
+    rlsteps's checkpoints to a Hugging Face folder, built for a CPU, and of the tiny policy's as Bridge runs it."""
+    exports = tmp_path_factory.mktemp("bridge_exports")
     calls = []
     for hf_dir, iter_dir in cases.values():
         calls += [("provider", hf_dir), ("load", iter_dir)]
     for hf_dir, iter_dir, _, _ in gpt_model_written.values():
         calls += [("write", hf_dir, iter_dir / "run_config.yaml")]
+    for name, (hf_dir, iter_dir) in cases.items():
+        config = config_only(hf_dir, exports / f"{name}_config")
+        calls += [("export_cpu", iter_dir.parent, config, exports / name, json.dumps(EXPORT_TOKENS))]
+    for name in AS_IS:
+        calls += [("export", cases[name][1].parent, exports / f"{name}_config", exports / f"{name}_as_is")]
     answers = iter(bridge_batch(*calls))
     out = {name: {"provider": next(answers), "load": next(answers)} for name in cases}
     for name in gpt_model_written:
         out[f"write:{name}"] = next(answers)
+    for name in cases:
+        out[name]["export"] = next(answers)
+    for name in AS_IS:
+        out[f"export_as_is:{name}"] = next(answers)
     return out
 
 
@@ -177,6 +211,59 @@ def judged(cases, gpt_model_written) -> dict[str, dict]:
 def test_megatron_bridge_loads_our_checkpoint_as_it_imports_the_hf_model(cases, judged, name):
     hf_dir, iter_dir = cases[name]
     assert_bridge_loads_it_as_it_imports_it(hf_dir, iter_dir, judged[name]["provider"], judged[name]["load"])
+
+
+@pytest.mark.parametrize("name", ["tiny_policy", "qwen2", "llama_bf16"])
+def test_megatron_bridge_exports_our_checkpoint_to_the_hf_weights_it_came_from(cases, judged, name):
+    """AutoBridge.export_ckpt loads rlsteps's checkpoint_megatron and writes every tensor of the original HF model,
+    bit for bit (a tied output layer also as lm_head.weight, equal to the embedding), with a config from which
+    transformers builds a model of the same logits; the GPTModel Bridge loaded computes them too."""
+    hf_dir, _ = cases[name]
+    answer = judged[name]["export"]
+    assert "ok" in answer, f"Megatron-Bridge's export of {name} failed: {answer.get('error')}"
+    answer = answer["ok"]
+    assert answer["model_class"][-1] == "megatron.core.models.gpt.gpt_model.GPTModel"  # (bf16: in Float16Module)
+    assert {field: built for field, (_, built) in answer["cpu_build"].items()} == CPU_BUILD
+    assert answer["cpu_build"]["transformer_layer_spec"][0] == "megatron.bridge.models.gpt_provider.default_layer_spec"
+    exported_dir = Path(answer["exported"])
+    original, exported = safetensors_of(hf_dir), safetensors_of(exported_dir)
+    hf = AutoConfig.from_pretrained(hf_dir)
+    extra = set(exported) - set(original)
+    assert set(original) <= set(exported) and extra <= ({"lm_head.weight"} if hf.tie_word_embeddings else set())
+    for key, tensor in original.items():
+        assert exported[key].dtype == tensor.dtype and torch.equal(exported[key], tensor), key
+    if extra:
+        assert torch.equal(exported["lm_head.weight"], original["model.embed_tokens.weight"])
+
+    tokens = torch.tensor(EXPORT_TOKENS)
+    expected = hf_logits(AutoModelForCausalLM.from_pretrained(hf_dir, dtype="auto"), tokens)
+    assert torch.equal(hf_logits(AutoModelForCausalLM.from_pretrained(exported_dir, dtype="auto"), tokens), expected)
+    exact = hf_logits(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32), tokens)  # bf16 upcast
+    megatron = torch.load(answer["logits"])
+    assert megatron.shape == exact.shape
+    if hf.dtype == torch.float32:
+        assert (megatron - exact).abs().max() < 1e-4
+        assert torch.equal(megatron.argmax(-1), exact.argmax(-1))
+    else:  # bf16 arithmetic: off the exact logits by no more than twice as much as transformers' own bf16 pass
+        assert (megatron - exact).abs().max() <= 2 * (expected.float() - exact).abs().max()
+
+
+def test_megatron_bridge_export_as_it_runs_needs_transformer_engine(judged):
+    """Why the export above builds Bridge's model for a CPU: as Bridge runs it, it stops where it builds the model,
+    on Transformer Engine's fused RoPE where the provider asks for it (Bridge's Llama bridge sets apply_rope_fusion),
+    else on Transformer Engine's layer spec, the provider's default (megatron-core's TESpecProvider is None)."""
+    for name, reason in AS_IS.items():
+        answer = judged[f"export_as_is:{name}"]
+        assert "error" in answer and reason in answer["error"], (name, answer)
+
+
+def safetensors_of(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(path))
+    return tensors
 
 
 def test_megatron_bridge_refuses_the_flat_model_section_rlsteps_used_to_write(cases, tmp_path):
