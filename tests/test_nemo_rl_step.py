@@ -105,6 +105,8 @@ def test_the_seed_pages_commands_work_as_written(project):
     for command in commands:
         result = rlsteps(*command, cwd=project)
         assert result.returncode == 0, (command, result.stdout[-3000:], result.stderr[-3000:])
+    default = rlsteps(*commands[0], cwd=project).stdout  # here: the embedded engine, asking in NeMo-RL's keys
+    assert "data.train.data_path=PATH" in default and "policy.model_name=PATH" in default
     lepton = rlsteps(*commands[1], cwd=project).stdout
     assert "nvidia/Nemotron-Reward-Model" in lepton and "num_rollouts_per_prompt: 16" in lepton
 

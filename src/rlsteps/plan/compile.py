@@ -171,6 +171,10 @@ def compile_job(
     algorithm, notes = step.algorithm, []
     if step.algorithm == "nemo_rl_grpo":
         resolved, algorithm, notes = _nemo_rl_step(step, source, resolved, profile, list(overrides))
+        if algorithm != step.algorithm:  # on the embedded engine: the unset keys by their rl/rlhf names
+            from rlsteps.engine.nemo_rl.embedded import embedded_key
+
+            unset = [embedded_key(key) for key in unset]
     created = time.strftime("%Y%m%d-%H%M%S")
     return Job(
         name=f"{created}-{os.urandom(3).hex()}-{sanitise_name(step.slug)}",  # unique: two runs in one second differ

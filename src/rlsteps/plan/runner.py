@@ -95,6 +95,10 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
     job_dir = planned_job_dir(job)
     plan = launcher.plan(job, job_dir)
     needs = _needs(catalog, step, config, inputs, job.unset_keys)
+    if job.algorithm != catalog.find(job.step_id).algorithm:  # said with the keys the user sets (NeMo-RL's)
+        from rlsteps.engine.nemo_rl.embedded import nemo_rl_key  # torch-free
+
+        needs = [nemo_rl_key(key) + sep + rest for key, sep, rest in (line.partition("=") for line in needs)]
     refused = [error for item in inputs if (error := refusal(catalog, item, reach)) is not None]
     return Compiled(job=job, plan=plan, job_dir=job_dir, inputs=inputs, needs=needs, refused=refused)
 

@@ -58,6 +58,16 @@ def to_embedded(cfg: dict[str, Any], base: dict[str, Any], set_keys: list[str]) 
     return recipe, notes
 
 
+def embedded_key(key: str) -> str:
+    """The rl/rlhf key a NeMo-RL key becomes on the embedded engine (itself where it has no counterpart)."""
+    return next((ours for ours, theirs in pairs("grpo") + INPUTS if theirs == key), key)
+
+
+def nemo_rl_key(key: str) -> str:
+    """The NeMo-RL key the user sets for an rl/rlhf key of the embedded engine (itself where it has none)."""
+    return next((theirs for ours, theirs in pairs("grpo") + INPUTS if ours == key), key)
+
+
 def _epochs_and_validation(cfg: dict[str, Any], recipe: dict[str, Any]) -> list[str]:
     grpo = cfg["grpo"]
     epochs = grpo["max_num_epochs"]
