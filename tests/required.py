@@ -18,6 +18,7 @@ SWITCHES = {  # switch -> what it requires (.ci/run sets RLSTEPS_REQUIRE_<switch
     "LEPTON": "the leptonai SDK (rlsteps[lepton])",
     "MEGATRON": "megatron-core (rlsteps[megatron])",
     "TRL": "TRL (rlsteps[test])",
+    "TMPFS": "a tmpfs the tests may mount (root): a real full disk",
 }
 
 
@@ -33,6 +34,11 @@ def importorskip(module: str, *, switch: str, reason: str | None = None) -> Modu
         return importlib.import_module(module)
     except ImportError as error:
         why = f"{reason or f'needs {SWITCHES[switch]}'}: cannot import {module} ({error})"
+    unavailable(why, switch=switch)
+
+
+def unavailable(why: str, *, switch: str) -> None:
+    """Skip (the module, at module level) for `why`; fail instead under the switch."""
     if os.environ.get(variable(switch)) == "1":
         pytest.fail(f"{why} ({variable(switch)}=1)", pytrace=False)
     pytest.skip(why, allow_module_level=True)

@@ -41,8 +41,46 @@ def start_rlsteps(*argv: str, cwd: Path, log: Path) -> subprocess.Popen:
 
 
 def kill_group(process: subprocess.Popen) -> None:
-    os.killpg(process.pid, signal.SIGKILL)
+    """SIGKILL to the run's whole tree: the CLI's process group and the group of each process under it (an attached
+    worker runs in a group of its own), as a power loss would end it."""
+    groups = {process.pid}
+    for pid in descendants(process.pid):
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     process.wait()
+
+
+def processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[1].split()[0] != "Z":
+                found[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmdline)
+    return found
+
+
+def descendants(root: int) -> dict[int, str]:
+    table, found, frontier = processes(), {}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, cmdline) in table.items():
+            if ppid == parent and pid not in found:
+                found[pid] = cmdline
+                frontier.append(pid)
+    return found
 
 
 def wait_for(path: Path, timeout: float, process: subprocess.Popen | None = None) -> None:

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("megatron.core")
+import required  # noqa: E402
+
+required.importorskip("megatron.core", switch="MEGATRON")
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 

@@ -76,7 +76,7 @@ def test_it(counterpart):
 """
 
 
-@pytest.mark.parametrize("switch", sorted(required.SWITCHES))
+@pytest.mark.parametrize("switch", sorted(MODULES))  # the switches that stand for an import
 def test_a_broken_counterpart_fails_under_its_switch_and_skips_without_it(tmp_path, switch):
     """At module level (the module's collection) and in a fixture (the test that uses it)."""
     module = MODULES[switch]

@@ -28,9 +28,9 @@ from rlsteps.plan import compile as compile_module
 from rlsteps.plan import submitted_jobs as jobs
 from rlsteps.plan.job_dir import create_job_dir, write_job_files
 from rlsteps.plan.runner import RunRequest, compile_request
-from run_helpers import FAST, rlsteps, start_rlsteps
+from run_helpers import FAST, descendants, processes, rlsteps, start_rlsteps
 from test_jobs import jobs_cli
-from test_worker_signals import descendants, processes, wait_gone
+from test_worker_signals import wait_gone
 
 LAUNCHER = local.LAUNCHER
 LONG = "train.max_steps=5000"  # runs for minutes: every slow test stops it

@@ -15,6 +15,7 @@ import pytest
 from rlsteps.engine.resume import CHECKPOINTS_DIR
 from rlsteps.engine.signals import EXIT_CHECKPOINTED, EXIT_TERMINATED
 from rlsteps.launch.base import JobState
+from run_helpers import descendants, processes
 from test_local_launcher import LAUNCHER, start, wait_until_ended
 
 SERVER_MODULE = "rlsteps.engine.rewards.rm"
@@ -25,32 +26,6 @@ def here(tmp_path, monkeypatch, tiny_world):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "rlsteps.yaml").write_text("profiles:\n  here: {executor: local}\n")
     return tmp_path
-
-
-def processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every process."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if stat.rsplit(")", 1)[1].split()[0] != "Z":
-                found[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmdline)
-    return found
-
-
-def descendants(root: int) -> dict[int, str]:
-    table, found, frontier = processes(), {}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, (ppid, cmdline) in table.items():
-            if ppid == parent and pid not in found:
-                found[pid] = cmdline
-                frontier.append(pid)
-    return found
 
 
 def wait_for_server(job_pid: int, timeout: float = 120) -> tuple[int, int]:

@@ -68,9 +68,14 @@ def join(world: World, device: torch.device) -> torch.device:
 
 
 def leave(world: World) -> None:
+    """Leave the process group once every process is done with it. A gloo send can complete on its sender before
+    the receiver has it: a process that tears its group down right after its last collective destroys the group's
+    worker threads under a peer still reading (seen as rank 1 aborting with "terminate called without an active
+    exception" under load). The barrier makes every process wait until all have arrived."""
     if _active(world):
         import torch.distributed as dist
 
+        dist.barrier()
         dist.destroy_process_group()
 
 
