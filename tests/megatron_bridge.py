@@ -3,8 +3,7 @@
 tests/fetch_megatron_bridge.sh downloads the pinned wheels (Megatron-Bridge 0.6.2 and the megatron-core 0.19.2 whose
 megatron.training holds the ConfigContainer base it builds on) once, in CI's install phase; they are unpacked here and
 imported by tests/megatron_bridge_oracle.py in a process of its own. Nothing is downloaded at test time: without the
-wheels a test skips with the command that fetches them, and fails instead under RLSTEPS_REQUIRE_UPSTREAM=1 or
-RLSTEPS_REQUIRE_MEGATRON=1.
+wheels a test skips with the command that fetches them, and fails instead under RLSTEPS_REQUIRE_MEGATRON=1.
 """
 
 from __future__ import annotations
@@ -12,13 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-from upstream import _cache
+from upstream import _cache, _unavailable, built_once
 
 BRIDGE_VERSION = "0.6.2"
 WHEELS = {
@@ -27,17 +25,6 @@ WHEELS = {
 }
 ORACLE = Path(__file__).resolve().parent / "megatron_bridge_oracle.py"
 FETCH = "bash tests/fetch_megatron_bridge.sh"
-
-
-def _unavailable(reason: str):
-    import pytest
-
-    required = [
-        name for name in ("RLSTEPS_REQUIRE_UPSTREAM", "RLSTEPS_REQUIRE_MEGATRON") if os.environ.get(name) == "1"
-    ]
-    if required:
-        pytest.fail(f"{reason} ({required[0]}=1)")
-    pytest.skip(reason)
 
 
 def wheel_dir() -> Path:
@@ -50,20 +37,20 @@ def unpacked() -> list[Path]:
     for name, wheel_name in WHEELS.items():
         wheel = wheel_dir() / wheel_name
         if not wheel.is_file():
-            _unavailable(f"{wheel} is missing: the pinned Megatron-Bridge that judges checkpoint_megatron ({FETCH})")
+            missing = f"{wheel} is missing: the pinned Megatron-Bridge that judges checkpoint_megatron ({FETCH})"
+            _unavailable(missing, switch="MEGATRON")
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()[:12]
-        target = _cache() / f"{name}-{digest}"
-        if not target.is_dir():
-            staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
-            shutil.rmtree(staging, ignore_errors=True)
-            with zipfile.ZipFile(wheel) as archive:
-                archive.extractall(staging)
-            try:
-                staging.rename(target)
-            except OSError:  # another process unpacked it first
-                shutil.rmtree(staging, ignore_errors=True)
-        roots.append(target)
+        roots.append(built_once(_cache() / f"{name}-{digest}", _extractor(wheel)))
     return roots
+
+
+def _extractor(wheel: Path):
+    def extract(staging: Path) -> Path:
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(staging)
+        return staging
+
+    return extract
 
 
 def bridge(command: str, *args: str | os.PathLike) -> dict:

@@ -19,6 +19,7 @@ import sys
 import tarfile
 import tempfile
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,15 +36,30 @@ class UpstreamMissing(RuntimeError):
     RLSTEPS_REQUIRE_UPSTREAM=1."""
 
 
-def _unavailable(reason: str):
-    """Skips the calling test (fails it under RLSTEPS_REQUIRE_UPSTREAM=1); outside pytest, raises UpstreamMissing."""
+def _unavailable(reason: str, switch: str = "UPSTREAM"):
+    """Skips the calling test (fails it under RLSTEPS_REQUIRE_<switch>=1); outside pytest, raises UpstreamMissing."""
     if "pytest" not in sys.modules:
         raise UpstreamMissing(reason)
-    import pytest
+    import required  # imports pytest: only under it
 
-    if os.environ.get("RLSTEPS_REQUIRE_UPSTREAM") == "1":
-        pytest.fail(f"{reason} (RLSTEPS_REQUIRE_UPSTREAM=1)")
-    pytest.skip(reason, allow_module_level=True)
+    required.unavailable(reason, switch=switch)
+
+
+def built_once(target: Path, build: Callable[[Path], Path]) -> Path:
+    """target, built once by any of the processes that race for it: `build(staging)` fills a fresh staging folder
+    and returns the folder to move into place (the staging folder or one inside it)."""
+    if target.is_dir():
+        return target
+    staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        build(staging).rename(target)
+    except OSError:  # another process built it first
+        if not target.is_dir():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def _cache() -> Path:
@@ -60,20 +76,14 @@ def unpacked(name: str) -> Path:
     if not archive.is_file():
         _unavailable(f"{archive} is missing: the pinned {name} source that judges rlsteps's NeMo-RL output")
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:12]
-    target = _cache() / f"{archive.name.removesuffix('.tar.gz')}-{digest}"
-    if not target.is_dir():
-        staging = target.with_name(target.name + f".tmp{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
+
+    def extract(staging: Path) -> Path:
         with tarfile.open(archive) as tar:
             tar.extractall(staging, filter="data")
         (top,) = list(staging.iterdir())  # the archive's one top folder
-        try:
-            top.rename(target)
-        except OSError:  # another process unpacked it first
-            if not target.is_dir():
-                raise
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+        return top
+
+    return built_once(_cache() / f"{archive.name.removesuffix('.tar.gz')}-{digest}", extract)
 
 
 class _InertMeta(type):
@@ -199,23 +209,18 @@ def nemo_rl_importable(stub: frozenset[str] = HEAVY):
 
 def gym_deps() -> Path:
     """A folder holding GYM_DEPS (installed there once with pip, without their dependencies)."""
-    target = _cache() / ("gym-deps-" + hashlib.sha256(" ".join(GYM_DEPS).encode()).hexdigest()[:12])
-    if not (target / "openai").is_dir():
-        staging = target.with_name(target.name + f".tmp{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
+
+    def install(staging: Path) -> Path:
         done = subprocess.run(
             [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(staging), *GYM_DEPS],
             capture_output=True,
             text=True,
         )
         if done.returncode != 0:
-            shutil.rmtree(staging, ignore_errors=True)
             _unavailable(f"pip could not install {' '.join(GYM_DEPS)} for NeMo-Gym's models: {done.stderr[-2000:]}")
-        try:
-            staging.rename(target)
-        except OSError:  # another process installed them first
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+        return staging
+
+    return built_once(_cache() / ("gym-deps-" + hashlib.sha256(" ".join(GYM_DEPS).encode()).hexdigest()[:12]), install)
 
 
 def _oracle_run(*args: str) -> str:

@@ -51,7 +51,8 @@ def to_embedded(cfg: dict[str, Any], base: dict[str, Any], set_keys: list[str]) 
     recipe["output"] = copy.deepcopy(cfg["output"])
     if cfg.get("tiny_world") is not None:
         recipe["tiny_world"] = copy.deepcopy(cfg["tiny_world"])
-    notes = _epochs_and_validation(cfg, recipe) + _judge(cfg, recipe) + _schedule(cfg, recipe)
+    _epochs_and_validation(cfg, recipe)
+    notes = _judge(cfg, recipe) + _schedule(cfg, recipe)
     unhonoured = [key for key in set_keys if _is_nemo_rl_key(key) and not _handled(key)]
     if unhonoured:
         notes.append("NeMo-RL keys the embedded engine does not honour: " + ", ".join(sorted(unhonoured)))
@@ -68,14 +69,13 @@ def nemo_rl_key(key: str) -> str:
     return next((theirs for ours, theirs in pairs("grpo") + INPUTS if ours == key), key)
 
 
-def _epochs_and_validation(cfg: dict[str, Any], recipe: dict[str, Any]) -> list[str]:
+def _epochs_and_validation(cfg: dict[str, Any], recipe: dict[str, Any]) -> None:
     grpo = cfg["grpo"]
     epochs = grpo["max_num_epochs"]
     recipe["train"]["max_epochs"] = None if epochs is None or epochs >= NO_END else epochs
     recipe["validation"]["interval"] = grpo["val_period"]
     recipe["validation"]["num_prompts"] = grpo.get("max_val_samples") or grpo.get("val_batch_size") or 1
     recipe["checkpoint"]["interval"] = cfg["checkpointing"]["save_period"]
-    return []
 
 
 def _judge(cfg: dict[str, Any], recipe: dict[str, Any]) -> list[str]:

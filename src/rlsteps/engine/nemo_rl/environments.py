@@ -4,7 +4,8 @@ With the judge (rl/nemo_rl/rlhf, rl/rlhf): NeMo-Gym's genrm_compare server compa
 with a generative reward model. The user names the judge at the seed step's key
 env.nemo_gym.genrm_model.responses_api_models.vllm_model: with `model` alone, Gym is to start vLLM on it, which in
 the pinned Gym only its `genrm_model` server type does (its `vllm_model` type only reaches a running server), so
-the block is compiled to that type; with `base_url`, the judge already runs there and `vllm_model` reaches it.
+the block is compiled to that type. A `base_url` (a judge already served) is refused: genrm_compare's config in the
+pinned Gym always declares its own genrm_model server, and a second server type in that instance is what Gym refuses.
 Without the judge (rl/reinforce): NeMo-RL's reward-model environment serves a Bradley-Terry reward model.
 """
 
@@ -60,10 +61,9 @@ def compile_judge(master: dict[str, Any]) -> list[str]:
     block = judge_block(master)
     if block is None:
         raise NemoRlConfigError(
-            "env.nemo_gym.genrm_model.responses_api_models.vllm_model is missing: set its model (the judge) "
-            "or its base_url (a judge already served)"
+            "env.nemo_gym.genrm_model.responses_api_models.vllm_model is missing: set its model, the judge NeMo-Gym "
+            "serves (a Hugging Face id or path)"
         )
-    notes = _tie_group(master)
     if block.get("base_url"):
         raise NemoRlConfigError(
             "a judge already served (base_url, or rl/rlhf's judge.url) cannot be used on NeMo-RL with the pinned "
@@ -73,12 +73,12 @@ def compile_judge(master: dict[str, Any]) -> list[str]:
     if not block.get("model"):
         raise NemoRlConfigError(
             "the judge has no model: set env.nemo_gym.genrm_model.responses_api_models.vllm_model.model "
-            "(a Hugging Face id or path), or its base_url for a judge already served"
+            "(a Hugging Face id or path)"
         )
     server = copy.deepcopy(JUDGE_SERVER_DEFAULTS)
-    server.update({k: copy.deepcopy(v) for k, v in block.items() if k not in ("base_url", "api_key")})
+    server.update({k: copy.deepcopy(v) for k, v in block.items() if k not in ("base_url", "api_key")})  # unset here
     gym["genrm_model"] = {"responses_api_models": {"genrm_model": server}}
-    return notes + [
+    return _tie_group(master) + [
         f"judge: NeMo-Gym starts vLLM on {block['model']} on {judge_gpus(master)} GPU(s) of its own (its genrm_model "
         "server; the seed's vllm_model type only reaches a running server in the pinned Gym)"
     ]

@@ -60,8 +60,9 @@ def from_recipe(cfg: dict[str, Any]) -> dict[str, Any]:
     overlay: dict[str, Any] = {}
     for ours, theirs in pairs(cfg["algorithm"]):
         put(overlay, theirs, copy.deepcopy(get(cfg, ours)))
-    for ours, theirs in INPUTS[:3]:
-        put(overlay, theirs, get(cfg, ours))
+    for ours, theirs in INPUTS:
+        if ours != "inputs.judge_model":  # the judge block is _judge's
+            put(overlay, theirs, get(cfg, ours))
     for mapping in (_epochs_and_validation, _checkpointing, _policy, _logger, _judge if rlhf else _reinforce):
         overlay = deep_merge(overlay, mapping(cfg))
     template = master_template(GENRM_ENV if rlhf else REWARD_MODEL_ENV)
@@ -137,9 +138,7 @@ def _logger(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _judge(cfg: dict[str, Any]) -> dict[str, Any]:
     judge = cfg["judge"]
-    if judge["url"]:
-        if not judge["model"]:
-            raise NemoRlConfigError("judge.url is set but judge.model is not: name the model the server serves")
+    if judge["url"]:  # compile_judge refuses it, with the reason
         block = {"base_url": judge["url"], "model": judge["model"], "api_key": judge["api_key"]}
     elif cfg["inputs"].get("judge_model"):
         block = {"model": cfg["inputs"]["judge_model"]}
