@@ -76,8 +76,11 @@ def prompt_noun(prompt: str) -> str:
     return nouns[-1]
 
 
-def true_reward(prompt: str, response: str) -> float:
-    """The hidden preference: mention the prompt's noun, more positive and fewer negative adjectives."""
+def true_reward(prompt: str | list[dict[str, str]], response: str) -> float:
+    """The hidden preference: mention the prompt's noun, more positive and fewer negative adjectives. The prompt is
+    its text or its chat messages (a reward function's first argument)."""
+    if not isinstance(prompt, str):
+        prompt = " ".join(message["content"] for message in prompt)
     response_words = words(response)
     mentions_noun = prompt_noun(prompt) in response_words
     positives = len(set(response_words) & _POSITIVE_SET)
