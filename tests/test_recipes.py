@@ -74,6 +74,10 @@ def config(schema, algorithm: str, rollouts: dict, **sections):
     )
 
 
+SEVERAL_STEPS = {"global_batch_size": 2, "micro_batch_size": 1}  # 4 rows: two optimizer steps, so prepare's pass
+ONE_STEP = {"global_batch_size": 4, "micro_batch_size": 2}  # the policy's log-probs from the update's forward
+
+
 # --- the registry ------------------------------------------------------------------------------
 
 
@@ -135,6 +139,7 @@ def test_reinforce_folds_the_kl_into_the_reward_and_only_ended_rows_learn():
         "reinforce",
         {"prompts_per_step": 1, "num_rollouts_per_prompt": 4},
         reinforce={"initial_policy_kl_penalty": 0.5, "use_absolute_kl": True},
+        train=SEVERAL_STEPS,
     )
     recipe = ReinforceRLOO(cfg)
     prepared, stats = recipe.prepare(batch, scores([2.0, 7.0, -1.0, 0.0]), lambda b: logp, lambda b: logp_init)
@@ -160,6 +165,7 @@ def test_reinforce_masks_an_unscored_row():
         "reinforce",
         {"prompts_per_step": 1, "num_rollouts_per_prompt": 3},
         reinforce={"initial_policy_kl_penalty": 0.0},
+        train=SEVERAL_STEPS,
     )
     prepared, _ = ReinforceRLOO(cfg).prepare(
         batch, scores([1.0, 0.0, 3.0], valid=[True, False, True]), policy_logprobs, reference_logprobs
@@ -171,12 +177,13 @@ def test_reinforce_masks_an_unscored_row():
 # --- GRPO --------------------------------------------------------------------------------------
 
 
-def grpo_recipe(**grpo) -> GRPO:
+def grpo_recipe(train=SEVERAL_STEPS, **grpo) -> GRPO:
     cfg = config(
         GRPOConfig,
         "grpo",
         {"prompts_per_step": 2, "num_rollouts_per_prompt": 2},
         grpo={"leave_one_out": False, "normalize_std": True, **grpo},
+        train=train,
     )
     return GRPO(cfg)
 
@@ -251,3 +258,88 @@ def test_loss_mask_is_the_response_mask_times_the_row_mask():
     batch = grpo_batch()
     batch.extras[ROW_MASK] = torch.tensor([1.0, 0.0, 1.0, 0.0])
     assert loss_mask(batch).tolist() == [[0, 1, 1, 0], [0, 0, 0, 0], [0, 1, 1, 1], [0, 0, 0, 0]]
+
+
+# --- one optimizer step: the policy's log-probs from the update's forward ----------------------
+
+
+def test_grpo_with_one_optimizer_step_runs_no_policy_pass_and_its_ratio_is_one():
+    one = grpo_recipe(train=ONE_STEP, kl_beta=0.01)
+    two = grpo_recipe(train=SEVERAL_STEPS, kl_beta=0.01)
+    assert one.logprobs_from_update() and not two.logprobs_from_update()
+    fused, stats = one.prepare(grpo_batch(), scores([1.0, 3.0, 2.0, 2.0]), never_called, reference_logprobs)
+    assert "old_logprobs" not in fused.extras and "train/token_mult_prob_error" not in stats
+    assert torch.equal(fused.extras["ref_logprobs"], reference_logprobs(grpo_batch()))
+    separate, _ = two.prepare(grpo_batch(), scores([1.0, 3.0, 2.0, 2.0]), policy_logprobs, reference_logprobs)
+
+    logprobs = policy_logprobs(grpo_batch()).requires_grad_()  # the forward's log-probs, on the weights that sampled
+    normaliser = one.loss_normaliser(fused)
+    loss_one, stats_one = one.loss(logprobs, fused, normaliser)
+    (grad_one,) = torch.autograd.grad(loss_one, logprobs)
+    loss_two, stats_two = two.loss(logprobs, separate, normaliser)
+    (grad_two,) = torch.autograd.grad(loss_two, logprobs)
+    assert torch.equal(loss_one, loss_two) and torch.equal(grad_one, grad_two)
+    assert stats_one == stats_two and stats_one["ratio_max"] == 1.0
+
+
+def test_grpo_with_several_optimizer_steps_refuses_a_batch_without_old_logprobs():
+    recipe = grpo_recipe(train=ONE_STEP, kl_beta=0.0)
+    prepared, _ = recipe.prepare(grpo_batch(), scores([1.0, 3.0, 2.0, 2.0]), never_called, never_called)
+    with pytest.raises(KeyError, match="old_logprobs"):
+        grpo_recipe(train=SEVERAL_STEPS, kl_beta=0.0).loss(policy_logprobs(prepared), prepared, 8.0)
+
+
+def test_the_two_pass_switch_keeps_the_separate_pass_with_one_optimizer_step():
+    recipe = grpo_recipe(train=ONE_STEP, kl_beta=0.0)
+    recipe.two_pass = True
+    assert not recipe.logprobs_from_update()
+    prepared, _ = recipe.prepare(grpo_batch(), scores([1.0, 3.0, 2.0, 2.0]), policy_logprobs, never_called)
+    assert torch.equal(prepared.extras["old_logprobs"], policy_logprobs(prepared))
+
+
+def reinforce_recipe(train: dict, per_prompt: int = 2) -> ReinforceRLOO:
+    rollouts = {"prompts_per_step": 4 // per_prompt, "num_rollouts_per_prompt": per_prompt}
+    reinforce = {"initial_policy_kl_penalty": 0.5, "use_absolute_kl": False}
+    return ReinforceRLOO(config(ReinforceConfig, "reinforce", rollouts, reinforce=reinforce, train=train))
+
+
+def test_reinforce_with_one_optimizer_step_makes_the_advantages_in_the_loss_from_the_forward():
+    batch = lambda: grpo_batch(is_end=(True, True, False, True))  # noqa: E731
+    rewards = scores([1.0, 3.0, 2.0, 5.0], valid=[True, True, True, True])
+    one, two = reinforce_recipe(ONE_STEP), reinforce_recipe(SEVERAL_STEPS)
+    assert one.logprobs_from_update() and not two.logprobs_from_update()
+    fused, fused_stats = one.prepare(batch(), rewards, never_called, reference_logprobs)
+    separate, separate_stats = two.prepare(batch(), rewards, policy_logprobs, reference_logprobs)
+    assert "advantages" not in fused.extras and "advantages" in separate.extras
+
+    trainer = policy_logprobs(batch())
+    assert {**fused_stats, **one.update_stats(fused, trainer)} == pytest.approx(separate_stats)
+    normaliser = one.loss_normaliser(fused)
+    assert normaliser == two.loss_normaliser(separate) == 5  # the unended row of group b stays out
+    for rows in ([0, 1], [2, 3]):  # micro-batches of whole groups, as the update runs them
+        logprobs = policy_logprobs(batch().select(rows)).requires_grad_()
+        loss_one, stats_one = one.loss(logprobs, fused.select(rows), normaliser)
+        (grad_one,) = torch.autograd.grad(loss_one, logprobs)
+        loss_two, stats_two = two.loss(logprobs, separate.select(rows), normaliser)
+        (grad_two,) = torch.autograd.grad(loss_two, logprobs)
+        assert torch.equal(loss_one, loss_two) and torch.equal(grad_one, grad_two) and stats_one == stats_two
+
+
+def test_reinforce_keeps_the_separate_pass_when_a_micro_batch_splits_a_group():
+    assert reinforce_recipe({"global_batch_size": 4, "micro_batch_size": 4}, per_prompt=2).logprobs_from_update()
+    assert reinforce_recipe({"global_batch_size": 4, "micro_batch_size": 4}, per_prompt=4).logprobs_from_update()
+    split = reinforce_recipe({"global_batch_size": 4, "micro_batch_size": 1}, per_prompt=2)
+    assert not split.logprobs_from_update()
+    prepared, _ = split.prepare(grpo_batch(), scores([1.0, 3.0, 2.0, 5.0]), policy_logprobs, reference_logprobs)
+    assert "advantages" in prepared.extras and "ref_logprobs" not in prepared.extras
+
+
+def test_rs_with_one_optimizer_step_leaves_the_sampler_comparison_to_the_update():
+    batch = make_batch(["a", "a", "b", "b"], response_lengths=[2, 1, 3, 2], is_end=[True] * 4)
+    batch.gen_logprobs = policy_logprobs(batch) - 0.1
+    recipe = rs_recipe()
+    assert recipe.logprobs_from_update()
+    selected, stats = recipe.prepare(batch, scores([1.0, 3.0, 2.0, 2.0]), never_called, never_called)
+    assert "train/token_mult_prob_error" not in stats
+    gap = recipe.update_stats(selected, policy_logprobs(selected))["train/token_mult_prob_error"]
+    assert gap == pytest.approx(math.exp(0.1))

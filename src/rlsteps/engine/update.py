@@ -8,6 +8,11 @@ scaled by W, since FSDP2 averages the gradients over the processes. The gradient
 norm. Processes with fewer micro-batches than the busiest one run an empty one (zero loss), so every
 process runs the same sharded forward and backward passes. With prompts dealt to processes in turn
 (World.mine) and G/W rows per process per step, a step learns from the same rows on one process or on W.
+
+When the recipe takes the policy's log-probs before the update from the update itself
+(Recipe.logprobs_from_update: a single optimizer step), the forward of each micro-batch is also that pass: the
+recipe's loss reads its own log-probs, detached, and after the micro-batches the recipe turns them, gathered at
+the batch's width, into the statistics prepare would have given (weighted by each process's rows).
 """
 
 from __future__ import annotations
@@ -65,27 +70,43 @@ class PolicyUpdate:
         t, world = self.train, self.world
         rows = t.global_batch_size // world.size  # this process's rows of each optimizer step
         steps = int(reduce_max(world, math.ceil(len(batch) / rows)))
+        from_update = self.recipe.logprobs_from_update()  # the same on every process: a function of the config
+        if from_update and steps > 1:
+            raise RuntimeError(
+                f"{len(batch)} rows on this process make {steps} optimizer steps of {rows}, but the recipe took the "
+                "policy's log-probs from the update, which holds for one step only: every process needs at most "
+                "train.global_batch_size / world size rows (rollout.prompts_per_step a multiple of the world size)"
+            )
         stats, made, skipped, tokens = StepStats(), 0, 0, TokenCount()
+        prepared: dict[str, float] = {}  # the recipe's statistics of the forward's log-probs (from_update)
         self.model.train()
         for k in range(steps):
             chunk = batch.select(list(range(k * rows, min((k + 1) * rows, len(batch)))))
             normaliser = reduce_sum(world, self.recipe.loss_normaliser(chunk) if len(chunk) else 0.0)
             if normaliser == 0:
                 continue  # nothing to learn from (e.g. no sample ended): skip rather than step on zero grads
-            tokens.merge(self._accumulate(chunk, normaliser, stats))
+            logprobs = torch.zeros(len(chunk), chunk.tokens.shape[1] - 1) if from_update else None
+            tokens.merge(self._accumulate(chunk, normaliser, stats, logprobs))
+            if logprobs is not None and len(chunk):
+                prepared = self.recipe.update_stats(chunk, logprobs)
             grad_norm = optimizer_step(self.model, self.optimizer, self.scheduler, t.max_grad_norm)
             stats.end_optimizer_step(grad_norm)
             made += math.isfinite(grad_norm)
             skipped += not math.isfinite(grad_norm)  # optimizer_step left the weights and the schedule unchanged
         merged = StepStats.merge(all_gather(world, stats))
+        if from_update:
+            prepared = row_weighted_mean(world, prepared, len(batch))
         total, responses = reduce_floats(world, [tokens.total, tokens.responses])
-        return UpdateResult(merged.result(), made, skipped, int(total), int(responses))
+        return UpdateResult({**prepared, **merged.result()}, made, skipped, int(total), int(responses))
 
-    def _accumulate(self, chunk: RolloutBatch, normaliser: float, stats: StepStats) -> TokenCount:
-        """Gradients of one global batch's share on this process; the tokens it ran."""
+    def _accumulate(
+        self, chunk: RolloutBatch, normaliser: float, stats: StepStats, logprobs_out: torch.Tensor | None = None
+    ) -> TokenCount:
+        """Gradients of one global batch's share on this process; the tokens it ran. logprobs_out [rows, T-1]: when
+        given, filled with the forward's log-probs (detached, on the CPU)."""
         micro_batches = chunk.micro_batches(self.train.micro_batch_size) if len(chunk) else []
         count = int(reduce_max(self.world, len(micro_batches)))
-        tokens = TokenCount()
+        tokens, row = TokenCount(), 0
         for i in range(count):
             set_gradient_sync(self.model, i == count - 1)
             if i < len(micro_batches):
@@ -94,6 +115,9 @@ class PolicyUpdate:
                     logprobs = token_logprobs(
                         self.model, micro.tokens, micro.attention_mask(), positions=micro.response_mask()
                     )
+                if logprobs_out is not None:
+                    logprobs_out[row : row + len(micro), : logprobs.shape[1]] = logprobs.detach().cpu()
+                    row += len(micro)
                 loss, micro_stats = self.recipe.loss(logprobs, micro, normaliser)
                 stats.add(micro_stats, weight=micro_stats.get("tokens", 0) / normaliser)
                 tokens.add(micro)
@@ -109,6 +133,17 @@ class PolicyUpdate:
             wanted = torch.ones(1, 1, device=self.device)
             logprobs = token_logprobs(self.model, tokens, torch.ones_like(tokens), positions=wanted)
         return logprobs.sum() * 0.0
+
+
+def row_weighted_mean(world: World, stats: dict[str, float], rows: int) -> dict[str, float]:
+    """Per-process statistics over all processes, each process's value weighted by its rows (one with no rows, or
+    no statistics, counts for nothing). Every process calls it."""
+    if not world.is_distributed:
+        return stats
+    parts = [(part, r) for part, r in all_gather(world, (stats, rows)) if part and r]
+    total = sum(r for _, r in parts)
+    keys = dict.fromkeys(k for part, _ in parts for k in part)
+    return {k: sum(part[k] * r for part, r in parts if k in part) / total for k in keys}
 
 
 class StepStats:

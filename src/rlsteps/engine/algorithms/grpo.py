@@ -23,7 +23,6 @@ from rlsteps.engine.algorithms.groups import (
     number_of_groups,
 )
 from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
-from rlsteps.engine.algorithms.sampler_gap import IMPORTANCE_WEIGHTS
 from rlsteps.engine.config import GRPOConfig
 
 
@@ -135,7 +134,10 @@ def _policy_stats(
 
 
 class GRPO(Recipe):
-    """Rewards -> rows that count -> group advantages -> (dynamic sampling) -> old/ref log-probs -> clipped loss."""
+    """Rewards -> rows that count -> group advantages -> (dynamic sampling) -> old/ref log-probs -> clipped loss.
+
+    With one optimizer step per batch the old log-probs are the update forward's own, detached: the ratio is 1 in
+    value and its gradient is the log-prob's, as with a separate pass (whose values differ only by rounding)."""
 
     cfg: GRPOConfig
 
@@ -163,8 +165,9 @@ class GRPO(Recipe):
             batch, advantages, valid = batch.select(keep), advantages[keep], valid[keep]
         batch.extras["advantages"] = advantages
         batch.extras[ROW_MASK] = valid.float()
-        batch.extras["old_logprobs"] = policy_logprobs(batch)  # [B, T-1]: the ratio's denominator
-        stats.update(self.compare_with_sampler(batch, batch.extras["old_logprobs"]))
+        if not self.logprobs_from_update():  # else the ratio's denominator is the update's forward, detached
+            batch.extras["old_logprobs"] = policy_logprobs(batch)  # [B, T-1]: the ratio's denominator
+            stats.update(self.compare_with_sampler(batch, batch.extras["old_logprobs"]))
         if self.needs_reference:
             batch.extras["ref_logprobs"] = reference_logprobs(batch)
         stats.update(
@@ -178,9 +181,14 @@ class GRPO(Recipe):
 
     def loss(self, logprobs, batch, normaliser):
         g = self.cfg.grpo
+        old_logprobs = batch.extras.get("old_logprobs")
+        if old_logprobs is None:
+            if not self.logprobs_from_update():
+                raise KeyError("old_logprobs: this batch makes several optimizer steps, so prepare must set them")
+            old_logprobs = logprobs.detach()  # one optimizer step: the weights that sampled are these; ratio 1
         return clipped_policy_loss(
             logprobs,
-            batch.extras["old_logprobs"],
+            old_logprobs,
             batch.extras["advantages"],
             loss_mask(batch),
             normaliser,
@@ -188,5 +196,5 @@ class GRPO(Recipe):
             eps_high=g.eps_high,
             ref_logprobs=batch.extras.get("ref_logprobs"),
             kl_beta=g.kl_beta,
-            importance_weights=batch.extras.get(IMPORTANCE_WEIGHTS),
+            importance_weights=self.importance_weights(logprobs, batch),
         )

@@ -3,6 +3,12 @@
 The loop is shared; a recipe says which log-probs it needs, which rows learn and with what weight, its
 loss, and the token count its loss is normalised by (token-level loss: a sum over tokens divided by the
 global batch's count of loss tokens).
+
+The policy's log-probs before the update (GRPO's old log-probs, REINFORCE's KL to the initial policy, the
+sampler comparison) come from one of two places. When the step makes a single optimizer step
+(`logprobs_from_update`), the update's own forward runs on the weights that sampled, before anything changes
+them: the recipe's loss takes them from there, detached, and prepare runs no pass of the policy. Otherwise
+(several optimizer steps: the weights move after the first) prepare computes them in a no-grad pass of their own.
 """
 
 from __future__ import annotations
@@ -44,12 +50,31 @@ def rollout_stats(batch: RolloutBatch, scores: Scores) -> dict[str, float]:
 
 class Recipe:
     needs_reference = False  # keep a frozen copy of the initial policy
+    two_pass = False  # True: the policy's log-probs from a pass of their own in prepare, even where one step is made
 
     def __init__(self, cfg: RecipeConfig) -> None:
         self.cfg = cfg
 
     def train_rows_per_step(self) -> int:
         return self.cfg.rollout.prompts_per_step * self.cfg.rollout.num_rollouts_per_prompt
+
+    def logprobs_from_update(self) -> bool:
+        """Whether the policy's log-probs before the update are the update's own forward, detached (no pass of the
+        policy in prepare): when every row of the step fits one global batch (one optimizer step, so the forward
+        runs on the weights that sampled) and each micro-batch holds every row its loss reads.
+
+        A function of the config alone, so every process decides alike: a valid world deals each process
+        prompts_per_step / W prompt groups and global_batch_size / W rows per optimizer step (world_check), and
+        filtering (dynamic sampling, top-n) only removes rows. The update checks it made a single step."""
+        return (
+            not self.two_pass
+            and self.train_rows_per_step() <= self.cfg.train.global_batch_size
+            and self._micro_batches_self_contained()
+        )
+
+    def _micro_batches_self_contained(self) -> bool:
+        """Whether a micro-batch's loss reads the log-probs of its own rows only (true of per-token losses)."""
+        return True
 
     def prepare(
         self, batch: RolloutBatch, scores: Scores, policy_logprobs: LogprobFn, reference_logprobs: LogprobFn | None
@@ -67,6 +92,23 @@ class Recipe:
             )
             batch.extras[IMPORTANCE_WEIGHTS] = weights
         return sampler_gap_stats(trainer_logprobs, sampler, batch.response_mask().to(trainer_logprobs.device))
+
+    def importance_weights(self, logprobs: torch.Tensor, batch: RolloutBatch) -> torch.Tensor | None:
+        """A micro-batch's truncated importance weights: those prepare set, or (log-probs from the update) the
+        same function of the forward's own log-probs, detached; None when not asked for or without sampler
+        log-probs."""
+        weights = batch.extras.get(IMPORTANCE_WEIGHTS)
+        if weights is None and self.cfg.train.truncated_importance_sampling and batch.gen_logprobs is not None:
+            sampler = batch.gen_logprobs.to(logprobs.device)
+            weights = truncated_importance_weights(logprobs.detach(), sampler, self.cfg.train.importance_sampling_cap)
+        return weights
+
+    def update_stats(self, batch: RolloutBatch, trainer_logprobs: torch.Tensor) -> dict[str, float]:
+        """The statistics prepare gives from the policy's log-probs, when they came from the update instead
+        (`logprobs_from_update`): trainer_logprobs [B, T-1], detached, of the batch's rows."""
+        sampler = batch.gen_logprobs
+        mask = batch.response_mask().to(trainer_logprobs.device)
+        return sampler_gap_stats(trainer_logprobs, None if sampler is None else sampler.to(mask.device), mask)
 
     def loss_normaliser(self, global_batch: RolloutBatch) -> float:
         """The loss tokens of one global batch (all its micro-batches): every micro-batch's loss divides by it."""

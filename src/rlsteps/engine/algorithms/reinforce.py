@@ -19,7 +19,7 @@ import torch
 
 from rlsteps.engine.algorithms.groups import leave_one_out_mean
 from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
-from rlsteps.engine.algorithms.sampler_gap import IMPORTANCE_WEIGHTS
+from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import ReinforceConfig
 
 
@@ -70,32 +70,65 @@ def reinforce_loss(
 
 
 class ReinforceRLOO(Recipe):
-    """Rewards -> KL-penalised rewards -> leave-one-out baseline -> advantages -> policy-gradient loss."""
+    """Rewards -> KL-penalised rewards -> leave-one-out baseline -> advantages -> policy-gradient loss.
+
+    The KL is that of the policy that sampled. With one optimizer step per batch and micro-batches of whole
+    prompt groups, the update's forward gives those log-probs (detached) before it changes any weight, and each
+    micro-batch's loss makes its rows' advantages from them: the numbers of the separate pass, without the pass.
+    """
 
     cfg: ReinforceConfig
     needs_reference = True
 
+    def _micro_batches_self_contained(self) -> bool:
+        """A row's baseline reads its group's KL: every micro-batch must hold whole groups (rows of a group are
+        adjacent, every group has num_rollouts_per_prompt rows)."""
+        micro, per_prompt = self.cfg.train.micro_batch_size, self.cfg.rollout.num_rollouts_per_prompt
+        return micro % per_prompt == 0 or micro >= self.train_rows_per_step()
+
     def prepare(self, batch, scores, policy_logprobs, reference_logprobs):
-        r = self.cfg.reinforce
-        logp, logp_init = policy_logprobs(batch), reference_logprobs(batch)  # [B, T-1] each
-        kl = sequence_kl(logp, logp_init, batch.response_mask(), absolute=r.use_absolute_kl)  # [B]
-        rewards_with_kl = kl_penalised_rewards(scores.rewards, kl, r.initial_policy_kl_penalty)  # [B]
-        group, _ = batch.group_index()
         ended = batch.is_end & scores.valid
-        advantages = rewards_with_kl - rloo_baseline(rewards_with_kl, group, ended)  # [B]
-        batch.extras["advantages"] = advantages
         batch.extras[ROW_MASK] = ended.float()  # only properly ended, scored samples carry a gradient
         stats = {
             **rollout_stats(batch, scores),
+            "train/fraction_of_samples_properly_ended": batch.is_end.float().mean().item(),
+        }
+        batch.extras["ref_logprobs"] = reference_logprobs(batch)  # [B, T-1]
+        if self.logprobs_from_update():  # the loss makes the advantages from the update's forward
+            batch.extras["rewards"] = scores.rewards.float()
+            return batch, stats
+        logp = policy_logprobs(batch)  # [B, T-1]
+        advantages, more = self._advantages(batch, scores.rewards, logp)
+        batch.extras["advantages"] = advantages
+        del batch.extras["ref_logprobs"]  # the loss needs no more than the advantages
+        return batch, {**stats, **more, **self.compare_with_sampler(batch, logp)}
+
+    def _advantages(
+        self, batch: RolloutBatch, rewards: torch.Tensor, logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The rows' advantages [B] from the policy's log-probs [B, T-1] (no gradient), and their statistics."""
+        r = self.cfg.reinforce
+        mask = batch.response_mask().to(logprobs.device)
+        kl = sequence_kl(logprobs, batch.extras["ref_logprobs"].to(logprobs.device), mask, r.use_absolute_kl)  # [B]
+        rewards_with_kl = kl_penalised_rewards(rewards.to(kl.device), kl, r.initial_policy_kl_penalty)  # [B]
+        group, _ = batch.group_index()
+        ended = batch.extras[ROW_MASK].to(kl.device) > 0
+        advantages = rewards_with_kl - rloo_baseline(rewards_with_kl, group.to(kl.device), ended)  # [B]
+        stats = {
             "train/rewards_with_kl": rewards_with_kl.mean().item(),
             "train/init_policy_kl": kl.mean().item(),
-            "train/fraction_of_samples_properly_ended": batch.is_end.float().mean().item(),
             "train/advantage_abs_mean": advantages.abs().mean().item(),
-            **self.compare_with_sampler(batch, logp),
         }
-        return batch, stats
+        return advantages, stats
+
+    def update_stats(self, batch, trainer_logprobs):
+        _, stats = self._advantages(batch, batch.extras["rewards"], trainer_logprobs)
+        return {**stats, **super().update_stats(batch, trainer_logprobs)}
 
     def loss(self, logprobs, batch, normaliser):
+        advantages = batch.extras.get("advantages")
+        if advantages is None:  # one optimizer step: the micro-batch's whole groups, from this forward
+            advantages, _ = self._advantages(batch, batch.extras["rewards"], logprobs.detach())
         return reinforce_loss(
-            logprobs, batch.extras["advantages"], loss_mask(batch), normaliser, batch.extras.get(IMPORTANCE_WEIGHTS)
+            logprobs, advantages, loss_mask(batch), normaliser, self.importance_weights(logprobs, batch)
         )

@@ -69,7 +69,8 @@ class RejectionSampling(Recipe):
             **rollout_stats(batch, scores),
             "train/selected_reward_mean": scores.rewards[keep].mean().item(),
         }
-        if selected.gen_logprobs is not None:  # the sampler's agreement, on the kept rows: a pass over few
+        if selected.gen_logprobs is not None and not self.logprobs_from_update():  # else from the update's forward
+            # the sampler's agreement, on the kept rows: a pass over few
             stats.update(self.compare_with_sampler(selected, policy_logprobs(selected)))
         return selected, stats
 
