@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -10,8 +14,8 @@ import pytest
 from model_fixtures import save_reward_model, serving
 from rlsteps.engine.rewards.judge.client import JudgeClient
 from rlsteps.engine.rewards.judge.parsing import parse_judgement
-from rlsteps.engine.rewards.judge.protocol import judge_messages
-from rlsteps.engine.rewards.judge.server import create_app, judgement_from_rewards
+from rlsteps.engine.rewards.judge.protocol import JudgeRequest, judge_messages
+from rlsteps.engine.rewards.judge.server import JudgeBatcher, create_app, judgement_from_rewards
 from rlsteps.engine.rewards.rm.scorer import RewardScorer
 
 PROMPT = "Q: name an animal. A:"
@@ -90,3 +94,109 @@ def test_token_is_required_when_set(scorer: RewardScorer):
             result = client.judge([(CONVERSATION, [" cat", " dog"])])
     assert refused.status_code == 401 and wrong.status_code == 401
     assert result.valid == [[True, True]]
+
+
+# --- batching: concurrent comparisons share forward passes -----------------------------------------
+
+
+class CountingScorer:
+    """The real scorer, counting its calls (each one forward pass here: fewer rows than its batch_size)."""
+
+    def __init__(self, scorer: RewardScorer, fail_on: str | None = None) -> None:
+        self.scorer, self.fail_on = scorer, fail_on
+        self.calls: list[int] = []  # rows per call
+        self.lock = threading.Lock()
+
+    def prompt_text(self, conversation: list[dict[str, str]]) -> str:
+        if self.fail_on is not None and self.fail_on in conversation[-1]["content"]:
+            raise ValueError("the template refuses this conversation")
+        return self.scorer.prompt_text(conversation)
+
+    def score(self, prompts: list[str], responses: list[str]) -> list[float]:
+        with self.lock:
+            self.calls.append(len(prompts))
+        return self.scorer.score(prompts, responses)
+
+
+def comparisons(n: int) -> list[tuple[str, str, str]]:
+    """n (prompt, response 1, response 2), each different."""
+    return [(f"{PROMPT} {i}", CANDIDATES[i % 6], CANDIDATES[(i * 5 + 1) % 6]) for i in range(n)]
+
+
+def post_together(url: str, triples: list[tuple[str, str, str]], structured: bool = True) -> list[httpx.Response]:
+    """POST one chat completion per comparison, all at once (one thread each); the answers in order."""
+    response_format = {"response_format": {"type": "json_object"}} if structured else {}
+    bodies = [
+        {"model": "tiny-judge", "messages": judge_messages([{"role": "user", "content": p}], a, b, None)}
+        | response_format
+        for p, a, b in triples
+    ]
+    with httpx.Client(timeout=30) as http, ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(lambda body: http.post(f"{url}/chat/completions", json=body), bodies))
+
+
+def test_concurrent_comparisons_share_forward_passes_and_get_their_one_at_a_time_answers(scorer: RewardScorer):
+    counting = CountingScorer(scorer)
+    triples = comparisons(12)
+    # a long wait: every comparison sent together lands in the first batch or two, however loaded the machine
+    with serving(create_app(counting, max_batch=64, max_wait_ms=500), path="/v1") as url:
+        answers = post_together(url, triples)
+        health = httpx.get(url.removesuffix("/v1") + "/health").json()
+    assert [a.status_code for a in answers] == [200] * 12
+    assert len(counting.calls) < 12 and sum(counting.calls) == 24  # two rows a comparison, fewer calls than requests
+    assert health["requests"] == 12 and health["batches"] == len(counting.calls) and health["queue"] == 0
+    for (prompt, first, second), answer in zip(triples, answers):  # in order: each answer is its own comparison's
+        alone = judgement_from_rewards(*scorer.score([prompt, prompt], [first, second]))
+        # the answer rounds to 3 decimals what a batch scores within float32 rounding of a lone pair's rewards
+        assert json.loads(answer.json()["choices"][0]["message"]["content"]) == pytest.approx(alone, abs=1.5e-3)
+
+
+def test_a_batch_holds_at_most_max_batch_comparisons(scorer: RewardScorer):
+    counting = CountingScorer(scorer)
+    with serving(create_app(counting, max_batch=3, max_wait_ms=200), path="/v1") as url:
+        answers = post_together(url, comparisons(7))
+    assert [a.status_code for a in answers] == [200] * 7
+    assert max(counting.calls) <= 6 and sum(counting.calls) == 14 and len(counting.calls) >= 3
+
+
+def test_batched_rewards_equal_the_rewards_scored_alone(scorer: RewardScorer):
+    """In the scoring thread: one call for the batch, each comparison's pair as scoring it alone gives (within
+    float32 rounding: a matrix product's sums may run in another order for another number of rows), in order."""
+    counting = CountingScorer(scorer)
+    requests = [JudgeRequest([{"role": "user", "content": p}], a, b) for p, a, b in comparisons(9)]
+    batched = JudgeBatcher(counting)._score(requests)
+    assert counting.calls == [18]
+    for request, pair in zip(requests, batched):
+        alone = scorer.score([request.conversation[0]["content"]] * 2, [request.response_1, request.response_2])
+        assert list(pair) == pytest.approx(alone, rel=1e-5, abs=1e-6)
+
+
+def test_a_conversation_the_scorer_cannot_read_fails_alone(scorer: RewardScorer):
+    counting = CountingScorer(scorer, fail_on="refuse me")
+    triples = comparisons(4)
+    triples[1] = ("refuse me", " cat", " dog")
+    with serving(create_app(counting, max_wait_ms=300), path="/v1") as url:
+        answers = post_together(url, triples, structured=False)
+    assert [a.status_code for a in answers] == [200, 500, 200, 200]
+    assert "the template refuses" in answers[1].json()["error"]["message"]
+    assert parse_judgement(answers[0].json()["choices"][0]["message"]["content"])  # a fenced block without structure
+
+
+def test_a_full_queue_answers_503_with_retry_after(scorer: RewardScorer):
+    class SlowScorer(CountingScorer):
+        def score(self, prompts: list[str], responses: list[str]) -> list[float]:
+            time.sleep(1.0)
+            return super().score(prompts, responses)
+
+    with serving(create_app(SlowScorer(scorer), max_batch=1, max_wait_ms=0, max_queue=1), path="/v1") as url:
+        answers = post_together(url, comparisons(4))
+        health = httpx.get(url.removesuffix("/v1") + "/health").json()
+    refused = [a for a in answers if a.status_code == 503]
+    assert refused and all(a.headers["Retry-After"] == "1" for a in refused)
+    assert "busy" in refused[0].json()["error"]["message"] and health["rejected"] == len(refused)
+    assert all(a.status_code in (200, 503) for a in answers)
+
+
+def test_batching_options_are_checked():
+    with pytest.raises(ValueError, match="max_batch >= 1"):
+        create_app(CountingScorer(None), max_batch=0)

@@ -46,6 +46,12 @@ def test_the_reward_model_server_takes_its_length_and_batch_options_from_both():
         assert {"--max-length", "--batch-size", "--max-batch", "--max-wait-ms", "--max-queue"} <= _options(help_text)
 
 
+def test_the_judge_server_takes_its_batching_options_from_both():
+    for help_text in (run_cli("serve", "judge", "--help").stdout, _python_m(SERVERS["judge"], "--help").stdout):
+        batching = {"--max-batch", "--max-wait-ms", "--max-queue", "--batch-size", "--max-length", "--dtype"}
+        assert batching <= _options(help_text)
+
+
 @pytest.mark.parametrize("name", sorted(SERVERS))
 def test_an_unset_token_variable_is_a_usage_error_in_both(name, monkeypatch, tmp_path):
     monkeypatch.delenv("RLSTEPS_TEST_UNSET_TOKEN", raising=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -28,13 +28,32 @@ def serve_judge(
     port: Port = 8000,
     model_name: ModelName = "tiny-judge",
     device: Device = "auto",
+    dtype: Annotated[
+        Literal["auto", "float32", "bfloat16", "float16"],
+        typer.Option(help="The weights' dtype; auto: the one the checkpoint stores."),
+    ] = "auto",
+    max_length: Annotated[
+        int, typer.Option(help="Tokens kept of each conversation and response (cut on the left).")
+    ] = 512,
+    batch_size: Annotated[int, typer.Option(help="Rows per forward pass (two a comparison).")] = 128,
+    max_batch: Annotated[int, typer.Option(help="Most comparisons scored together.")] = 64,
+    max_wait_ms: Annotated[
+        float, typer.Option(help="How long a batch waits to fill after its oldest comparison arrived.")
+    ] = 5.0,
+    max_queue: Annotated[
+        int | None,
+        typer.Option(help="Comparisons waiting before new ones get 503 with Retry-After; default: 4 x --max-batch."),
+    ] = None,
     token_env: TokenEnv = None,
 ) -> None:
     """Serve an OpenAI-compatible judge: POST /v1/chat/completions answering the judge's JSON protocol."""
     token = server_setup(token_env)
     from rlsteps.engine.rewards.judge.server import serve
 
-    serve(model, host, port, model_name, token, device=device)
+    serve(
+        model, host, port, model_name, token, device=device, dtype=dtype, max_length=max_length,
+        batch_size=batch_size, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

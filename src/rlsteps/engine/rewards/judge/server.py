@@ -14,22 +14,33 @@ which of the two is better:
 Its numbers are fractional, finer than the whole numbers the structured-output schema holds a judge LLM to:
 the reward model's signal is kept, and the client reads any number in range.
 
-    rlsteps serve judge --model PATH [--port 8000] [--token-env JUDGE_TOKEN]
+Batching, as the reward-model server does it: a chat completion holds one comparison, and a client sends a
+step's comparisons at once, so each admitted comparison waits in a queue; a batch takes up to `max_batch` of
+them, waiting at most `max_wait_ms` after the oldest arrived for the batch to fill, and scores all their
+responses in one call of the scorer (one forward pass while `batch_size` rows hold them), in a thread, one
+batch at a time; the event loop only reads, parses and answers. A reward does not depend on its batch (see
+rm/scorer.py), so an answer is the one the comparison would get alone. While `max_queue` comparisons wait, a
+new one gets 503 with Retry-After (the client retries it).
+
+    rlsteps serve judge --model PATH [--port 8000] [--max-batch 64] [--max-wait-ms 5] [--token-env JUDGE_TOKEN]
     python -m rlsteps.engine.rewards.judge ...      (the same command)
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import math
-import threading
 import time
 import uuid
-from typing import Protocol
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
@@ -46,6 +57,8 @@ from rlsteps.engine.rewards.judge.protocol import JudgeRequest, parse_judge_requ
 
 log = logging.getLogger("rlsteps.rewards.judge_server")
 MESSAGE_CHARS = 300  # the most of an error's reason an answer carries
+QUEUE_BATCHES = 4  # the default max_queue: this many full batches
+RETRY_AFTER_S = 1  # a refused comparison's Retry-After
 
 
 class Scorer(Protocol):
@@ -112,17 +125,137 @@ def answer_text(judgement: dict[str, float], structured: bool) -> str:
     return text if structured else f"```json\n{text}\n```"
 
 
-def create_app(scorer: Scorer, model_name: str = "tiny-judge", token: str | None = None) -> FastAPI:
-    """The judge's HTTP app around any object with score(prompts, responses) -> rewards. With a token, every request
-    needs it but GET /health, which then says only that the server is up."""
-    app = FastAPI(title="rlsteps judge", **docs_urls(token))
-    app.add_middleware(TokenGate, token=token, refuse=unauthorised)
-    score_lock = threading.Lock()  # one forward pass at a time: requests arrive on several threads
+@dataclass(eq=False)
+class _Comparison:
+    request: JudgeRequest
+    future: asyncio.Future[tuple[float, float]]
+    arrived: float  # the event loop's clock
 
-    def score_pair(request: JudgeRequest) -> list[float]:
-        with score_lock:
-            prompt = scorer.prompt_text(request.conversation)
-            return scorer.score([prompt, prompt], [request.response_1, request.response_2])
+
+class JudgeBatcher:
+    """Scores queued comparisons in batches of up to max_batch, one batch at a time, off the event loop."""
+
+    def __init__(self, scorer: Scorer, max_batch: int = 64, max_wait_s: float = 0.005, max_queue: int = 256) -> None:
+        if max_batch < 1 or max_wait_s < 0 or max_queue < 1:
+            raise ValueError(
+                f"need max_batch >= 1, max_wait_ms >= 0, max_queue >= 1; got {max_batch}, {max_wait_s * 1000:g}, "
+                f"{max_queue}"
+            )
+        self.scorer, self.max_batch, self.max_wait_s, self.max_queue = scorer, max_batch, max_wait_s, max_queue
+        self.queue: deque[_Comparison] = deque()
+        self.work = asyncio.Event()
+        self.requests = self.batches = self.rejected = 0
+        self.scoring_s = 0.0  # time spent rendering, tokenising and scoring: busy time
+
+    @property
+    def full(self) -> bool:
+        return len(self.queue) >= self.max_queue
+
+    def add(self, request: JudgeRequest) -> asyncio.Future[tuple[float, float]]:
+        """Queue a comparison; the future of its two rewards (cancelled: it is dropped unscored)."""
+        loop = asyncio.get_running_loop()
+        comparison = _Comparison(request, loop.create_future(), loop.time())
+        self.queue.append(comparison)
+        self.requests += 1
+        self.work.set()
+        return comparison.future
+
+    async def run(self) -> None:
+        """Form and score batches until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.queue:
+                self.work.clear()
+                await self.work.wait()
+            await self._fill(loop)
+            batch = self._take()
+            if not batch:
+                continue
+            self.batches += 1
+            started = loop.time()
+            try:
+                results = await asyncio.to_thread(self._score, [c.request for c in batch])
+            except Exception as error:  # the forward pass failed: HTTP 500 to every comparison of the batch
+                log.exception("scoring a batch of %d comparisons failed", len(batch))
+                results = [error] * len(batch)
+            self.scoring_s += loop.time() - started
+            for comparison, result in zip(batch, results):
+                if comparison.future.done():  # its client went away
+                    continue
+                if isinstance(result, Exception):
+                    comparison.future.set_exception(result)
+                else:
+                    comparison.future.set_result(result)
+
+    async def _fill(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for a full batch, at most until max_wait_s after the oldest waiting comparison arrived."""
+        while self.queue and len(self.queue) < self.max_batch:
+            remaining = self.queue[0].arrived + self.max_wait_s - loop.time()
+            if remaining <= 0:
+                return
+            self.work.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.work.wait(), remaining)
+
+    def _take(self) -> list[_Comparison]:
+        batch: list[_Comparison] = []
+        while self.queue and len(batch) < self.max_batch:
+            comparison = self.queue.popleft()
+            if not comparison.future.done():
+                batch.append(comparison)
+        return batch
+
+    def _score(self, requests: list[JudgeRequest]) -> list[tuple[float, float] | Exception]:
+        """In the scoring thread: each conversation rendered once (a conversation the scorer cannot render fails
+        its comparisons alone), then both responses of every comparison scored in one call."""
+        rendered: dict[str, str | Exception] = {}
+        prompts: list[str] = []
+        responses: list[str] = []
+        spans: list[int | Exception] = []
+        for request in requests:
+            key = json.dumps(request.conversation)
+            if key not in rendered:
+                try:
+                    rendered[key] = self.scorer.prompt_text(request.conversation)
+                except Exception as error:  # noqa: BLE001 - e.g. a chat template that refuses the messages
+                    rendered[key] = error
+            prompt = rendered[key]
+            if isinstance(prompt, Exception):
+                spans.append(prompt)
+                continue
+            spans.append(len(prompts))
+            prompts += [prompt, prompt]
+            responses += [request.response_1, request.response_2]
+        rewards = self.scorer.score(prompts, responses) if prompts else []
+        return [span if isinstance(span, Exception) else (rewards[span], rewards[span + 1]) for span in spans]
+
+
+def create_app(
+    scorer: Scorer,
+    model_name: str = "tiny-judge",
+    token: str | None = None,
+    *,
+    max_batch: int = 64,
+    max_wait_ms: float = 5,
+    max_queue: int | None = None,
+) -> FastAPI:
+    """The judge's HTTP app around any object with score(prompts, responses) -> rewards. With a token, every request
+    needs it but GET /health, which then says only that the server is up. max_batch: most comparisons scored
+    together; max_wait_ms: how long a batch waits to fill after its oldest comparison arrived; max_queue:
+    comparisons waiting before new ones get 503 (None: QUEUE_BATCHES full batches)."""
+    batcher = JudgeBatcher(scorer, max_batch, max_wait_ms / 1000, max_queue or QUEUE_BATCHES * max_batch)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        worker = asyncio.create_task(batcher.run())
+        yield
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker
+
+    app = FastAPI(title="rlsteps judge", lifespan=lifespan, **docs_urls(token))
+    app.add_middleware(TokenGate, token=token, refuse=unauthorised)
+    app.state.batcher = batcher
 
     def authorised(request: Request) -> bool:
         return bearer_matches(request.headers.get("authorization", ""), token)
@@ -134,7 +267,20 @@ def create_app(scorer: Scorer, model_name: str = "tiny-judge", token: str | None
 
     @app.get(LIVENESS_PATH)
     async def health(request: Request) -> dict:
-        return {"status": "ok", "model": model_name} if authorised(request) else {"status": "ok"}
+        """Liveness for anyone; the model and the counters only with the token (when one is required)."""
+        if not authorised(request):
+            return {"status": "ok"}
+        return {
+            "status": "ok",
+            "model": model_name,
+            "requests": batcher.requests,
+            "batches": batcher.batches,
+            "queue": len(batcher.queue),
+            "max_batch": batcher.max_batch,
+            "max_queue": batcher.max_queue,
+            "rejected": batcher.rejected,
+            "scoring_s": round(batcher.scoring_s, 3),
+        }
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -146,8 +292,16 @@ def create_app(scorer: Scorer, model_name: str = "tiny-judge", token: str | None
             judge_request, structured = _read_request(await request.body())
         except ValueError as err:
             return _error(400, excerpt(str(err), MESSAGE_CHARS))  # a bad message is quoted in the reason
+        if batcher.full:
+            batcher.rejected += 1
+            refused = _error(
+                503, f"busy: {len(batcher.queue)} comparisons waiting (at most {batcher.max_queue}); retry shortly",
+                "server_error",
+            )  # fmt: skip
+            refused.headers["Retry-After"] = str(RETRY_AFTER_S)
+            return refused
         try:
-            reward_1, reward_2 = await run_in_threadpool(score_pair, judge_request)
+            reward_1, reward_2 = await batcher.add(judge_request)
         except Exception as err:  # noqa: BLE001 - the scorer failed; the log has the traceback
             log.exception("scoring failed")
             return _error(
@@ -167,14 +321,20 @@ def serve(
     token: str | None = None,
     *,
     device: str = "auto",
+    dtype: str = "auto",
+    max_length: int = 512,
+    batch_size: int = 128,
+    **app_kwargs: Any,
 ) -> None:
-    """Load the reward model at `model_path` and serve it as a judge until interrupted."""
+    """Load the reward model at `model_path` and serve it as a judge until interrupted. batch_size: rows per
+    forward pass (two a comparison); app_kwargs: create_app's batching options."""
     import uvicorn
 
     from rlsteps.engine.rewards.rm.scorer import RewardScorer
 
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
         log.warning("serving on %s without a token: anyone who can reach this port can use the judge", host)
-    app = create_app(RewardScorer(model_path, device=device), model_name, token)
+    scorer = RewardScorer(model_path, device=device, dtype=dtype, max_length=max_length, batch_size=batch_size)
+    app = create_app(scorer, model_name, token, **app_kwargs)
     log.info("judge %s (reward model %s) on http://%s:%d/v1", model_name, model_path, host, port)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
