@@ -44,7 +44,7 @@ def test_unknown_step_suggests_the_closest(catalog):
 
 def test_filters(catalog):
     assert [s.id for s in catalog.filter(tag="grpo")] == ["rl/nemo_rl/rlhf", "rl/rlhf"]
-    assert {s.id for s in catalog.filter(consumes="reward_model_hf")} == {"rl/rs", "rl/reinforce"}
+    assert {s.id for s in catalog.filter(consumes="reward_model_hf")} == {"rl/rs", "rl/reinforce", "rl/rlhf"}
     assert {s.id for s in catalog.filter(produces="checkpoint_megatron")} == {
         "rl/rs",
         "rl/reinforce",

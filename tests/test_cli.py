@@ -20,6 +20,7 @@ def test_list_table_and_json():
     assert {s["id"] for s in json.loads(invoke("list", "--json", "--consumes", "reward_model_hf").stdout)} == {
         "rl/rs",
         "rl/reinforce",
+        "rl/rlhf",
     }
 
 

@@ -34,6 +34,8 @@ class ArtifactSpec:
     description: str = ""
     required: bool = True
     required_unless: str | None = None  # a config key that, when set, makes this input unnecessary
+    # the kind of rewards entry (reward_model | judge) that needs this input: without one in the config it is unused
+    reward_source: str | None = None
     type_key: str | None = None  # an output only: a config key that chooses its type (`type` is the default)
     hub_id: bool = False  # an input that may also name a Hugging Face Hub model (org/name) the job's machines fetch
 

@@ -137,7 +137,15 @@ def conversion_for(catalog: Catalog, detected: list[str], required: str) -> Conv
 
 
 def required_here(spec: ArtifactSpec, config: dict[str, Any]) -> bool:
+    if spec.reward_source and not uses_reward_source(config, spec.reward_source):
+        return False
     return spec.required and not (spec.required_unless and lookup(config, spec.required_unless))
+
+
+def uses_reward_source(config: dict[str, Any], source: str) -> bool:
+    """Whether the config's rewards have an entry of this source (reward_model | judge)."""
+    rewards = config.get("rewards") or {}
+    return any(isinstance(entry, dict) and entry.get("source") == source for entry in rewards.values())
 
 
 def check_inputs(

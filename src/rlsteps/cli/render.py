@@ -46,6 +46,8 @@ def step_panel(step: Step) -> Group:
     for direction, specs in (("consumes", step.consumes), ("produces", step.produces)):
         for s in specs:
             required = "yes" if s.required else f"unless {s.required_unless}" if s.required_unless else "no"
+            if s.reward_source:
+                required = f"with a {s.reward_source} reward"
             kind = f"{s.type} (or as {s.type_key} says)" if s.type_key else s.type
             io.add_row(direction, s.name, kind, s.key, required if direction == "consumes" else "", s.description)
     params = Table(header_style="bold", title="parameters (override with key=value)")

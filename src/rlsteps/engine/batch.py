@@ -9,6 +9,7 @@ Groups are explicit prompt ids, never equal padded tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -25,6 +26,7 @@ class RolloutBatch:
     pad_id: int
     gen_logprobs: torch.Tensor | None = None  # [B, T-1] fp32 sampler log-probs on response positions
     conversations: list[list[dict[str, str]]] | None = None  # [B] the prompt as chat messages, no template markup
+    fields: list[dict[str, Any]] | None = None  # [B] the prompt line's other keys (e.g. "answer"), for reward functions
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row tensors added by the loop
 
     def __len__(self) -> int:
@@ -57,6 +59,10 @@ class RolloutBatch:
             return self.conversations[row]
         return [{"role": "user", "content": self.prompt_texts[row]}]
 
+    def fields_of(self, row: int) -> dict[str, Any]:
+        """Row `row`'s prompt fields ({} for a batch without them)."""
+        return self.fields[row] if self.fields is not None else {}
+
     def select(self, rows: torch.Tensor | list[int]) -> RolloutBatch:
         """A new batch of the given rows, trimmed to its longest sequence."""
         rows = torch.as_tensor(rows, dtype=torch.long)
@@ -73,6 +79,7 @@ class RolloutBatch:
             pad_id=self.pad_id,
             gen_logprobs=None if self.gen_logprobs is None else self.gen_logprobs[rows, : width - 1],
             conversations=None if self.conversations is None else [self.conversations[i] for i in pick],
+            fields=None if self.fields is None else [self.fields[i] for i in pick],
             extras={k: _select_rows(v, rows, width) for k, v in self.extras.items()},
         )
 
@@ -90,6 +97,7 @@ class RolloutBatch:
             pad_id=self.pad_id,
             gen_logprobs=move(self.gen_logprobs),
             conversations=self.conversations,
+            fields=self.fields,
             extras={k: v.to(device) for k, v in self.extras.items()},
         )
 
@@ -119,6 +127,7 @@ class RolloutBatch:
             conversations=None
             if any(part.conversations is None for part in parts)
             else [c for part in parts for c in part.conversations],
+            fields=None if any(part.fields is None for part in parts) else [f for part in parts for f in part.fields],
         )
 
     def micro_batches(self, size: int) -> list[RolloutBatch]:

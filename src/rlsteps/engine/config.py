@@ -6,7 +6,7 @@ reads its config back through them. Torch-free on purpose: `rlsteps run --dry-ru
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
@@ -111,7 +111,11 @@ class ValidationConfig(Section):
     interval: NonNegativeInt = 10
     num_prompts: PositiveInt = 64
     max_new_tokens: PositiveInt | None = None
-    # extra rewards logged as val/<name>: "module:function" of (rendered prompt, response text) -> float
+    # 1: one greedy response per prompt, so the figures move only when the policy does; 2 or more: sampled at the
+    # rollouts' temperature (a judge then compares them with each other, as in training)
+    samples_per_prompt: PositiveInt = 1
+    # figures logged as val/<name> and not trained on: "module:function", the reward-function protocol
+    # (rlsteps.engine.rewards.functions)
     reward_functions: dict[str, str] = {}
     show_samples: NonNegativeInt = 2  # validation samples printed to the terminal
 
@@ -166,6 +170,76 @@ class RewardModelClientConfig(Section):
     server: RewardServerConfig = RewardServerConfig()
 
 
+class JudgeConfig(Section):
+    url: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    pairing: Literal["circular", "all"] = "circular"
+    principle: str | None = None
+    concurrency: PositiveInt = 16
+    timeout_s: PositiveFloat = 60
+    max_retries: NonNegativeInt = 3
+    temperature: NonNegativeFloat = 0.6
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
+    max_tokens: PositiveInt = 256
+    length_penalty: NonNegativeFloat = 0.0
+    on_failure: Literal["mask", "stop"] = "mask"
+    # the request's response_format: json_schema (guided decoding to the judgement's schema; vLLM, NIM, SGLang),
+    # json_object, or none for servers without structured output
+    structured_output: Literal["json_schema", "json_object", "none"] = "json_schema"
+    extra_body: dict[str, Any] = {}  # merged into every request body (server-specific options)
+    max_parse_failure_rate: Probability = 0.5  # a step whose share of unparsable answers is higher stops the run
+    # a step whose share of comparisons that failed in transport (after retries) is higher stops the run; any
+    # failure is a warning line, and the end summary counts them
+    max_failure_rate: Probability = 0.1
+
+
+REWARD_SOURCES = ("reward_model", "judge")  # the served sources; a `function` entry is the third kind
+
+
+class RewardEntry(Section):
+    """One term of a rollout's reward: a served source (the rm or judge section's server) or a Python function."""
+
+    source: Literal["reward_model", "judge"] | None = None
+    function: str | None = None  # "package.module:function" (rlsteps.engine.rewards.functions)
+    weight: float = Field(default=1.0, allow_inf_nan=False)  # 0: logged as reward/<name>, not trained on
+    batched: bool = False  # a function called once per step with lists, instead of once per sample
+    timeout_s: PositiveFloat = 60  # a function's longest time over one step's samples
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> RewardEntry:
+        if (self.source is None) == (self.function is None):
+            raise ValueError(
+                "a rewards entry names exactly one of source (reward_model | judge) or function (package.module:name)"
+            )
+        if self.function is not None and ":" not in self.function:
+            raise ValueError(f"function {self.function!r} must read 'package.module:function'")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return self.source or "function"
+
+
+def _checked_rewards(rewards: dict[str, RewardEntry | None]) -> dict[str, RewardEntry]:
+    """The entries in use (a null entry removes one a parent config declares): at least one, named as a metric can
+    be, each served source at most once."""
+    used = {name: entry for name, entry in rewards.items() if entry is not None}
+    if not used:
+        raise ValueError(
+            "rewards has no entry: name at least one, e.g. rewards.reward_model.source=reward_model or "
+            "rewards.NAME.function=package.module:function"
+        )
+    for name in used:
+        if not name.replace("_", "").isalnum() or not name.isascii():
+            raise ValueError(f"rewards entry {name!r}: a name of letters, digits and _ (it is logged as reward/{name})")
+    for source in REWARD_SOURCES:
+        named = [name for name, entry in used.items() if entry.source == source]
+        if len(named) > 1:
+            raise ValueError(f"rewards entries {', '.join(named)} all use the {source}: name it once")
+    return used
+
+
 class NemoRlJobConfig(Section):
     """engine=nemo_rl: how the job runs NeMo-RL inside its container (rlsteps.engine.nemo_rl)."""
 
@@ -181,6 +255,11 @@ class NemoRlJobConfig(Section):
 
 class RecipeConfig(Section):
     algorithm: str
+    # a rollout's reward: the weighted sum of these terms, each logged as reward/<name>; each recipe's schema gives
+    # its default (the reward model for rs and reinforce, the judge for grpo)
+    rewards: dict[str, RewardEntry | None]
+    rm: RewardModelClientConfig = RewardModelClientConfig()
+    judge: JudgeConfig = JudgeConfig()
     seed: NonNegativeInt = 1234
     # embedded: this package's own loop; nemo_rl: NeMo-RL's GRPO in its container (rl/rlhf, rl/reinforce)
     engine: Literal["embedded", "nemo_rl"] = "embedded"
@@ -195,18 +274,53 @@ class RecipeConfig(Section):
     logging: LoggingConfig = LoggingConfig()
     tiny_world: TinyWorldConfig | None = None
 
+    @model_validator(mode="after")
+    def _rewards_in_use(self) -> RecipeConfig:
+        _checked_rewards(self.rewards)
+        if self.uses_reward("judge") and self.rollout.num_rollouts_per_prompt < 2:
+            raise ValueError(
+                "a judge compares a prompt's responses: rollout.num_rollouts_per_prompt must be 2 or more with a "
+                "rewards entry of source judge"
+            )
+        return self
+
+    @property
+    def reward_terms(self) -> dict[str, RewardEntry]:
+        """The rewards entries in use, in the config's order."""
+        return _checked_rewards(self.rewards)
+
+    def uses_reward(self, kind: str) -> bool:
+        """Whether a rewards entry is of this kind: reward_model, judge or function."""
+        return any(entry.kind == kind for entry in self.reward_terms.values())
+
 
 class NemoRlEngine(Section):
     """The keys of a recipe NeMo-RL can run: how the job runs it, and NeMo-RL's own keys passed through."""
+
+    nemo_rl_reward: ClassVar[str]  # the one rewards source NeMo-RL's environment for the recipe gives
+
+    @model_validator(mode="after")
+    def _one_reward_on_nemo_rl(self) -> NemoRlEngine:
+        terms = self.reward_terms  # type: ignore[attr-defined]
+        if self.engine == "nemo_rl" and [(e.kind, e.weight) for e in terms.values()] != [(self.nemo_rl_reward, 1.0)]:  # type: ignore[attr-defined]
+            raise ValueError(
+                f"engine=nemo_rl gives this step's rewards from NeMo-RL's {self.nemo_rl_reward} environment alone; "
+                f"rewards {', '.join(terms)} run on the embedded engine (engine=embedded)"
+            )
+        return self
 
     nemo_rl_job: NemoRlJobConfig = NemoRlJobConfig()
     # NeMo-RL master-config keys set as they are over the compiled ones (e.g. policy.dtensor_cfg.tensor_parallel_size)
     nemo_rl: dict[str, Any] = {}
 
 
+REWARD_MODEL_ONLY = {"reward_model": RewardEntry(source="reward_model")}
+JUDGE_ONLY = {"judge": RewardEntry(source="judge")}
+
+
 class RSConfig(RecipeConfig):
     algorithm: Literal["rs"]
-    rm: RewardModelClientConfig = RewardModelClientConfig()
+    rewards: dict[str, RewardEntry | None] = REWARD_MODEL_ONLY
 
     @model_validator(mode="after")
     def _needs_top_n(self) -> RSConfig:
@@ -230,8 +344,9 @@ class ReinforceSection(Section):
 
 
 class ReinforceConfig(NemoRlEngine, RecipeConfig):
+    nemo_rl_reward: ClassVar[str] = "reward_model"
     algorithm: Literal["reinforce"]
-    rm: RewardModelClientConfig = RewardModelClientConfig()
+    rewards: dict[str, RewardEntry | None] = REWARD_MODEL_ONLY
     reinforce: ReinforceSection = ReinforceSection()
 
 
@@ -246,31 +361,11 @@ class GRPOSection(Section):
     overlong_filtering: bool = False
 
 
-class JudgeConfig(Section):
-    url: str | None = None
-    model: str | None = None
-    api_key: str | None = None
-    pairing: Literal["circular", "all"] = "circular"
-    principle: str | None = None
-    concurrency: PositiveInt = 16
-    timeout_s: PositiveFloat = 60
-    max_retries: NonNegativeInt = 3
-    temperature: NonNegativeFloat = 0.6
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
-    max_tokens: PositiveInt = 256
-    length_penalty: NonNegativeFloat = 0.0
-    on_failure: Literal["mask", "stop"] = "mask"
-    # the request's response_format: json_schema (guided decoding to the judgement's schema; vLLM, NIM, SGLang),
-    # json_object, or none for servers without structured output
-    structured_output: Literal["json_schema", "json_object", "none"] = "json_schema"
-    extra_body: dict[str, Any] = {}  # merged into every request body (server-specific options)
-    max_parse_failure_rate: Probability = 0.5  # a step whose share of unparsable answers is higher stops the run
-
-
 class GRPOConfig(NemoRlEngine, RecipeConfig):
+    nemo_rl_reward: ClassVar[str] = "judge"
     algorithm: Literal["grpo"]
+    rewards: dict[str, RewardEntry | None] = JUDGE_ONLY
     grpo: GRPOSection = GRPOSection()
-    judge: JudgeConfig = JudgeConfig()
 
 
 NEMO_RL_SECTIONS = ("grpo", "loss_fn", "policy", "data", "env", "checkpointing", "logger", "cluster")

@@ -12,7 +12,7 @@ messages, or a string as one user message) is the prompt and its prompt_id the i
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 CHAT_ROLES = ("system", "user", "assistant")
 GYM_ROW_KEY = "responses_create_params"  # a NeMo-Gym rollout row: its Responses API request
+PROMPT_KEYS = frozenset({"id", "prompt", "messages", GYM_ROW_KEY})  # the rest of a line are its fields
 
 
 Message = tuple[str, str]  # (role, content)
@@ -33,6 +34,8 @@ class Prompt:
     id: str  # the group key of its rollouts
     text: str  # the rendered prompt string fed to the policy
     messages: tuple[Message, ...] = ()  # the line's own chat messages; () for a raw "prompt" line
+    # the line's other keys (e.g. "answer"): what reward functions take by name (rlsteps.engine.rewards.functions)
+    fields: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def conversation(self) -> list[dict[str, str]]:
@@ -140,7 +143,8 @@ def _parse_line(line: str, default_id: str, tokenizer: Any) -> Prompt:
         messages = tuple((m["role"], m["content"]) for m in checked)
     if not text:
         raise ValueError("the prompt is empty")
-    return Prompt(id=_parse_id(record.get("id"), default_id), text=text, messages=messages)
+    fields = {key: value for key, value in record.items() if key not in PROMPT_KEYS}
+    return Prompt(id=_parse_id(record.get("id"), default_id), text=text, messages=messages, fields=fields)
 
 
 def _from_gym_row(record: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +155,8 @@ def _from_gym_row(record: dict[str, Any]) -> dict[str, Any]:
         given = [{"role": "user", "content": given}]
     if not isinstance(given, list):
         raise ValueError(f'a NeMo-Gym row needs "{GYM_ROW_KEY}": {{"input": [messages] or "text"}}')
-    return {"messages": given, "id": record.get("prompt_id", record.get("id"))}
+    rest = {key: value for key, value in record.items() if key not in (GYM_ROW_KEY, "prompt_id")}
+    return {**rest, "messages": given, "id": record.get("prompt_id", record.get("id"))}
 
 
 def _parse_id(value: Any, default_id: str) -> str:

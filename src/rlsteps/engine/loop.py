@@ -58,7 +58,7 @@ from rlsteps.engine.resume import (
     restore_rng_state,
     rewind_records,
 )
-from rlsteps.engine.rewards.functions import RewardFunction, load_reward_functions
+from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionFailed
 from rlsteps.engine.rewards.sources import RewardSource, Scores
 from rlsteps.engine.samples import SampleLog, sample_records, show_samples
 from rlsteps.engine.throughput import (
@@ -162,7 +162,7 @@ def _train(
     model = place_policy(initial, world, device, precision, cfg.train.activation_checkpointing)
     run_prompts = run_prompts or load_run_prompts(cfg, tokenizer)
     prompts, val_prompts = run_prompts.train, run_prompts.validation
-    reward_functions = load_reward_functions(cfg.validation.reward_functions)
+    reward_functions = [FunctionScorer.load(name, spec) for name, spec in cfg.validation.reward_functions.items()]
     total_steps = planned_steps(cfg, len(prompts), say)
 
     optimizer, scheduler = _optimizer_and_schedule(cfg, recipe, model, total_steps)
@@ -352,7 +352,7 @@ class _Run:
     precision: Precision = field(default_factory=Precision)
     world: World = SINGLE
     say: Callable[[str], None] = print
-    reward_functions: dict[str, RewardFunction] = field(default_factory=dict)
+    reward_functions: list[FunctionScorer] = field(default_factory=list)  # validation's figures
     samples: SampleLog | None = None
     timers: Timers = field(default_factory=Timers)
     skipped_updates: int = 0  # optimizer steps skipped on a non-finite gradient
@@ -493,9 +493,10 @@ class _Run:
         outcome.mine = outcome.whole.select(_rows_of(self.world.mine(prompts), per_prompt))
         return outcome
 
-    def _score_on_main(self, batch: RolloutBatch) -> Scores | str:
+    def _score_on_main(self, batch: RolloutBatch, alone: bool = False) -> Scores | str:
+        """The rewards of the batch (alone: one response per prompt, greedy validation), or why there are none."""
         try:
-            return self.rewards.score(batch)
+            return self.rewards.score_alone(batch) if alone else self.rewards.score(batch)
         except Exception as error:
             if not _is_reward_failure(error):
                 raise
@@ -513,8 +514,7 @@ class _Run:
 
     def validate(self, prompts: list[Prompt]) -> dict[str, float]:
         """Validation rollouts of every process, scored and summarised by the main process, its metrics on all."""
-        n = self.rewards.validation_samples_per_prompt if self.rewards else 1
-        n = int(from_main(self.world, n))
+        n = self.cfg.validation.samples_per_prompt
         mine = self.world.mine(len(prompts))
         with self.timers("validation"):
             with self._sampling():  # every process gathers the policy, when the sampler reads it
@@ -546,21 +546,22 @@ class _Run:
         raise RunStopped(f"rewards unavailable {when}: {failure}{kept}")
 
     def _validation_on_main(self, batch: RolloutBatch) -> dict[str, float] | str:
-        scores = self._score_on_main(batch)
+        scores = self._score_on_main(batch, alone=self.cfg.validation.samples_per_prompt == 1)
         if isinstance(scores, str):
             return scores
-        extra = {
-            f"val/{name}": [float(fn(p, r)) for p, r in zip(batch.prompt_texts, batch.response_texts)]
-            for name, fn in self.reward_functions.items()
-        }
+        try:
+            extra = {f"val/{scorer.name}": scorer(batch) for scorer in self.reward_functions}
+        except RewardFunctionFailed as error:
+            return str(error)
         rewards = scores.rewards[scores.valid]
         records = self._write_samples(self.counters.step, "val", batch, scores, extra)
         show_samples(records[: self.cfg.validation.show_samples], self.say)
         return {
             "val/reward_mean": rewards.mean().item() if len(rewards) else float("nan"),
+            **{f"val/{k}": v for k, v in scores.metrics.items() if k.startswith("reward/")},
             "val/response_length": batch.response_lengths.float().mean().item(),
             "val/fraction_ended": batch.is_end.float().mean().item(),
-            **{name: sum(values) / len(values) for name, values in extra.items() if values},
+            **{name: _mean_of_scored(values) for name, values in extra.items()},
         }
 
     def save(self, step_metrics: dict[str, float]) -> Path:
@@ -619,6 +620,12 @@ def _row_weighted_mean(world: World, stats: dict[str, float], rows: int) -> dict
     return {k: sum(s.get(k, 0.0) * r for s, r in gathered_stats) / total for k in keys}
 
 
+def _mean_of_scored(values: list[float | None]) -> float:
+    """The mean of the values a function gave (None: no value for that sample); NaN when it gave none."""
+    scored = [v for v in values if v is not None]
+    return sum(scored) / len(scored) if scored else float("nan")
+
+
 def _no_update_cause(metrics: dict[str, float]) -> str:
     """Why a step changed no weight, from what it logged."""
     if metrics.get("judge/comparisons") and metrics.get("judge/parse_failures") == metrics.get("judge/comparisons"):
@@ -635,4 +642,4 @@ def _is_reward_failure(error: Exception) -> bool:
     from rlsteps.engine.rewards.process import ServerStartError  # a local server that never came up
     from rlsteps.engine.rewards.rm.client import RewardError
 
-    return isinstance(error, RewardError | JudgeUnavailable | ServerStartError)
+    return isinstance(error, RewardError | JudgeUnavailable | ServerStartError | RewardFunctionFailed)

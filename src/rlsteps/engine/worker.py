@@ -97,7 +97,10 @@ def run(config_path: Path, log_level: str = "info") -> int:
         return 0  # the main process writes the output
     write_policy_output(cfg, model, tokenizer, counters, job, versions)
     if not converting:
-        _summarise(run_dir, [f"val/{name}" for name in cfg.validation.reward_functions])
+        terms = list(cfg.reward_terms) if len(cfg.reward_terms) > 1 else []
+        _summarise(
+            run_dir, [f"val/reward/{name}" for name in terms] + [f"val/{n}" for n in cfg.validation.reward_functions]
+        )
     return 0
 
 
@@ -239,6 +242,13 @@ def _summarise(run_dir: Path, extra_keys: list[str]) -> None:
         steps, values = metric_series(records, key)
         if len(values) >= 2:
             log.info("%s: %.4f at step %d -> %.4f at step %d", key, values[0], steps[0], values[-1], steps[-1])
+    _, failed = metric_series(records, "judge/transport_failures")
+    if sum(failed):
+        log.warning(
+            "%d judge comparisons failed in transport over the run; their responses left the loss "
+            "(judge/transport_failures)",
+            sum(failed),
+        )
     steps, idle = metric_series(records, "train/steps_without_update")
     if idle and idle[-1]:
         log.warning("%d of %d steps made no optimizer update (train/steps_without_update)", idle[-1], steps[-1])

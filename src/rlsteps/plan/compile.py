@@ -87,7 +87,7 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         key, sep, _ = item.partition("=")
         if not sep or not key.strip("+"):
             raise UsageError(f"override '{item}' is not key=value", fix="write e.g. train.lr=1e-5")
-        adding = key.startswith("+")
+        adding = key.startswith("+") or _names_a_new_entry(key)
         key = key.lstrip("+")
         if not adding and not _has_key(cfg, key):
             _check_nemo_rl_key(cfg, key)
@@ -97,6 +97,22 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         except OmegaConfBaseException as err:
             raise config_error(err, [item]) from None
     return cfg
+
+
+OPEN_MAPS = ("rewards", "validation.reward_functions")  # sections whose entries the user names
+
+
+def _names_a_new_entry(key: str) -> bool:
+    """rewards.NAME.function=..., validation.reward_functions.NAME=...: an entry of a section the user names, with
+    a field such an entry has (a typo in the field is still refused by the step's schema)."""
+    from rlsteps.engine.config import RewardEntry  # torch-free
+
+    for section in OPEN_MAPS:
+        rest = key.removeprefix(section + ".")
+        if rest != key:
+            name, _, field = rest.partition(".")
+            return bool(name) and (not field if section != "rewards" else field in RewardEntry.model_fields)
+    return False
 
 
 def _check_nemo_rl_key(cfg: DictConfig, key: str) -> None:

@@ -172,4 +172,5 @@ def build_rollout_batch(
         pad_id=pad_id,
         gen_logprobs=gen_logprobs,
         conversations=[prompt.conversation for prompt in prompts],
+        fields=[prompt.fields for prompt in prompts],
     )

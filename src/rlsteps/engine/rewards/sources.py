@@ -1,7 +1,8 @@
-"""Where a step's rewards come from: a scalar reward model over HTTP, or a generative judge.
+"""Where a step's rewards come from: the weighted sum of the config's `rewards:` terms, each a scalar reward model
+over HTTP, a generative judge comparing a prompt's responses, or a Python function.
 
 Each source scores a RolloutBatch into per-row rewards and a validity mask (False: no trustworthy
-reward, the row leaves the loss). Without a URL in the config, a source starts its own server on
+reward, the row leaves the loss). Without a URL in the config, a served source starts its own server on
 loopback for the run's lifetime (the tiny configs do this). It starts it and goes on: the server loads
 while the worker loads its policy and generates, and the first score waits until it answers.
 """
@@ -9,18 +10,25 @@ while the worker loads its policy and generates, and the first score waits until
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
+import logging
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from rlsteps.engine.config import GRPOConfig, RecipeConfig
+from rlsteps.engine.config import RecipeConfig, RewardEntry
+from rlsteps.engine.rewards.functions import FunctionScorer
 from rlsteps.engine.rewards.process import LocalServer
 
 if TYPE_CHECKING:  # torch is imported where a score is made: a worker starts its server before it imports torch
     import torch
 
     from rlsteps.engine.batch import RolloutBatch
+
+log = logging.getLogger(__name__)
 
 TOKEN_ENV = "RLSTEPS_LOCAL_SERVER_TOKEN"
 RM_SERVER, JUDGE_SERVER = "rlsteps.engine.rewards.rm", "rlsteps.engine.rewards.judge"  # what `python -m` starts
@@ -52,9 +60,11 @@ class Scores:
 
 
 class RewardSource(Protocol):
-    validation_samples_per_prompt: int  # 1: greedy; 2+: sampled, for judges that compare responses
-
     def score(self, batch: RolloutBatch) -> Scores: ...
+
+    def score_alone(self, batch: RolloutBatch) -> Scores:
+        """Scores of one response per prompt (greedy validation)."""
+        ...
 
 
 def _nothing_to_wait_for() -> None:
@@ -67,8 +77,6 @@ class RewardModelSource:
     chat_template "policy" sends each prompt as the policy saw it (rendered with the policy's chat template);
     "reward_model" sends the conversation's messages, for the server to render with the reward model's own
     template (a reward model trained on another template than the policy's reads its own)."""
-
-    validation_samples_per_prompt = 1
 
     def __init__(self, client, ready: Callable[[], None] = _nothing_to_wait_for, chat_template: str = "policy") -> None:
         if chat_template not in ("policy", "reward_model"):
@@ -90,11 +98,28 @@ class RewardModelSource:
             rewards=torch.tensor(rewards, dtype=torch.float32), valid=torch.ones(len(batch), dtype=torch.bool)
         )
 
+    score_alone = score  # a reward model scores each response on its own
+
+
+class FunctionSource:
+    """A reward function in process (rlsteps.engine.rewards.functions); None from it masks the row."""
+
+    def __init__(self, scorer: FunctionScorer) -> None:
+        self.scorer = scorer
+
+    def score(self, batch: RolloutBatch) -> Scores:
+        import torch
+
+        values = self.scorer(batch)
+        rewards = torch.tensor([0.0 if v is None else v for v in values], dtype=torch.float32)
+        return Scores(rewards=rewards, valid=torch.tensor([v is not None for v in values], dtype=torch.bool))
+
+    score_alone = score
+
 
 class JudgeSource:
     """A generative judge comparing the responses of each prompt pairwise over a chat API."""
 
-    validation_samples_per_prompt = 2
     shown_answers = 3  # unparsable answers quoted when they stop the run
 
     def __init__(
@@ -104,12 +129,17 @@ class JudgeSource:
         on_failure: str = "mask",
         max_parse_failure_rate: float = 0.5,
         ready: Callable[[], None] = _nothing_to_wait_for,
+        max_failure_rate: float = 0.1,
+        reference_path: Path | None = None,
     ) -> None:
         self.client = client
         self.ready = ready  # returns once the server answers (a local server still loading)
         self.length_penalty = length_penalty
         self.on_failure = on_failure  # mask: failed comparisons leave the loss; stop: any failure stops the run
         self.max_parse_failure_rate = max_parse_failure_rate
+        self.max_failure_rate = max_failure_rate  # of comparisons failed in transport, above which a step stops
+        self.reference_path = reference_path  # the first greedy validation's responses, which later ones meet
+        self.transport_failures = 0  # over the run, for its end summary
 
     def score(self, batch: RolloutBatch) -> Scores:
         import torch
@@ -133,14 +163,51 @@ class JudgeSource:
         metrics = {f"judge/{k}": float(v) for k, v in result.stats.items()}
         return Scores(rewards=rewards, valid=valid, metrics=metrics, details=_answers_by_row(result.answers, rows))
 
+    def score_alone(self, batch: RolloutBatch) -> Scores:
+        """One response per prompt, each compared with the response to the same prompt at the first greedy
+        validation (kept in the run folder, so a resumed run meets the same ones): a judge compares, and a single
+        response has nothing else to meet. At the first validation each meets itself."""
+        references = self._references(batch)
+        rows = [i for i in range(len(batch)) for _ in range(2)]
+        paired = batch.select(rows)
+        texts = [t for i in range(len(batch)) for t in (batch.response_texts[i], references[batch.prompt_ids[i]])]
+        scores = self.score(dataclasses.replace(paired, response_texts=texts))
+        return scores.select(list(range(0, len(rows), 2)))
+
+    def _references(self, batch: RolloutBatch) -> dict[str, str]:
+        known = (
+            json.loads(self.reference_path.read_text()) if self.reference_path and self.reference_path.exists() else {}
+        )
+        new = {pid: text for pid, text in zip(batch.prompt_ids, batch.response_texts) if pid not in known}
+        if new and self.reference_path is not None:
+            partial = self.reference_path.with_suffix(".partial")
+            partial.write_text(json.dumps({**known, **new}, indent=0))
+            os.replace(partial, self.reference_path)
+        return {**known, **new}
+
     def _stop_on_failures(self, result) -> None:
         from rlsteps.engine.rewards.judge.client import JudgeAnswersUnusable, JudgeUnavailable
 
         failed = int(result.stats.get("transport_failures", 0))
+        comparisons = max(len(result.answers), 1)
+        self.transport_failures += failed
         if failed and self.on_failure == "stop":
             raise JudgeUnavailable(
                 f"{failed} judge request(s) failed and judge.on_failure=stop "
                 "(set judge.on_failure=mask to train on the rest)"
+            )
+        if failed / comparisons > self.max_failure_rate:
+            raise JudgeUnavailable(
+                f"{failed} of {comparisons} judge comparisons failed in transport, more than "
+                f"judge.max_failure_rate={self.max_failure_rate:g}; the last error: {_last_transport_error(result)}"
+            )
+        if failed:
+            log.warning(
+                "%d of %d judge comparisons failed in transport; their responses leave this step's loss "
+                "(judge.max_failure_rate=%g stops the run above that share)",
+                failed,
+                comparisons,
+                self.max_failure_rate,
             )
         rate = result.parse_failure_rate
         if rate > self.max_parse_failure_rate:
@@ -154,6 +221,69 @@ class JudgeSource:
             )
 
 
+def _last_transport_error(result) -> str:
+    errors = [a.error for a in result.answers if a.failure == "transport"]
+    return errors[-1] if errors else "unknown"
+
+
+@dataclass
+class RewardTerm:
+    name: str
+    weight: float
+    source: RewardSource
+
+
+class CombinedSource:
+    """The config's rewards: every term scores the batch, a row's reward is the weighted sum, and a row any term
+    could not score leaves the loss. Each term's mean over the rows it scored is logged as reward/<name>."""
+
+    def __init__(self, terms: list[RewardTerm]) -> None:
+        self.terms = terms
+
+    @property
+    def transport_failures(self) -> int:
+        return sum(getattr(term.source, "transport_failures", 0) for term in self.terms)
+
+    def score(self, batch: RolloutBatch) -> Scores:
+        return self._combined(batch, [term.source.score(batch) for term in self.terms])
+
+    def score_alone(self, batch: RolloutBatch) -> Scores:
+        return self._combined(batch, [term.source.score_alone(batch) for term in self.terms])
+
+    def _combined(self, batch: RolloutBatch, parts: list[Scores]) -> Scores:
+        import torch
+
+        if len(parts) == 1 and self.terms[0].weight == 1.0:
+            only = parts[0]
+            return dataclasses.replace(only, metrics={**only.metrics, **_term_means(self.terms[:1], parts)})
+        rewards, valid = torch.zeros(len(batch)), torch.ones(len(batch), dtype=torch.bool)
+        metrics: dict[str, float] = {}
+        for term, part in zip(self.terms, parts):
+            rewards += term.weight * part.rewards
+            valid &= part.valid
+            metrics.update(part.metrics)
+        metrics.update(_term_means(self.terms, parts))
+        details = [
+            {
+                "rewards": {
+                    term.name: round(float(part.rewards[i]), 6) if part.valid[i] else None
+                    for term, part in zip(self.terms, parts)
+                },
+                **{k: v for part in parts if part.details for k, v in part.details[i].items()},
+            }
+            for i in range(len(batch))
+        ]
+        return Scores(rewards=rewards, valid=valid, metrics=metrics, details=details)
+
+
+def _term_means(terms: list[RewardTerm], parts: list[Scores]) -> dict[str, float]:
+    means = {}
+    for term, part in zip(terms, parts):
+        scored = part.rewards[part.valid]
+        means[f"reward/{term.name}"] = scored.mean().item() if len(scored) else float("nan")
+    return means
+
+
 def _answers_by_row(answers, rows: list[list[int]]) -> list[dict]:
     """Each row's judge answers (the comparisons it took part in), keyed for its sample record."""
     details: dict[int, list[dict]] = {i: [] for members in rows for i in members}
@@ -165,13 +295,26 @@ def _answers_by_row(answers, rows: list[list[int]]) -> list[dict]:
 
 
 @contextlib.contextmanager
-def open_reward_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[RewardSource]:
-    if isinstance(cfg, GRPOConfig):
+def open_reward_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[CombinedSource]:
+    """Every term of the config's rewards, served sources started (in the config's order) and stopped after."""
+    with contextlib.ExitStack() as stack:
+        terms = [
+            RewardTerm(name, entry.weight, stack.enter_context(_term_source(cfg, entry, name, run_dir)))
+            for name, entry in cfg.reward_terms.items()
+        ]
+        yield CombinedSource(terms)
+
+
+@contextlib.contextmanager
+def _term_source(cfg: RecipeConfig, entry: RewardEntry, name: str, run_dir: Path) -> Iterator[RewardSource]:
+    if entry.source == "reward_model":
+        with _reward_model_source(cfg, run_dir) as source:
+            yield source
+    elif entry.source == "judge":
         with _judge_source(cfg, run_dir) as source:
             yield source
     else:
-        with _reward_model_source(cfg, run_dir) as source:
-            yield source
+        yield FunctionSource(FunctionScorer.load(name, entry.function, entry.batched, entry.timeout_s))
 
 
 @contextlib.contextmanager
@@ -196,7 +339,7 @@ def local_rm_server_args(rm) -> list[str]:
 
 
 @contextlib.contextmanager
-def _judge_source(cfg: GRPOConfig, run_dir: Path) -> Iterator[JudgeSource]:
+def _judge_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[JudgeSource]:
     from rlsteps.engine.rewards.judge.client import JudgeClient
 
     j, model = cfg.judge, cfg.inputs.model_extra.get("judge_model")
@@ -211,6 +354,8 @@ def _judge_source(cfg: GRPOConfig, run_dir: Path) -> Iterator[JudgeSource]:
                 on_failure=j.on_failure,
                 max_parse_failure_rate=j.max_parse_failure_rate,
                 ready=ready,
+                max_failure_rate=j.max_failure_rate,
+                reference_path=run_dir / "validation_references.json",
             )
 
 

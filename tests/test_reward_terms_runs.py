@@ -1,0 +1,68 @@
+"""Composed rewards in whole tiny runs: rejection sampling with the judge and a function beside it, a function that
+fails stopping the run with its name and the sample, and inputs asked for only by the terms that use them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from run_helpers import FAST, rlsteps, run_dir, series
+
+TRUE_REWARD = "rlsteps.tiny.task:true_reward"
+SHORT = [*FAST, "train.max_steps=2", "validation.interval=2", "checkpoint.interval=2", "validation.num_prompts=8"]
+
+
+@pytest.mark.slow
+def test_rejection_sampling_with_the_judge_and_a_function_logs_each_term(tmp_path):
+    """rl/rs takes the judge (pairwise within a prompt's rollouts) and the tiny world's true reward at weight 0.5;
+    each is logged as reward/<name>, greedy validation too, and a sample record shows both."""
+    done = rlsteps(
+        "run", "rl/rs", "-c", "tiny", *SHORT, "rewards.reward_model=null",
+        "inputs.judge_model=${tiny:reward_model}", "judge.model=tiny-judge",
+        "rewards.judge.source=judge", f"rewards.true.function={TRUE_REWARD}", "rewards.true.weight=0.5",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = run_dir(tmp_path, "rl_rs")
+    assert len(series(run, "reward/judge")) == 2 and len(series(run, "reward/true")) == 2
+    assert len(series(run, "val/reward/judge")) == 2 and len(series(run, "val/reward/true")) == 2
+    judge_score, true_score = series(run, "val/reward/judge")[0], series(run, "val/reward/true")[0]
+    assert series(run, "val/reward_mean")[0] == pytest.approx(judge_score + 0.5 * true_score, abs=1e-5)
+    assert series(run, "val/reward/true") == series(run, "val/true_reward")  # the same function, trained and shown
+    record = json.loads((run / "samples.jsonl").read_text().splitlines()[-1])
+    assert set(record["rewards"]) == {"judge", "true"} and record["judge"]  # the judge's answers beside them
+    assert (run / "validation_references.json").is_file()  # what greedy validation meets: the first responses
+    assert (run / "policy").is_dir()
+
+
+FAILING = """
+def reward(messages, response):
+    if len(response) > 0:
+        raise ZeroDivisionError("no score for " + messages[-1]["content"])
+    return 0.0
+"""
+
+
+@pytest.mark.slow
+def test_a_function_that_raises_stops_the_run_naming_it_and_the_sample(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(FAILING)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    done = rlsteps(
+        "run", "rl/reinforce", "-c", "tiny", *SHORT, "rewards.reward_model=null",
+        "rewards.mine.function=my_rewards:reward", "validation.interval=0", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "rewards unavailable at step 1: reward function mine (my_rewards:reward) on sample 0" in done.stderr
+    assert "raised ZeroDivisionError: no score for" in done.stderr and "Traceback" not in done.stderr
+    assert not (run_dir(tmp_path, "rl_reinforce") / "policy").exists()
+
+
+def test_a_reward_model_is_asked_for_only_when_a_term_uses_it(tmp_path):
+    common = ["run", "rl/reinforce", "-c", "tiny", "inputs.reward_model=null", "--dry-run"]
+    asked = rlsteps(*common, cwd=tmp_path)
+    assert asked.returncode == 0 and "inputs.reward_model=PATH   a reward_model_hf" in asked.stdout, asked.stderr
+    functions_only = rlsteps(*common, "rewards.reward_model=null", f"rewards.true.function={TRUE_REWARD}", cwd=tmp_path)
+    assert functions_only.returncode == 0 and "the run will need" not in functions_only.stdout, functions_only.stderr
+    judged = rlsteps(*common, "rewards.reward_model.source=judge", cwd=tmp_path)
+    assert "inputs.judge_model=PATH" in judged.stdout and "inputs.reward_model=PATH" not in judged.stdout
