@@ -98,15 +98,16 @@ class ReinforceRLOO(Recipe):
             batch.extras["rewards"] = scores.rewards.float()
             return batch, stats
         logp = policy_logprobs(batch)  # [B, T-1]
-        advantages, more = self._advantages(batch, scores.rewards, logp)
+        advantages, kl, rewards_with_kl = self._advantages(batch, scores.rewards, logp)
         batch.extras["advantages"] = advantages
         del batch.extras["ref_logprobs"]  # the loss needs no more than the advantages
+        more = _advantage_stats(advantages, kl, rewards_with_kl)
         return batch, {**stats, **more, **self.compare_with_sampler(batch, logp)}
 
     def _advantages(
         self, batch: RolloutBatch, rewards: torch.Tensor, logprobs: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The rows' advantages [B] from the policy's log-probs [B, T-1] (no gradient), and their statistics."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rows' advantages, KL and KL-penalised rewards [B] from the policy's log-probs [B, T-1] (no gradient)."""
         r = self.cfg.reinforce
         mask = batch.response_mask().to(logprobs.device)
         kl = sequence_kl(logprobs, batch.extras["ref_logprobs"].to(logprobs.device), mask, r.use_absolute_kl)  # [B]
@@ -114,21 +115,24 @@ class ReinforceRLOO(Recipe):
         group, _ = batch.group_index()
         ended = batch.extras[ROW_MASK].to(kl.device) > 0
         advantages = rewards_with_kl - rloo_baseline(rewards_with_kl, group.to(kl.device), ended)  # [B]
-        stats = {
-            "train/rewards_with_kl": rewards_with_kl.mean().item(),
-            "train/init_policy_kl": kl.mean().item(),
-            "train/advantage_abs_mean": advantages.abs().mean().item(),
-        }
-        return advantages, stats
+        return advantages, kl, rewards_with_kl
 
     def update_stats(self, batch, trainer_logprobs):
-        _, stats = self._advantages(batch, batch.extras["rewards"], trainer_logprobs)
-        return {**stats, **super().update_stats(batch, trainer_logprobs)}
+        more = _advantage_stats(*self._advantages(batch, batch.extras["rewards"], trainer_logprobs))
+        return {**more, **super().update_stats(batch, trainer_logprobs)}
 
     def loss(self, logprobs, batch, normaliser):
         advantages = batch.extras.get("advantages")
         if advantages is None:  # one optimizer step: the micro-batch's whole groups, from this forward
-            advantages, _ = self._advantages(batch, batch.extras["rewards"], logprobs.detach())
+            advantages, _, _ = self._advantages(batch, batch.extras["rewards"], logprobs.detach())
         return reinforce_loss(
             logprobs, advantages, loss_mask(batch), normaliser, self.importance_weights(logprobs, batch)
         )
+
+
+def _advantage_stats(advantages: torch.Tensor, kl: torch.Tensor, rewards_with_kl: torch.Tensor) -> dict[str, float]:
+    return {
+        "train/rewards_with_kl": rewards_with_kl.mean().item(),
+        "train/init_policy_kl": kl.mean().item(),
+        "train/advantage_abs_mean": advantages.abs().mean().item(),
+    }
