@@ -9,6 +9,8 @@ sampler comparison) come from one of two places. When the step makes a single op
 (`logprobs_from_update`), the update's own forward runs on the weights that sampled, before anything changes
 them: the recipe's loss takes them from there, detached, and prepare runs no pass of the policy. Otherwise
 (several optimizer steps: the weights move after the first) prepare computes them in a no-grad pass of their own.
+The update's forward runs in train mode, the separate pass in eval mode: the same numbers for the policies trained
+here (no dropout); a model with dropout would see it in its old log-probs too, where its ratio stays exactly 1.
 """
 
 from __future__ import annotations
