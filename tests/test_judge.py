@@ -337,3 +337,81 @@ def test_no_comparisons_at_all_is_not_an_outage():
     with make_client("http://127.0.0.1:9/v1") as client:
         result = client.judge([(user("Q"), ["only"])])
     assert result.rewards == [[DEFAULT_SCORE]] and result.valid == [[False]]
+
+
+# --- the burst: a step's comparisons go out together, up to judge.concurrency ---------------------
+
+
+class Gathering(StandIn):
+    """Holds each answer until `wave` requests are in flight at once (or 5 s pass), records the most seen at once,
+    and answers the later comparisons of a wave first, so answers come back out of order."""
+
+    def __init__(self, wave: int) -> None:
+        super().__init__()
+        self.wave, self.in_flight, self.most = wave, 0, 0
+        self.arrived = 0
+        self.changed = threading.Condition(self.lock)
+
+    def answer(self, body: dict) -> tuple[int, str]:
+        with self.changed:
+            self.in_flight += 1
+            self.arrived += 1
+            order = self.arrived
+            self.most = max(self.most, self.in_flight)
+            self.changed.notify_all()
+            self.changed.wait_for(lambda: self.most >= self.wave, timeout=5)
+        time.sleep(0.02 * (self.wave - order % self.wave))  # the last to arrive of a wave answers first
+        with self.changed:
+            self.in_flight -= 1
+        request = parse_judge_request(body["messages"])
+        first, second = request.response_1, request.response_2
+        if "babble" in (first, second):
+            return 200, "no judgement here"
+        if "broken" in (first, second):
+            return 404, "no such model"
+        s1, s2 = QUALITY[first], QUALITY[second]
+        return 200, json.dumps({"score_1": s1, "score_2": s2, "ranking": 2 if s1 == s2 else (1 if s1 > s2 else 6)})
+
+
+def test_a_step_goes_out_as_one_burst_of_at_most_concurrency_requests_and_comes_back_in_order():
+    names = ["great", "fine", "poor", "meh"]
+    groups = [(user(f"Q{g}"), [names[(g + k) % 4] for k in range(4)]) for g in range(4)]  # 16 comparisons
+    for concurrency, wave in ((4, 4), (32, 16)):  # a burst as wide as the client allows, or as the step needs
+        stand_in = Gathering(wave)
+        with stand_in_server(stand_in) as url, make_client(url, concurrency=concurrency) as client:
+            result = client.judge(groups)
+        assert stand_in.most == wave
+        assert [(a.group, a.pair) for a in result.answers] == [
+            (g, pair) for g in range(4) for pair in comparison_pairs(4, "circular")
+        ]
+        for (_, responses), answers in zip(groups, [result.answers[4 * g : 4 * g + 4] for g in range(4)]):
+            for answer in answers:  # each answer is its own comparison's
+                first, second = (responses[i] for i in answer.pair)
+                assert json.loads(answer.content)["score_1"] == QUALITY[first]
+                assert json.loads(answer.content)["score_2"] == QUALITY[second]
+        # each response's mean score over its two comparisons (a tie of 3 and 3 is ranked 2: +1.5 / -1.5)
+        expected = {"great": 5.0, "poor": 1.0}
+        for (_, responses), rewards in zip(groups, result.rewards):
+            for name, reward in zip(responses, rewards):
+                if name in expected:
+                    assert reward == expected[name]
+        assert result.valid == [[True] * 4] * 4 and result.stats["comparisons"] == 16
+
+
+def test_failures_in_a_burst_are_counted_where_they_happened():
+    groups = [
+        (user("A"), ["great", "poor"]),  # ok
+        (user("B"), ["great", "babble"]),  # never parses: 1 + 2 retries
+        (user("C"), ["broken", "poor"]),  # HTTP 404: not retried
+        (user("D"), ["fine", "poor"]),  # ok
+    ]
+    stand_in = Gathering(4)
+    with stand_in_server(stand_in) as url, make_client(url, concurrency=8, max_retries=2) as client:
+        result = client.judge(groups)
+    assert [a.failure for a in result.answers] == [None, "parse", "transport", None]
+    assert result.stats["comparisons"] == 4 and result.stats["parse_failures"] == 1
+    assert result.stats["transport_failures"] == 1 and result.stats["retries"] == 2
+    assert result.parse_failure_rate == 0.25
+    assert result.answers[2].error.startswith("HTTP 404") and result.answers[2].content is None
+    assert result.rewards == [[5.0, 1.0], [DEFAULT_SCORE, DEFAULT_SCORE], [DEFAULT_SCORE, DEFAULT_SCORE], [3.0, 1.0]]
+    assert result.valid == [[True, True], [False, False], [False, False], [True, True]]

@@ -127,8 +127,12 @@ class JudgeClient:
         self.close()
 
     def judge(self, groups: list[tuple[list[dict[str, str]], list[str]]]) -> JudgeResult:
-        """Rewards for each (conversation, responses) group; all comparisons of the call run concurrently.
+        """Rewards for each (conversation, responses) group.
 
+        The call's comparisons go out as one burst, `concurrency` requests in flight at once (each comparison is
+        one chat completion, the only unit an OpenAI-compatible server takes), each worker taking the next as
+        soon as its own is answered, so a server that batches concurrent requests (vLLM, `rlsteps serve judge`)
+        scores them together; answers, rewards and failures are kept in the comparisons' order.
         A conversation is the prompt's chat messages ({"role", "content"}), never a rendered template.
         """
         pairs = [comparison_pairs(len(responses), self.pairing) for _, responses in groups]
