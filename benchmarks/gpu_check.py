@@ -1,0 +1,518 @@
+"""The GPU paths CI (CPU only) never runs, in one command: one table, a non-zero exit on any failure.
+
+    bash benchmarks/gpu_check.sh                      # on a machine with one or more NVIDIA GPUs: under 10 minutes
+    bash benchmarks/gpu_check.sh --only "rl/rs" decode  # the rows whose names contain any of these
+    bash benchmarks/gpu_check.sh --cpu-smoke          # the same harness on a CPU: the rows a CPU can run, few steps
+
+Every row runs as subprocesses with a timeout (a crash or a hang fails that row, the table goes on); the driver
+itself imports no torch. Rows (benchmarks/README.md describes each):
+
+    tiny rl/{rs,reinforce,rlhf} {fp32,bf16}  `rlsteps run rl/<step> -c tiny run.device=cuda [run.dtype=bfloat16]`:
+                                   exit 0, the output policy written, val/true_reward higher at the end
+    fsdp2 two processes (nccl)     the tiny rl/rs step under torchrun (a local profile, nprocs_per_node 2), one GPU a
+                                   process: exit 0, process 1 on cuda:1, the reward rose; skipped below 2 GPUs
+    compiled decode (CUDA graphs)  bench_generate.py, the tiny preset in fp32: the built-in sampler's decode step
+                                   compiled (its CUDA default, mode reduce-overhead) against HF generate, greedy tokens
+    vllm rollouts (sync, sleep)    the tiny rl/rs step with rollout.backend=vllm: exit 0, a weight sync every step,
+                                   the sampler agreeing with the trainer, vLLM falling asleep and waking
+    megatron GPTModel              python -m rlsteps.engine.megatron.gpt_model on the tiny Megatron policy, fp32 and
+                                   bf16: megatron-core's GPTModel gives the engine's logits
+    grpo 0.37b step                a random 0.37B Qwen2 (bench_train.py's shape) as the policy of the tiny rl/rlhf
+                                   step (GRPO) in bf16: phase times from the run's own timers, its MFU and decode
+                                   tokens/s
+    train phase 0.37b              bench_train.py --size 0.37b, bf16 (autocast), 64 rows x (512 + 512): MFU
+    decode 0.37b vs hf.generate    bench_generate.py on the 0.37B shape, bf16, sampling: tokens/s against HF generate
+
+Targets on one H100 (judged only where the device's name says H100, unless --no-targets): the GRPO step's median
+<= 1.0 s, the train phase >= 30% MFU, decode >= 5x HF generate. Without a CUDA device (and without --cpu-smoke) it
+says so and runs nothing (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+NO_CUDA = "no CUDA device: nothing to check"
+TWO_PROCESSES = "profiles:\n  two:\n    executor: local\n    nprocs_per_node: 2\n"
+TARGETS = {"step_s": 1.0, "mfu": 0.30, "decode_vs_hf": 5.0}  # on one H100
+
+
+class Failed(Exception):
+    """The row failed; the message says why."""
+
+
+class Skipped(Exception):
+    """The row cannot run here; the message says why."""
+
+
+@dataclass
+class Context:
+    work: Path  # scratch folder: one sub-folder per row, the logs of every subprocess
+    device: str  # cuda, or cpu under --cpu-smoke
+    gpus: int
+    device_name: str
+    smoke_steps: int  # --cpu-smoke: train.max_steps of the tiny runs
+    timeout: float  # seconds per subprocess
+    targets: bool  # judge the H100 targets
+    env: dict[str, str] = field(default_factory=dict)
+    tiny_world: dict[str, str] = field(default_factory=dict)  # TinyWorld's paths, built once before any row
+
+    @property
+    def smoke(self) -> bool:
+        return self.device == "cpu"
+
+    @property
+    def judge_targets(self) -> bool:
+        return self.targets and "H100" in self.device_name
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    run: Callable[[Context], str]  # the figures, or raises Failed / Skipped
+    cuda_only: str | None = None  # why it needs CUDA; None: it runs under --cpu-smoke as well
+    alone: bool = False  # runs by itself after the others (timings, or vLLM's memory profiling)
+
+
+@dataclass
+class Result:
+    check: str
+    status: str  # ok, FAILED, skipped
+    seconds: float
+    figures: str
+
+
+# ---------------------------------------------------------------------------------------------
+# subprocesses
+
+
+def call(ctx: Context, name: str, argv: list[str], cwd: Path, env: dict[str, str] | None = None):
+    """argv in cwd with the run's environment; its output kept under work/logs. Failed on a timeout."""
+    logs = ctx.work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+    try:
+        done = subprocess.run(
+            argv,
+            cwd=cwd,
+            env={**ctx.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=ctx.timeout,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as error:
+        raise Failed(f"timed out after {ctx.timeout:.0f} s: {' '.join(argv[:6])} ...") from error
+    (logs / f"{slug}.out").write_text(done.stdout)
+    (logs / f"{slug}.err").write_text(done.stderr)
+    return done
+
+
+def expect_success(done: subprocess.CompletedProcess, what: str) -> None:
+    if done.returncode != 0:
+        raise Failed(f"{what} exited {done.returncode}: {last_line(done.stderr or done.stdout)}")
+
+
+def last_line(text: str) -> str:
+    """The last line that says something (a traceback's error line, typically)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:200] if lines else "(no output)"
+
+
+def rlsteps(ctx: Context, name: str, cwd: Path, *argv: str, python: str = sys.executable, env=None):
+    cwd.mkdir(parents=True, exist_ok=True)
+    return call(ctx, name, [python, "-m", "rlsteps.cli", *argv], cwd, env)
+
+
+def run_folder(cwd: Path, step: str) -> Path:
+    return cwd / ".rlsteps" / "runs" / f"{step.replace('/', '_')}-tiny"
+
+
+def series(run: Path, key: str) -> list[float]:
+    from rlsteps.engine.metrics import metric_series, read_metrics
+
+    path = run / "metrics.jsonl"
+    return metric_series(read_metrics(path), key)[1] if path.is_file() else []
+
+
+def smoke_options(ctx: Context) -> list[str]:
+    """On a CPU: few steps, one validation at the end, one torch thread (a shared machine)."""
+    if not ctx.smoke:
+        return []
+    steps = ctx.smoke_steps
+    return [f"train.max_steps={steps}", f"validation.interval={steps}", "checkpoint.interval=0", "run.num_threads=1"]
+
+
+def judge_tiny_run(ctx: Context, done: subprocess.CompletedProcess, run: Path) -> list[str]:
+    """Exit 0, the output policy written, the true reward higher at the end (not judged over a smoke run's few
+    steps). Returns the figures."""
+    expect_success(done, "the run")
+    if not (run / "policy" / "rlsteps_artifact.json").is_file():
+        raise Failed(f"no output policy at {run / 'policy'}")
+    true = series(run, "val/true_reward")
+    if len(true) < 2:
+        raise Failed(f"val/true_reward logged {len(true)} times: no trend to judge")
+    steps = len(series(run, "timers/step"))
+    figures = [f"{steps} steps", f"true reward {true[0]:.2f} -> {true[-1]:.2f}"]
+    if not ctx.smoke and true[-1] <= true[0]:
+        raise Failed(f"the true reward did not rise: {true[0]:.2f} -> {true[-1]:.2f}")
+    step_s = series(run, "timers/step")[1:]
+    if step_s:
+        figures.append(f"step {statistics.median(step_s):.2f} s")
+    return figures
+
+
+# ---------------------------------------------------------------------------------------------
+# the rows
+
+
+def tiny_step(step: str, dtype: str) -> Callable[[Context], str]:
+    def run(ctx: Context) -> str:
+        cwd = ctx.work / f"{step.replace('/', '_')}-{dtype}"
+        precision = ["run.dtype=bfloat16"] if dtype == "bf16" else []
+        done = rlsteps(ctx, cwd.name, cwd, "run", step, "-c", "tiny", f"run.device={ctx.device}", *precision,
+                       *smoke_options(ctx))  # fmt: skip
+        return ", ".join(judge_tiny_run(ctx, done, run_folder(cwd, step)))
+
+    return run
+
+
+def fsdp2_two_processes(ctx: Context) -> str:
+    if ctx.gpus < 2:
+        raise Skipped(f"needs 2 GPUs ({ctx.gpus} visible)")
+    cwd = ctx.work / "fsdp2"
+    cwd.mkdir(parents=True, exist_ok=True)
+    (cwd / "rlsteps.yaml").write_text(TWO_PROCESSES)
+    done = rlsteps(ctx, "fsdp2", cwd, "run", "rl/rs", "-c", "tiny", "-r", "two", "run.device=cuda",
+                   "train.micro_batch_size=8")  # fmt: skip
+    run = run_folder(cwd, "rl/rs")
+    figures = judge_tiny_run(ctx, done, run)
+    rank1 = run / "train.rank1.log"
+    said = rank1.read_text() if rank1.is_file() else ""
+    if "process 1 of 2 on cuda:1" not in said:
+        raise Failed(f"train.rank1.log does not say 'process 1 of 2 on cuda:1' ({rank1})")
+    return ", ".join(["nccl, 2 processes", *figures])
+
+
+def compiled_decode(ctx: Context) -> str:
+    """bench_generate.py's tiny preset on the GPU: its built-in sampler is the compiled decode step there."""
+    argv = [sys.executable, str(BENCHMARKS / "bench_generate.py"), "--preset", "tiny", "--device", "cuda",
+            "--dtype", "float32", "--settings", "greedy", "sampling", "--repeats", "3"]  # fmt: skip
+    done = call(ctx, "compiled_decode", argv, REPO)
+    expect_success(done, "bench_generate.py")
+    ratios = generate_ratios(done.stdout)
+    same = re.search(r"greedy tokens as hf: builtin (\d+)%", done.stdout)
+    if not same or not ratios.get("greedy"):
+        raise Failed(f"bench_generate.py printed no greedy line: {last_line(done.stdout)}")
+    share = int(same.group(1))
+    figures = f"greedy {ratios['greedy']:.2f}x hf, sampling {ratios.get('sampling', float('nan')):.2f}x hf, "
+    figures += f"greedy tokens as hf {share}%"
+    if share < 90:  # a wrong cache or position would part the tokens at once; rounding flips a token late, if at all
+        raise Failed(figures)
+    return figures
+
+
+def generate_ratios(stdout: str) -> dict[str, float]:
+    """setting -> builtin/hf from bench_generate.py's lines."""
+    found = re.findall(r"^(\w+)\s.*?builtin/hf=([\d.]+)", stdout, flags=re.MULTILINE)
+    return {setting: float(ratio) for setting, ratio in found}
+
+
+def vllm_python() -> str | None:
+    """An interpreter that imports vllm: $RLSTEPS_VLLM_PYTHON, the repository's .venv-vllm, then this one."""
+    candidates = [os.environ.get("RLSTEPS_VLLM_PYTHON"), str(REPO / ".venv-vllm" / "bin" / "python"), sys.executable]
+    for python in dict.fromkeys(c for c in candidates if c and Path(c).is_file()):
+        probe = subprocess.run([python, "-c", "import vllm, rlsteps.engine.loop"], capture_output=True, timeout=300)
+        if probe.returncode == 0:
+            return python
+    return None
+
+
+def vllm_rollouts(ctx: Context) -> str:
+    python = vllm_python()
+    if python is None:
+        raise Skipped("vllm: not installed")
+    cwd = ctx.work / "vllm"
+    # INFO: vLLM says when it falls asleep and wakes up (the engine sets WARNING unless told)
+    done = rlsteps(ctx, "vllm", cwd, "run", "rl/rs", "-c", "tiny", "run.device=cuda", "rollout.backend=vllm",
+                   python=python, env={"VLLM_LOGGING_LEVEL": "INFO"})  # fmt: skip
+    run = run_folder(cwd, "rl/rs")
+    figures = judge_tiny_run(ctx, done, run)
+    if "rollouts: vLLM in process" not in done.stderr:
+        raise Failed("the run did not sample with vLLM (no 'rollouts: vLLM in process' line)")
+    steps, syncs = len(series(run, "timers/step")), len(series(run, "timers/weight_sync"))
+    agreement = series(run, "train/token_mult_prob_error")
+    log = done.stdout + done.stderr + ((run / "train.log").read_text() if (run / "train.log").is_file() else "")
+    sleeps, wakes = log.count("to fall asleep"), log.count("to wake up")
+    figures += [f"{syncs} syncs", f"{sleeps} sleeps / {wakes} wakes"]
+    if agreement:
+        figures.append(f"sampler/trainer prob error <= {max(agreement):.4f}")
+    if syncs != steps:
+        raise Failed(f"{syncs} weight syncs in {steps} steps: " + ", ".join(figures))
+    if not agreement or max(agreement) > 1.02:  # vLLM's kernels against the trainer's, both fp32: close to 1
+        raise Failed("the sampler and the trainer disagree: " + ", ".join(figures))
+    if sleeps == 0 or wakes == 0:
+        raise Failed("vLLM never slept or never woke: " + ", ".join(figures))
+    return ", ".join(figures)
+
+
+def megatron_gpt_model(ctx: Context) -> str:
+    figures = []
+    for dtype in ["float32"] if ctx.smoke else ["float32", "bfloat16"]:
+        argv = [sys.executable, "-m", "rlsteps.engine.megatron.gpt_model", ctx.tiny_world["policy_megatron"],
+                "--device", ctx.device, "--dtype", dtype]  # fmt: skip
+        done = call(ctx, f"megatron_{dtype}", argv, ctx.work)
+        if "No module named 'megatron" in done.stderr:
+            raise Skipped("megatron-core not installed")
+        expect_success(done, f"gpt_model --dtype {dtype}")
+        report = json.loads(done.stdout[done.stdout.index("{") :])
+        relative = report["max_abs_diff"] / max(report["logit_scale"], 1e-6)
+        figures.append(f"{dtype} max |diff| {report['max_abs_diff']:.2g} ({relative:.1e} of the logits), "
+                       f"argmax {report['same_argmax']:.0%}")  # fmt: skip
+        worst, argmax = (1e-4, 1.0) if dtype == "float32" else (5e-2, 0.9)
+        if relative > worst or report["same_argmax"] < argmax:
+            raise Failed("; ".join(figures))
+    return "; ".join(figures)
+
+
+def make_policy(out: Path, size: str, tokenizer_dir: str) -> None:
+    """A random Qwen2 of bench_train.py's `size` with the tiny world's tokenizer, as a Hugging Face folder (fp32)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from bench_train import SIZES
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    shape = SIZES[size]
+    config = Qwen2Config(
+        hidden_size=shape["hidden"], num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"], intermediate_size=shape["intermediate"],
+        vocab_size=max(shape["vocab"], len(tokenizer)), tie_word_embeddings=shape["tied"],
+        max_position_embeddings=2048, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )  # fmt: skip
+    import torch
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def grpo_step(ctx: Context) -> str:
+    """The tiny rl/rlhf step (GRPO) with a random 0.37B policy in bf16; on a CPU the tiny shape, fp32."""
+    cwd = ctx.work / "grpo"
+    policy = cwd / "policy-in"
+    size = "tiny" if ctx.smoke else "0.37b"
+    argv = [sys.executable, __file__, "make-policy", str(policy), size, ctx.tiny_world["policy"]]
+    expect_success(call(ctx, "grpo_make_policy", argv, REPO), "making the random policy")
+    options = [f"inputs.policy={policy}", f"run.device={ctx.device}", "validation.interval=0", "checkpoint.interval=0"]
+    if ctx.smoke:
+        options += [f"train.max_steps={ctx.smoke_steps}", "run.num_threads=1"]
+    else:
+        options += ["run.dtype=bfloat16", "train.max_steps=6"]
+    done = rlsteps(ctx, "grpo", cwd, "run", "rl/rlhf", "-c", "tiny", *options)
+    expect_success(done, "the run")
+    run = run_folder(cwd, "rl/rlhf")
+    if not (run / "policy" / "rlsteps_artifact.json").is_file():
+        raise Failed(f"no output policy at {run / 'policy'}")
+
+    def median(key: str) -> float | None:
+        values = series(run, key)
+        values = values[1:] or values  # the first step compiles and warms up
+        return statistics.median(values) if values else None
+
+    phases = {name: median(f"timers/{name}") for name in ("step", "rollout", "reward", "prepare", "train")}
+    if phases["step"] is None:
+        raise Failed("the run logged no timers/step")
+    figures = [f"{size}, median step {phases['step']:.2f} s ("]
+    figures[0] += " ".join(f"{name} {s:.2f}" for name, s in phases.items() if name != "step" and s is not None) + ")"
+    used, rate = median("perf/train_mfu"), median("perf/generation_tokens_per_s")
+    figures.append(f"train MFU {used:.1%}" if used is not None else "train MFU n/a")
+    if rate is not None:
+        figures.append(f"decode {rate:.0f} tok/s")
+    if ctx.judge_targets and phases["step"] > TARGETS["step_s"]:
+        raise Failed(f"target: step <= {TARGETS['step_s']} s; " + ", ".join(figures))
+    return ", ".join(figures)
+
+
+def train_phase(ctx: Context) -> str:
+    """bench_train.py: the 0.37B train phase in bf16 (fp32 master weights, autocast) on the GPU; tiny on a CPU."""
+    shape = ["--size", "0.37b", "--dtype", "bfloat16", "--rows", "64", "--prompt-len", "512", "--response-len", "512",
+             "--micro-batch", "8", "--steps", "5", "--warmup", "2"]  # fmt: skip
+    if ctx.smoke:
+        shape = ["--size", "tiny", "--steps", "1", "--warmup", "0"]
+    done = call(ctx, "train_phase", [sys.executable, str(BENCHMARKS / "bench_train.py"), "--device", ctx.device,
+                                     *shape], REPO)  # fmt: skip
+    expect_success(done, "bench_train.py")
+    row = re.search(r"^(float32|autocast-bf16)\s+([\d.]+) \(.*?\)\s+(\d+)\s+([\d.e+-]+)\s+(\S+)\s+([\d.]+)",
+                    done.stdout, flags=re.MULTILINE)  # fmt: skip
+    if row is None:
+        raise Failed(f"bench_train.py printed no row: {last_line(done.stdout)}")
+    precision, step_s, tokens, _, share, peak = row.groups()
+    figures = f"{precision}, step {float(step_s):.3f} s, {int(tokens)} tok/s, MFU {share}, peak {float(peak):.1f} GB"
+    if ctx.judge_targets and (share == "n/a" or float(share.rstrip("%")) < 100 * TARGETS["mfu"]):
+        raise Failed(f"target: MFU >= {TARGETS['mfu']:.0%}; {figures}")
+    return figures
+
+
+def decode_vs_hf(ctx: Context) -> str:
+    """bench_generate.py on bench_train.py's 0.37B shape in bf16; the tiny preset on a CPU."""
+    shape = ["--hidden", "1024", "--layers", "24", "--heads", "16", "--intermediate", "2816", "--vocab", "32768",
+             "--batch", "64", "--min-prompt", "16", "--max-prompt", "64", "--max-new-tokens", "128",
+             "--dtype", "bfloat16", "--repeats", "3"]  # fmt: skip
+    if ctx.smoke:
+        shape = ["--preset", "tiny", "--repeats", "1", "--batch", "16"]
+    argv = [sys.executable, str(BENCHMARKS / "bench_generate.py"), "--device", ctx.device, "--settings", "sampling"]
+    done = call(ctx, "decode_vs_hf", [*argv, *shape], REPO)
+    expect_success(done, "bench_generate.py")
+    rates = re.search(r"builtin [\d.]+s \((\d+) tok/s\)\s+hf\.generate [\d.]+s \((\d+) tok/s\)", done.stdout)
+    ratio = generate_ratios(done.stdout).get("sampling")
+    if rates is None or ratio is None:
+        raise Failed(f"bench_generate.py printed no sampling line: {last_line(done.stdout)}")
+    figures = f"builtin {rates.group(1)} tok/s, hf.generate {rates.group(2)} tok/s: {ratio:.2f}x"
+    if ctx.judge_targets and ratio < TARGETS["decode_vs_hf"]:
+        raise Failed(f"target: >= {TARGETS['decode_vs_hf']:.0f}x hf.generate; {figures}")
+    return figures
+
+
+CHECKS = [
+    *(Check(f"tiny {step} {dtype}", tiny_step(step, dtype), cuda_only="bf16 on a CPU is emulated" if dtype == "bf16"
+            else None) for step in ("rl/rs", "rl/reinforce", "rl/rlhf") for dtype in ("fp32", "bf16")),
+    Check("fsdp2 two processes (nccl)", fsdp2_two_processes, cuda_only="NCCL needs GPUs"),
+    Check("compiled decode (CUDA graphs)", compiled_decode, cuda_only="CUDA graphs need a GPU"),
+    Check("megatron GPTModel", megatron_gpt_model),
+    Check("vllm rollouts (sync, sleep)", vllm_rollouts, cuda_only="vLLM's sleep mode needs a GPU", alone=True),
+    Check("grpo 0.37b step", grpo_step, alone=True),
+    Check("train phase 0.37b", train_phase, alone=True),
+    Check("decode 0.37b vs hf.generate", decode_vs_hf, alone=True),
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# the harness
+
+
+def run_check(check: Check, ctx: Context, selected: bool) -> Result:
+    if ctx.smoke and check.cuda_only:
+        return Result(check.name, "skipped", 0.0, f"needs CUDA: {check.cuda_only}")
+    if not selected:
+        return Result(check.name, "skipped", 0.0, "not selected (--only)")
+    start = time.perf_counter()
+    try:
+        status, figures = "ok", check.run(ctx)
+    except Skipped as why:
+        status, figures = "skipped", str(why)
+    except Failed as why:
+        status, figures = "FAILED", str(why)
+    except Exception as error:  # a bug in a row's judging: that row fails, the table goes on
+        status, figures = "FAILED", f"{type(error).__name__}: {error}"
+    result = Result(check.name, status, time.perf_counter() - start, figures)
+    print(f"  {result.status:<7} {result.check} ({result.seconds:.0f} s)", file=sys.stderr, flush=True)
+    return result
+
+
+def table(results: list[Result]) -> str:
+    width = max(len(r.check) for r in results)
+    header = f"{'check':<{width}}  {'status':<7}  {'seconds':>7}  figures / reason"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        lines.append(f"{r.check:<{width}}  {r.status:<7}  {r.seconds:>7.1f}  {r.figures}")
+    return "\n".join(lines)
+
+
+def cuda_devices() -> tuple[int, str]:
+    """(number of visible CUDA devices, the first one's name), asked of a subprocess: this one stays torch-free."""
+    probe = "import torch; n = torch.cuda.device_count(); print(n); print(torch.cuda.get_device_name(0) if n else '')"
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return 0, ""
+    if done.returncode != 0:
+        return 0, ""
+    count, name = (done.stdout.splitlines() + ["", ""])[:2]
+    return int(count or 0), name
+
+
+def build_tiny_world(ctx: Context) -> None:
+    """The tiny world, built once here (rows running side by side would each build it otherwise)."""
+    code = "import json; from rlsteps.tiny.build import ensure_tiny_world as e; w = e(seed=0)"
+    code += "; print(json.dumps({k: str(v) for k, v in vars(w).items()}))"
+    done = call(ctx, "tiny_world", [sys.executable, "-c", code], REPO)
+    expect_success(done, "building the tiny world")
+    ctx.tiny_world = json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu-smoke", action="store_true", help="run the harness on the CPU: the rows a CPU can run")
+    parser.add_argument("--smoke-steps", type=int, default=2, help="--cpu-smoke: steps of each tiny run")
+    parser.add_argument("--only", nargs="+", metavar="TEXT", help="run the rows whose names contain any of these")
+    parser.add_argument("--jobs", type=int, default=3, help="rows run side by side (the timed rows run alone)")
+    parser.add_argument("--timeout", type=float, default=480, help="seconds per subprocess")
+    parser.add_argument("--no-targets", action="store_true", help="report the H100 targets' figures, never fail them")
+    parser.add_argument("--work", type=Path, help="scratch folder (kept); default: a temporary one, removed if all ok")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["make-policy"]:  # a row's subprocess
+        make_policy(Path(argv[1]), argv[2], argv[3])
+        return 0
+    args = parse_args(argv)
+    gpus, name = (0, "") if args.cpu_smoke else cuda_devices()
+    if not gpus and not args.cpu_smoke:
+        print(NO_CUDA)
+        return 0
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    ctx = Context(work=work, device="cpu" if args.cpu_smoke else "cuda", gpus=gpus, device_name=name or "CPU",
+                  smoke_steps=args.smoke_steps, timeout=args.timeout, targets=not args.no_targets, env=env)  # fmt: skip
+    print(f"gpu_check on {gpus} x {name}" if gpus else "gpu_check --cpu-smoke: CUDA rows skipped", flush=True)
+    print(f"logs and runs under {work}", flush=True)
+    started = time.perf_counter()
+    try:
+        build_tiny_world(ctx)
+    except Failed as why:
+        print(f"FAILED before any row: {why}")
+        return 1
+    chosen = {c.name: not args.only or any(text in c.name for text in args.only) for c in CHECKS}
+    together = [c for c in CHECKS if not c.alone]
+    with ThreadPoolExecutor(max(1, args.jobs if not args.cpu_smoke else 1)) as pool:
+        results = dict(zip([c.name for c in together], pool.map(lambda c: run_check(c, ctx, chosen[c.name]), together)))
+    for check in CHECKS:
+        if check.alone:
+            results[check.name] = run_check(check, ctx, chosen[check.name])
+    ordered = [results[c.name] for c in CHECKS]
+    print(table(ordered))
+    failed = [r.check for r in ordered if r.status == "FAILED"]
+    counts = {status: sum(r.status == status for r in ordered) for status in ("FAILED", "ok", "skipped")}
+    elapsed = time.perf_counter() - started
+    print(f"{counts['FAILED']} failed, {counts['ok']} ok, {counts['skipped']} skipped in {elapsed:.0f} s")
+    if failed:
+        print(f"logs: {work / 'logs'}")
+    elif args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
