@@ -310,8 +310,8 @@ def decode_step(
         input_ids=token[:, None],
         attention_mask=attention_mask,
         position_ids=position,
-        past_key_values=cache,
         use_cache=True,
+        **{cache_keyword(model): cache},
     )
     return choose_token(out.logits[:, -1].float(), params, uniforms)
 
@@ -407,15 +407,16 @@ def _prefill(
     """Run the prompts through the model: the logits of each row's first response token [B, V] and the filled cache
     (the one given, or the model's own where none was)."""
     last_only = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+    keyword = cache_keyword(model)
     out = model(
         input_ids=input_ids,
         attention_mask=mask,
         position_ids=position_ids_from_mask(mask),
-        past_key_values=cache,
         use_cache=True,
+        **{keyword: cache},
         **last_only,
     )
-    return out.logits[:, -1].float(), out.past_key_values
+    return out.logits[:, -1].float(), out[keyword]
 
 
 def _decode_function(options: DecodeOptions, device: torch.device) -> Callable[..., tuple[torch.Tensor, ...]]:
@@ -514,6 +515,18 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tu
         input_ids[i, width - len(ids) :] = torch.tensor(ids)
         attention_mask[i, width - len(ids) :] = 1
     return input_ids.to(device), attention_mask.to(device)
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """The name of a forward's KV cache argument (and of its output field): transformers renamed past_key_values to
+    cache in 5.2x, where the old name warns and is to go in 5.40; a model of an older release (or remote code) still
+    takes past_key_values. Decided once per model class."""
+    return _cache_keyword(type(model))
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:
