@@ -217,3 +217,23 @@ def test_an_attached_run_interrupted_with_ctrl_c_exits_130_not_1(monkeypatch, ca
     assert main(["run", "rs", "-c", "tiny"]) == 130
     err = capsys.readouterr().err
     assert "rl/rs was interrupted" in err and "rerun the same command" in err
+
+
+def test_list_and_show_fit_80_columns_and_never_break_an_id():
+    from typer.testing import CliRunner
+
+    from rlsteps.cli.app import app
+
+    def at_80(*argv: str) -> list[str]:
+        result = CliRunner().invoke(app, list(argv), env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert max(len(line) for line in lines) <= 80, result.output
+        return lines
+
+    listed = at_80("list")
+    assert all(any(line.startswith(step) for line in listed) for step in STEPS)  # each id whole, on its own line
+    for step in STEPS:
+        shown = at_80("show", step)
+        assert len(shown) < 70, "\n".join(shown)  # not one word a line
+        assert any(line.strip().startswith("policy ") for line in shown)  # an artifact line, name first

@@ -127,3 +127,14 @@ def test_rlsteps_jobs_is_a_command_group_of_the_cli(workspace):
     listed = run_cli("jobs", "list", "--json", cwd=workspace[0])
     assert listed.exit_code == 0, f"`rlsteps jobs` is not mounted on the CLI: {listed.output}"
     assert json.loads(listed.stdout) == []
+
+
+def test_jobs_list_fits_80_columns_and_never_breaks_a_job_name(workspace):
+    _, here, _ = workspace
+    names = ["20261125-021240-6eef16-rl_reinforce", "20261125-021241-0a1b2c-rl_nemo_rl_rlhf"]
+    for i, name in enumerate(names):
+        finished_local_job(here, name, i, job_id=str(4242 + i))
+    listed = CliRunner().invoke(jobs_app, ["list"], env={"COLUMNS": "80"})
+    lines = listed.output.splitlines()
+    assert listed.exit_code == 0 and max(len(line) for line in lines) <= 80, listed.output
+    assert all(any(line.startswith(name) for line in lines) for name in names), listed.output  # whole, copyable

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -49,20 +49,13 @@ def list_jobs(as_json: bool = typer.Option(False, "--json", help="Print JSON."))
     if not views:
         err.print("no jobs found under ./.rlsteps/jobs or any profile's job_dir")
         return
-    table = Table(title="rlsteps jobs", header_style="bold")
-    for column in ("job", "launcher", "id", "step", "submitted", "state", "detail"):
-        table.add_column(column, overflow="fold")
-    for v in views:
-        table.add_row(
-            Text(v.name, style="bold"),
-            v.record.launcher,
-            v.record.job_id,
-            v.record.step,
-            v.record.submitted,
-            _state(v.status.state.value),
-            v.status.detail,
-        )
-    out.print(table)
+    width = max(len(v.name) for v in views)
+    lines = [Text("rlsteps jobs, oldest first", style="bold")]
+    for v in views:  # two lines a job: its name never breaks, so it can be copied
+        lines.append(Text.assemble((v.name.ljust(width), "bold"), "  ", _state(v.status.state.value)))
+        details = f"{v.record.launcher} {v.record.job_id}, {v.record.step}, submitted {v.record.submitted}"
+        lines.append(Text(f"    {details}" + (f": {v.status.detail}" if v.status.detail else ""), style="dim"))
+    out.print(Group(*lines))
 
 
 @jobs_app.command("status")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.markup import escape
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
@@ -19,51 +20,63 @@ if TYPE_CHECKING:
     from rlsteps.plan.runner import Compiled
 
 
-def _artifacts(step: Step, which: str) -> str:
-    specs = step.consumes if which == "consumes" else step.produces
-    return "\n".join(f"{s.type}{'' if s.required or which == 'produces' else '?'}" for s in specs)
+def _under(text: Text | str, indent: int = 4, style: str = "") -> Padding:
+    """Text indented as a whole: its wrapped lines keep the indent."""
+    return Padding(text if isinstance(text, Text) else Text(text, style=style), (0, 0, 0, indent), expand=False)
 
 
-def steps_table(steps: list[Step]) -> Table:
-    table = Table(title="rlsteps steps", show_lines=False, header_style="bold")
-    for column in ("id", "name", "consumes", "produces", "tags"):
-        table.add_column(column, overflow="fold")
+def _artifacts(specs) -> str:
+    """Types, '?' after one that a config may leave out."""
+    return ", ".join(f"{s.type}{'' if s.required and not s.reward_source else '?'}" for s in specs)
+
+
+def steps_table(steps: list[Step]) -> Group:
+    """Each step as two lines that fit 80 columns: its id (never broken) and name, then what it takes and makes."""
+    width = max(len(s.id) for s in steps) if steps else 0
+    lines: list = [Text("rlsteps steps (? marks an input a config may leave out)", style="bold")]
     for s in steps:
-        table.add_row(
-            Text(s.id, style="bold cyan"),
-            s.name,
-            _artifacts(s, "consumes"),
-            _artifacts(s, "produces"),
-            ", ".join(s.tags),
-        )
-    return table
+        lines.append(Text.assemble((s.id.ljust(width), "bold cyan"), "  ", s.name))
+        lines.append(_under(f"{_artifacts(s.consumes)} -> {_artifacts(s.produces)}", style="dim"))
+    return Group(*lines)
+
+
+def _requirement(spec) -> str:
+    if spec.reward_source:
+        unless = f", unless {spec.required_unless}" if spec.required_unless else ""
+        return f"with a {spec.reward_source} reward{unless}"
+    if spec.required_unless:
+        return f"required unless {spec.required_unless}"
+    return "required" if spec.required else "optional"
+
+
+def _artifact_lines(step: Step) -> list[Text]:
+    lines: list = []
+    for direction, specs in (("consumes", step.consumes), ("produces", step.produces)):
+        lines.append(Text(direction, style="bold"))
+        for s in specs:
+            kind = f"{s.type} (or as {s.type_key} says)" if s.type_key else s.type
+            needed = f"  {_requirement(s)}" if direction == "consumes" else ""
+            lines.append(_under(Text.assemble((s.name, "bold cyan"), f"  {kind}  at {s.key}", (needed, "yellow")), 2))
+            lines.append(_under(s.description))
+    return lines
 
 
 def step_panel(step: Step) -> Group:
-    io = Table(header_style="bold", title="artifacts")
-    for column in ("direction", "name", "type", "config key", "required", "description"):
-        io.add_column(column, overflow="fold")
-    for direction, specs in (("consumes", step.consumes), ("produces", step.produces)):
-        for s in specs:
-            required = "yes" if s.required else f"unless {s.required_unless}" if s.required_unless else "no"
-            if s.reward_source:
-                required = f"with a {s.reward_source} reward"
-            kind = f"{s.type} (or as {s.type_key} says)" if s.type_key else s.type
-            io.add_row(direction, s.name, kind, s.key, required if direction == "consumes" else "", s.description)
-    params = Table(header_style="bold", title="parameters (override with key=value)")
-    for column in ("name", "default", "description"):
-        params.add_column(column, overflow="fold")
-    for p in step.parameters:
-        params.add_row(p.name, repr(p.default), p.description)
-    notes = [f"[bold]when[/] {s['when']}\n  [bold]then[/] {s['then']}" for s in step.strategies]
-    errors = [f"[bold red]{e['name']}[/]: {e['recovery']}" for e in step.errors]
+    """A step's manifest, readable at 80 columns: lines of text, no wide tables."""
     resources = ", ".join(f"{k}={v}" for k, v in step.resources.items())
     head = Panel(
         f"{step.description}\n\n[bold]algorithm[/] {step.algorithm}   [bold]configs[/] {', '.join(step.configs)}"
-        f"   [bold]tags[/] {', '.join(step.tags)}\n[bold]resources[/] {resources}",
+        f"\n[bold]tags[/] {', '.join(step.tags)}\n[bold]resources[/] {resources}",
         title=f"[bold cyan]{step.id}[/] · {step.name}",
     )
-    parts = [head, io, params]
+    parts: list = [head, *_artifact_lines(step)]
+    if step.parameters:
+        parts.append(Text("parameters (override with key=value)", style="bold"))
+        for p in step.parameters:
+            parts.append(_under(Text.assemble((p.name, "bold cyan"), f" = {p.default!r}"), 2))
+            parts.append(_under(p.description))
+    notes = [f"[bold]when[/] {s['when']}\n  [bold]then[/] {s['then']}" for s in step.strategies]
+    errors = [f"[bold red]{e['name']}[/]: {e['recovery']}" for e in step.errors]
     if notes:
         parts.append(Panel("\n".join(notes), title="strategies"))
     if errors:
