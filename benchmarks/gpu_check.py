@@ -31,10 +31,12 @@ says so and runs nothing (exit 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -102,25 +104,59 @@ class Result:
 
 
 def call(ctx: Context, name: str, argv: list[str], cwd: Path, env: dict[str, str] | None = None):
-    """argv in cwd with the run's environment; its output kept under work/logs. Failed on a timeout."""
+    """argv in cwd with the run's environment; its output kept under work/logs. Failed on a timeout, after the
+    process and everything it started (a run's worker in a session of its own, torchrun's processes) are ended."""
     logs = ctx.work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+    process = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env={**ctx.env, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        done = subprocess.run(
-            argv,
-            cwd=cwd,
-            env={**ctx.env, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=ctx.timeout,
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as error:
-        raise Failed(f"timed out after {ctx.timeout:.0f} s: {' '.join(argv[:6])} ...") from error
-    (logs / f"{slug}.out").write_text(done.stdout)
-    (logs / f"{slug}.err").write_text(done.stderr)
-    return done
+        stdout, stderr = process.communicate(timeout=ctx.timeout)
+    except subprocess.TimeoutExpired:
+        end_tree(process)
+        stdout, stderr = process.communicate()
+        (logs / f"{slug}.out").write_text(stdout)
+        (logs / f"{slug}.err").write_text(stderr)
+        raise Failed(f"timed out after {ctx.timeout:.0f} s: {' '.join(argv[:6])} ...") from None
+    (logs / f"{slug}.out").write_text(stdout)
+    (logs / f"{slug}.err").write_text(stderr)
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def end_tree(process: subprocess.Popen, grace: float = 15.0) -> None:
+    """SIGTERM to the process's group (a run stops its worker on it), then SIGKILL to whatever of its tree is left."""
+    tree = [process.pid, *descendants(process.pid)]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=grace)
+    for pid in [*tree, *descendants(process.pid)]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def descendants(root: int) -> list[int]:
+    """The pids under `root`, from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in found]
+        found += children
+        frontier += children
+    return found
 
 
 def expect_success(done: subprocess.CompletedProcess, what: str) -> None:
