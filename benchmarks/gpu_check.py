@@ -269,20 +269,28 @@ def generate_ratios(stdout: str) -> dict[str, float]:
     return {setting: float(ratio) for setting, ratio in found}
 
 
-def vllm_python() -> str | None:
-    """An interpreter that imports vllm: $RLSTEPS_VLLM_PYTHON, the repository's .venv-vllm, then this one."""
+VLLM_PROBE = "import vllm, rlsteps.engine.loop; from vllm.platforms import current_platform as p; print(p.device_type)"
+
+
+def vllm_python(ctx: Context) -> str:
+    """An interpreter whose vLLM runs on CUDA: $RLSTEPS_VLLM_PYTHON, the repository's .venv-vllm, then this one.
+    Skipped when none imports vllm (or only a CPU build does: tests/make_vllm_env.sh installs that one)."""
     candidates = [os.environ.get("RLSTEPS_VLLM_PYTHON"), str(REPO / ".venv-vllm" / "bin" / "python"), sys.executable]
+    builds = []
     for python in dict.fromkeys(c for c in candidates if c and Path(c).is_file()):
-        probe = subprocess.run([python, "-c", "import vllm, rlsteps.engine.loop"], capture_output=True, timeout=300)
-        if probe.returncode == 0:
+        probe = call(ctx, "vllm_probe", [python, "-c", VLLM_PROBE], ctx.work)
+        platform = probe.stdout.strip().splitlines()[-1:] if probe.returncode == 0 else []
+        if platform == ["cuda"]:
             return python
-    return None
+        if platform:
+            builds.append(f"{python}: {platform[0]}")
+    if builds:
+        raise Skipped(f"vllm: no CUDA build installed ({'; '.join(builds)})")
+    raise Skipped("vllm: not installed")
 
 
 def vllm_rollouts(ctx: Context) -> str:
-    python = vllm_python()
-    if python is None:
-        raise Skipped("vllm: not installed")
+    python = vllm_python(ctx)
     cwd = ctx.work / "vllm"
     # INFO: vLLM says when it falls asleep and wakes up (the engine sets WARNING unless told)
     done = rlsteps(ctx, "vllm", cwd, "run", "rl/rs", "-c", "tiny", "run.device=cuda", "rollout.backend=vllm",
@@ -293,7 +301,7 @@ def vllm_rollouts(ctx: Context) -> str:
         raise Failed("the run did not sample with vLLM (no 'rollouts: vLLM in process' line)")
     steps, syncs = len(series(run, "timers/step")), len(series(run, "timers/weight_sync"))
     agreement = series(run, "train/token_mult_prob_error")
-    log = done.stdout + done.stderr + ((run / "train.log").read_text() if (run / "train.log").is_file() else "")
+    log = done.stdout + done.stderr + "".join(path.read_text(errors="replace") for path in cwd.rglob("*.log"))
     sleeps, wakes = log.count("to fall asleep"), log.count("to wake up")
     figures += [f"{syncs} syncs", f"{sleeps} sleeps / {wakes} wakes"]
     if agreement:
@@ -320,7 +328,7 @@ def megatron_gpt_model(ctx: Context) -> str:
         relative = report["max_abs_diff"] / max(report["logit_scale"], 1e-6)
         figures.append(f"{dtype} max |diff| {report['max_abs_diff']:.2g} ({relative:.1e} of the logits), "
                        f"argmax {report['same_argmax']:.0%}")  # fmt: skip
-        worst, argmax = (1e-4, 1.0) if dtype == "float32" else (5e-2, 0.9)
+        worst, argmax = (1e-4, 1.0) if dtype == "float32" else (5e-2, 0.8)  # bf16: two orders of rounding
         if relative > worst or report["same_argmax"] < argmax:
             raise Failed("; ".join(figures))
     return "; ".join(figures)
@@ -498,7 +506,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cpu-smoke", action="store_true", help="run the harness on the CPU: the rows a CPU can run")
     parser.add_argument("--smoke-steps", type=int, default=2, help="--cpu-smoke: steps of each tiny run")
     parser.add_argument("--only", nargs="+", metavar="TEXT", help="run the rows whose names contain any of these")
-    parser.add_argument("--jobs", type=int, default=3, help="rows run side by side (the timed rows run alone)")
+    parser.add_argument("--jobs", type=int, default=4, help="rows run side by side on a GPU (timed rows run alone)")
     parser.add_argument("--timeout", type=float, default=480, help="seconds per subprocess")
     parser.add_argument("--no-targets", action="store_true", help="report the H100 targets' figures, never fail them")
     parser.add_argument("--work", type=Path, help="scratch folder (kept); default: a temporary one, removed if all ok")
