@@ -51,6 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
 NO_CUDA = "no CUDA device: nothing to check"
 TWO_PROCESSES = "profiles:\n  two:\n    executor: local\n    nprocs_per_node: 2\n"
+RUNNING: set[subprocess.Popen] = set()  # the rows' subprocesses now running
 TARGETS = {"step_s": 1.0, "mfu": 0.30, "decode_vs_hf": 5.0}  # on one H100
 
 
@@ -118,6 +119,7 @@ def call(ctx: Context, name: str, argv: list[str], cwd: Path, env: dict[str, str
         text=True,
         start_new_session=True,
     )
+    RUNNING.add(process)
     try:
         stdout, stderr = process.communicate(timeout=ctx.timeout)
     except subprocess.TimeoutExpired:
@@ -126,9 +128,18 @@ def call(ctx: Context, name: str, argv: list[str], cwd: Path, env: dict[str, str
         (logs / f"{slug}.out").write_text(stdout)
         (logs / f"{slug}.err").write_text(stderr)
         raise Failed(f"timed out after {ctx.timeout:.0f} s: {' '.join(argv[:6])} ...") from None
+    finally:
+        RUNNING.discard(process)
     (logs / f"{slug}.out").write_text(stdout)
     (logs / f"{slug}.err").write_text(stderr)
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def end_all() -> None:
+    """End every row's subprocess still running (an interrupted check: they run in sessions of their own, so a
+    Ctrl-C reaches none of them)."""
+    for process in list(RUNNING):
+        end_tree(process, grace=5.0)
 
 
 def end_tree(process: subprocess.Popen, grace: float = 15.0) -> None:
@@ -532,6 +543,25 @@ def main(argv: list[str] | None = None) -> int:
                   smoke_steps=args.smoke_steps, timeout=args.timeout, targets=not args.no_targets, env=env)  # fmt: skip
     print(f"gpu_check on {gpus} x {name}" if gpus else "gpu_check --cpu-smoke: CUDA rows skipped", flush=True)
     print(f"logs and runs under {work}", flush=True)
+    handlers = {number: signal.signal(number, interrupted) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return check_all(ctx, args)
+    except KeyboardInterrupt:
+        end_all()
+        print(f"interrupted; logs and runs under {work}")
+        return 130
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+
+
+def interrupted(signum: int, frame: object) -> None:
+    """Ctrl-C, or SIGTERM (a scheduler's time limit): stop, ending every row's processes on the way out."""
+    raise KeyboardInterrupt
+
+
+def check_all(ctx: Context, args: argparse.Namespace) -> int:
+    """Every row, the table, and 1 if any row failed."""
     started = time.perf_counter()
     try:
         build_tiny_world(ctx)
@@ -541,21 +571,25 @@ def main(argv: list[str] | None = None) -> int:
     chosen = {c.name: not args.only or any(text in c.name for text in args.only) for c in CHECKS}
     together = [c for c in CHECKS if not c.alone]
     with ThreadPoolExecutor(max(1, args.jobs if not args.cpu_smoke else 1)) as pool:
-        results = dict(zip([c.name for c in together], pool.map(lambda c: run_check(c, ctx, chosen[c.name]), together)))
+        try:
+            done = pool.map(lambda c: run_check(c, ctx, chosen[c.name]), together)
+            results = dict(zip([c.name for c in together], done))
+        except KeyboardInterrupt:
+            end_all()  # else the pool would wait for its rows to end by themselves
+            raise
     for check in CHECKS:
         if check.alone:
             results[check.name] = run_check(check, ctx, chosen[check.name])
     ordered = [results[c.name] for c in CHECKS]
     print(table(ordered))
-    failed = [r.check for r in ordered if r.status == "FAILED"]
     counts = {status: sum(r.status == status for r in ordered) for status in ("FAILED", "ok", "skipped")}
     elapsed = time.perf_counter() - started
     print(f"{counts['FAILED']} failed, {counts['ok']} ok, {counts['skipped']} skipped in {elapsed:.0f} s")
-    if failed:
-        print(f"logs: {work / 'logs'}")
+    if counts["FAILED"]:
+        print(f"logs: {ctx.work / 'logs'}")
     elif args.work is None:
-        shutil.rmtree(work, ignore_errors=True)
-    return 1 if failed else 0
+        shutil.rmtree(ctx.work, ignore_errors=True)
+    return 1 if counts["FAILED"] else 0
 
 
 if __name__ == "__main__":
