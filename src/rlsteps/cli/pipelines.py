@@ -33,6 +33,7 @@ def run_pipeline(
     from rlsteps.catalog import load_catalog
     from rlsteps.errors import UsageError
     from rlsteps.plan import pipeline
+    from rlsteps.plan.chain import previous_chain
 
     if run_profile and batch_profile:
         raise UsageError(
@@ -52,7 +53,7 @@ def run_pipeline(
     catalog = load_catalog()
     if dry_run:
         spec = pipeline.load_pipeline(path)
-        notes, live = pipeline.previous_chain(spec.name)
+        notes, live = previous_chain(spec.name)
         from rlsteps.cli import render
 
         for line in notes:
