@@ -38,12 +38,38 @@ def import_megatron(module: str = "megatron.core.dist_checkpointing") -> ModuleT
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its INFO lines (FSDP detection, timings) are not ours
     try:
         importlib.import_module("psutil")
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _fusions_uncompiled():
             warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|apex|transformer_engine).*")
             warnings.filterwarnings("ignore", category=FutureWarning, module="megatron")
             return importlib.import_module(module)
     except ImportError as error:
         raise MegatronUnavailable(f"Megatron checkpoints need megatron-core: {INSTALL_HINT} ({error})") from error
+
+
+@contextlib.contextmanager
+def _fusions_uncompiled() -> Iterator[None]:
+    """megatron-core's first import without torch.compile: its fused kernels (bias-GeLU, SwiGLU, ...) are wrapped
+    at import by `megatron.core.jit.jit_fuser`, torch.compile, whose first call imports torch._dynamo and inductor
+    (5 of megatron-core's 5.5 s of import on two cores, measured; inductor's part even where torch._dynamo is
+    imported already). Checkpoints call none of them; with a plain decorator they are megatron-core's own
+    `disable_jit_fuser()` mode (the unfused functions, the same results). Once megatron-core is imported, nothing
+    is patched."""
+    import sys
+
+    if "megatron.core" in sys.modules:
+        yield
+        return
+    compile_ = torch.compile
+    torch.compile = _plain_decorator
+    try:
+        yield
+    finally:
+        torch.compile = compile_
+
+
+def _plain_decorator(model=None, **_options):
+    """torch.compile's two call forms (`@torch.compile`, `@torch.compile(...)`), compiling nothing."""
+    return model if model is not None else (lambda function: function)
 
 
 def require_megatron() -> None:
