@@ -280,8 +280,47 @@ def plot_metrics(metrics_path: Path, out_png: Path, keys: list[str]) -> Path:
     axes[-1].set_xlabel("step")
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out_png, dpi=100)
+    staging = out_png.with_name(f".{out_png.name}.{os.getpid()}.tmp")
+    try:  # whole or not at all: a reader (or a run killed mid-draw) never meets half a PNG
+        figure.savefig(staging, dpi=100, format="png")
+        os.replace(staging, out_png)
+    finally:
+        staging.unlink(missing_ok=True)
     return out_png
+
+
+PLOT_FAILED = 2  # `python -m rlsteps.engine.metrics plot ...`: no plot (why on stderr)
+
+
+def start_plot(metrics_path: Path, out_png: Path, keys: list[str]) -> Any:
+    """plot_metrics in a process of its own (matplotlib's import and the drawing: seconds on a loaded CPU),
+    to run beside what the caller does next; `finish_plot` waits for it."""
+    import subprocess
+
+    command = [sys.executable, "-m", "rlsteps.engine.metrics", "plot", str(metrics_path), str(out_png), *keys]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def finish_plot(process: Any, out_png: Path) -> Path:
+    """The plot's path once its process is done; ValueError with its reason when it drew none."""
+    _, errors = process.communicate()
+    if process.returncode != 0:
+        lines = [line for line in (errors or "").splitlines() if line.strip()]
+        raise ValueError(lines[-1] if lines else f"the plotting process exited {process.returncode}")
+    return Path(out_png)
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[0] != "plot":
+        print("usage: python -m rlsteps.engine.metrics plot METRICS_JSONL OUT_PNG KEY...", file=sys.stderr)
+        return PLOT_FAILED
+    try:
+        plot_metrics(Path(argv[1]), Path(argv[2]), argv[3:])
+    except (ValueError, ImportError) as error:
+        print(f"{error}", file=sys.stderr)
+        return PLOT_FAILED
+    return 0
 
 
 class Timers:
@@ -378,3 +417,7 @@ def _duration(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

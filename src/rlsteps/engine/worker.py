@@ -95,12 +95,17 @@ def run(config_path: Path, log_level: str = "info") -> int:
             return signals.EXIT_CHECKPOINTED
     if not world.is_main:
         return 0  # the main process writes the output
-    write_policy_output(cfg, model, tokenizer, counters, job, versions)
-    if not converting:
-        terms = list(cfg.reward_terms) if len(cfg.reward_terms) > 1 else []
-        _summarise(
-            run_dir, [f"val/reward/{name}" for name in terms] + [f"val/{n}" for n in cfg.validation.reward_functions]
-        )
+    if converting:
+        write_policy_output(cfg, model, tokenizer, counters, job, versions)
+        return 0
+    terms = list(cfg.reward_terms) if len(cfg.reward_terms) > 1 else []
+    extra_keys = [f"val/reward/{name}" for name in terms] + [f"val/{n}" for n in cfg.validation.reward_functions]
+    plot = _start_plot(run_dir, PLOTTED[:2] + extra_keys + PLOTTED[2:])  # drawn while the output is written
+    try:
+        write_policy_output(cfg, model, tokenizer, counters, job, versions)
+        _summarise(run_dir, extra_keys)
+    finally:
+        _finish_plot(run_dir, plot)
     return 0
 
 
@@ -235,7 +240,7 @@ def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:
 
 
 def _summarise(run_dir: Path, extra_keys: list[str]) -> None:
-    from rlsteps.engine.metrics import metric_series, plot_metrics, read_metrics
+    from rlsteps.engine.metrics import metric_series, read_metrics
 
     records = read_metrics(run_dir / "metrics.jsonl")
     for key in SUMMARISED + extra_keys:
@@ -252,10 +257,28 @@ def _summarise(run_dir: Path, extra_keys: list[str]) -> None:
     steps, idle = metric_series(records, "train/steps_without_update")
     if idle and idle[-1]:
         log.warning("%d of %d steps made no optimizer update (train/steps_without_update)", idle[-1], steps[-1])
+
+
+def _start_plot(run_dir: Path, keys: list[str]) -> Any:
+    """metrics.png drawn by a process of its own from the finished metrics.jsonl; None where none can start."""
+    from rlsteps.engine.metrics import start_plot
+
     try:
-        png = plot_metrics(run_dir / "metrics.jsonl", run_dir / "metrics.png", PLOTTED[:2] + extra_keys + PLOTTED[2:])
-        log.info("metrics plot: %s", png)
-    except (ValueError, ImportError) as error:
+        return start_plot(run_dir / "metrics.jsonl", run_dir / "metrics.png", keys)
+    except OSError as error:
+        log.warning("no metrics plot: %s", error)
+        return None
+
+
+def _finish_plot(run_dir: Path, process: Any) -> None:
+    """Wait for the plot (the run ends with its file written, or a warning saying why not)."""
+    from rlsteps.engine.metrics import finish_plot
+
+    if process is None:
+        return
+    try:
+        log.info("metrics plot: %s", finish_plot(process, run_dir / "metrics.png"))
+    except ValueError as error:
         log.warning("no metrics plot: %s", error)
 
 
