@@ -516,28 +516,26 @@ class _Run:
         """Validation rollouts of every process, scored and summarised by the main process, its metrics on all."""
         n = self.cfg.validation.samples_per_prompt
         mine = self.world.mine(len(prompts))
-        with self.timers("validation"):
-            with self._sampling():  # every process gathers the policy, when the sampler reads it
-                batch = None  # more processes than validation prompts: this one has none
-                if mine:
-                    batch = self.sampler.validation_rollouts(
-                        self.model,
-                        [prompts[j] for j in mine],
-                        n,
-                        max_new_tokens=self.cfg.validation.max_new_tokens,
-                        seed=self.cfg.seed,
-                        prompt_positions=mine,
-                    )
-            parts = gather_to_main(self.world, batch)
-            outcome = (
-                None
-                if parts is None
-                else self._validation_on_main(_in_prompt_order(parts, self.world, len(prompts), n))
-            )
+        started = time.perf_counter()  # its own timer, logged with its metrics (not with the next step's)
+        with self._sampling():  # every process gathers the policy, when the sampler reads it
+            batch = None  # more processes than validation prompts: this one has none
+            if mine:
+                batch = self.sampler.validation_rollouts(
+                    self.model,
+                    [prompts[j] for j in mine],
+                    n,
+                    max_new_tokens=self.cfg.validation.max_new_tokens,
+                    seed=self.cfg.seed,
+                    prompt_positions=mine,
+                )
+        parts = gather_to_main(self.world, batch)
+        outcome = (
+            None if parts is None else self._validation_on_main(_in_prompt_order(parts, self.world, len(prompts), n))
+        )
         outcome = from_main(self.world, outcome)
         if isinstance(outcome, str):
             self._stop_without_rewards(f"at validation after step {self.counters.step}", outcome)
-        return outcome
+        return {**outcome, "timers/validation": time.perf_counter() - started}
 
     def _stop_without_rewards(self, when: str, failure: str) -> None:
         """Every process: a checkpoint (when there is a step to keep), then RunStopped."""
