@@ -28,7 +28,8 @@ import torch
 
 from rlsteps.engine.config import VllmConfig
 from rlsteps.engine.generation.backend import SamplingParams, eos_token_ids
-from rlsteps.engine.generation.builtin import BuiltinBackend, sample_next_token
+from rlsteps.engine.generation.builtin import BuiltinBackend
+from rlsteps.engine.generation.sampling import sample_next_token
 from rlsteps.engine.generation.vllm_backend import VllmBackend
 from rlsteps.engine.policy.model import load_policy
 

@@ -21,20 +21,7 @@ from model_fixtures import decoder_shape
 from rlsteps.engine.config import RolloutConfig, SamplingConfig
 from rlsteps.engine.data import Prompt
 from rlsteps.engine.generation.backend import Generation, SamplingParams
-from rlsteps.engine.generation.builtin import (
-    DecodeOptions,
-    PreallocatedLayer,
-    generate,
-    position_uniforms,
-    preallocated_cache,
-    sample_next_token,
-    splitmix64,
-    splitmix64_stream,
-    token_from_uniform,
-    top_k_filter,
-    top_k_weights,
-    top_p_filter,
-)
+from rlsteps.engine.generation.builtin import DecodeOptions, PreallocatedLayer, generate, preallocated_cache
 from rlsteps.engine.generation.rollouts import (
     Sampler,
     build_rollout_batch,
@@ -43,6 +30,14 @@ from rlsteps.engine.generation.rollouts import (
     step_seed,
     tokenize_prompts,
 )
+from rlsteps.engine.generation.sampling import (
+    sample_next_token,
+    token_from_uniform,
+    top_k_filter,
+    top_k_weights,
+    top_p_filter,
+)
+from rlsteps.engine.generation.uniforms import position_uniforms, splitmix64, splitmix64_stream
 from rlsteps.engine.policy.logprobs import batched_token_logprobs
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.models import build_random_causal_lm
