@@ -14,7 +14,7 @@ import pytest
 from model_fixtures import save_reward_model, serving
 from rlsteps.engine.rewards.judge.client import JudgeClient
 from rlsteps.engine.rewards.judge.parsing import parse_judgement
-from rlsteps.engine.rewards.judge.protocol import JudgeRequest, judge_messages
+from rlsteps.engine.rewards.judge.protocol import JudgeRequest, comparison_pairs, judge_messages
 from rlsteps.engine.rewards.judge.server import JudgeBatcher, create_app, judgement_from_rewards
 from rlsteps.engine.rewards.rm.scorer import RewardScorer
 
@@ -169,6 +169,23 @@ def test_batched_rewards_equal_the_rewards_scored_alone(scorer: RewardScorer):
     for request, pair in zip(requests, batched):
         alone = scorer.score([request.conversation[0]["content"]] * 2, [request.response_1, request.response_2])
         assert list(pair) == pytest.approx(alone, rel=1e-5, abs=1e-6)
+
+
+def test_a_response_in_several_comparisons_is_scored_once_and_remembered(scorer: RewardScorer):
+    counting = CountingScorer(scorer)
+    group = CANDIDATES[:4]
+    requests = [JudgeRequest(CONVERSATION, group[i], group[j]) for i, j in comparison_pairs(4, "circular")]
+    batcher = JudgeBatcher(counting, remembered=6)
+    batched = batcher._score(requests)
+    assert counting.calls == [4]  # 4 comparisons, 8 places, 4 responses
+    alone = scorer.score([PROMPT] * 4, group)
+    for (i, j), pair in zip(comparison_pairs(4, "circular"), batched):
+        assert list(pair) == pytest.approx([alone[i], alone[j]], rel=1e-5, abs=1e-6)
+    assert batcher._score(requests[:2]) == batched[:2] and counting.calls == [4]  # remembered: not scored again
+    batcher._score([JudgeRequest(CONVERSATION, CANDIDATES[4], CANDIDATES[5])])
+    assert counting.calls == [4, 2] and len(batcher.rewards) == 6
+    batcher._score([JudgeRequest(CONVERSATION, " new one", CANDIDATES[5])])  # the least recently asked goes
+    assert len(batcher.rewards) == 6 and (PROMPT, group[3]) not in batcher.rewards
 
 
 def test_a_conversation_the_scorer_cannot_read_fails_alone(scorer: RewardScorer):

@@ -39,7 +39,7 @@ def serve_judge(
     max_batch: Annotated[int, typer.Option(help="Most comparisons scored together.")] = 64,
     max_wait_ms: Annotated[
         float, typer.Option(help="How long a batch waits to fill after its oldest comparison arrived.")
-    ] = 5.0,
+    ] = 2.0,
     max_queue: Annotated[
         int | None,
         typer.Option(help="Comparisons waiting before new ones get 503 with Retry-After; default: 4 x --max-batch."),

@@ -19,10 +19,12 @@ step's comparisons at once, so each admitted comparison waits in a queue; a batc
 them, waiting at most `max_wait_ms` after the oldest arrived for the batch to fill, and scores all their
 responses in one call of the scorer (one forward pass while `batch_size` rows hold them), in a thread, one
 batch at a time; the event loop only reads, parses and answers. A reward does not depend on its batch (see
-rm/scorer.py), so an answer is the one the comparison would get alone. While `max_queue` comparisons wait, a
+rm/scorer.py), so an answer is the one the comparison would get alone, and a (prompt, response) is scored
+once: each response of a group takes part in two comparisons or more, and the last REMEMBERED_REWARDS rewards
+are kept (the reward model does not change while it serves). While `max_queue` comparisons wait, a
 new one gets 503 with Retry-After (the client retries it).
 
-    rlsteps serve judge --model PATH [--port 8000] [--max-batch 64] [--max-wait-ms 5] [--token-env JUDGE_TOKEN]
+    rlsteps serve judge --model PATH [--port 8000] [--max-batch 64] [--max-wait-ms 2] [--token-env JUDGE_TOKEN]
     python -m rlsteps.engine.rewards.judge ...      (the same command)
 """
 
@@ -35,7 +37,7 @@ import logging
 import math
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -59,6 +61,7 @@ log = logging.getLogger("rlsteps.rewards.judge_server")
 MESSAGE_CHARS = 300  # the most of an error's reason an answer carries
 QUEUE_BATCHES = 4  # the default max_queue: this many full batches
 RETRY_AFTER_S = 1  # a refused comparison's Retry-After
+REMEMBERED_REWARDS = 16384  # (prompt, response) rewards kept: a response is in several comparisons of its group
 
 
 class Scorer(Protocol):
@@ -135,7 +138,14 @@ class _Comparison:
 class JudgeBatcher:
     """Scores queued comparisons in batches of up to max_batch, one batch at a time, off the event loop."""
 
-    def __init__(self, scorer: Scorer, max_batch: int = 64, max_wait_s: float = 0.005, max_queue: int = 256) -> None:
+    def __init__(
+        self,
+        scorer: Scorer,
+        max_batch: int = 64,
+        max_wait_s: float = 0.002,
+        max_queue: int = 256,
+        remembered: int = REMEMBERED_REWARDS,
+    ) -> None:
         if max_batch < 1 or max_wait_s < 0 or max_queue < 1:
             raise ValueError(
                 f"need max_batch >= 1, max_wait_ms >= 0, max_queue >= 1; got {max_batch}, {max_wait_s * 1000:g}, "
@@ -143,6 +153,8 @@ class JudgeBatcher:
             )
         self.scorer, self.max_batch, self.max_wait_s, self.max_queue = scorer, max_batch, max_wait_s, max_queue
         self.queue: deque[_Comparison] = deque()
+        self.rewards: OrderedDict[tuple[str, str], float] = OrderedDict()  # (prompt, response) -> reward, recent last
+        self.remembered = remembered
         self.work = asyncio.Event()
         self.requests = self.batches = self.rejected = 0
         self.scoring_s = 0.0  # time spent rendering, tokenising and scoring: busy time
@@ -207,11 +219,11 @@ class JudgeBatcher:
 
     def _score(self, requests: list[JudgeRequest]) -> list[tuple[float, float] | Exception]:
         """In the scoring thread: each conversation rendered once (a conversation the scorer cannot render fails
-        its comparisons alone), then both responses of every comparison scored in one call."""
+        its comparisons alone), then every (prompt, response) not scored before, once however many comparisons
+        hold it (a group's responses each take part in two or more), in one call."""
         rendered: dict[str, str | Exception] = {}
-        prompts: list[str] = []
-        responses: list[str] = []
-        spans: list[int | Exception] = []
+        pairs: list[tuple[str, str, str] | Exception] = []
+        new: dict[tuple[str, str], int] = {}  # (prompt, response) to score -> its row
         for request in requests:
             key = json.dumps(request.conversation)
             if key not in rendered:
@@ -221,13 +233,27 @@ class JudgeBatcher:
                     rendered[key] = error
             prompt = rendered[key]
             if isinstance(prompt, Exception):
-                spans.append(prompt)
+                pairs.append(prompt)
                 continue
-            spans.append(len(prompts))
-            prompts += [prompt, prompt]
-            responses += [request.response_1, request.response_2]
-        rewards = self.scorer.score(prompts, responses) if prompts else []
-        return [span if isinstance(span, Exception) else (rewards[span], rewards[span + 1]) for span in spans]
+            pairs.append((prompt, request.response_1, request.response_2))
+            for response in (request.response_1, request.response_2):
+                if (prompt, response) not in self.rewards:
+                    new.setdefault((prompt, response), len(new))
+        if new:
+            scored = self.scorer.score([p for p, _ in new], [r for _, r in new])
+            for pair, row in new.items():
+                self.rewards[pair] = scored[row]
+        results = [
+            pair if isinstance(pair, Exception) else (self.rewards[pair[0], pair[1]], self.rewards[pair[0], pair[2]])
+            for pair in pairs
+        ]
+        for pair in pairs:  # the most recently asked stay; the longest unasked go first
+            if not isinstance(pair, Exception):
+                self.rewards.move_to_end((pair[0], pair[1]))
+                self.rewards.move_to_end((pair[0], pair[2]))
+        while len(self.rewards) > self.remembered:
+            self.rewards.popitem(last=False)
+        return results
 
 
 def create_app(
@@ -236,7 +262,7 @@ def create_app(
     token: str | None = None,
     *,
     max_batch: int = 64,
-    max_wait_ms: float = 5,
+    max_wait_ms: float = 2,
     max_queue: int | None = None,
 ) -> FastAPI:
     """The judge's HTTP app around any object with score(prompts, responses) -> rewards. With a token, every request
@@ -279,6 +305,7 @@ def create_app(
             "max_batch": batcher.max_batch,
             "max_queue": batcher.max_queue,
             "rejected": batcher.rejected,
+            "remembered": len(batcher.rewards),
             "scoring_s": round(batcher.scoring_s, 3),
         }
 
