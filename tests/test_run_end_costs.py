@@ -45,3 +45,25 @@ def test_the_plot_drawn_in_its_own_process_is_whole_and_a_failure_says_why(tmp_p
     with pytest.raises(ValueError, match="none of \\['val/reward_mean'\\] was logged"):
         finish_plot(start_plot(path, tmp_path / "none.png", ["val/reward_mean"]), tmp_path / "none.png")
     assert not (tmp_path / "none.png").exists()
+
+
+def test_a_megatron_checkpoint_is_written_without_forking_and_reads_back_bit_for_bit(tmp_path):
+    pytest.importorskip("megatron.core")
+    code = (
+        "import os, sys, torch\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast\n"
+        "from tokenizers import Tokenizer, models\n"
+        "from rlsteps.engine.megatron.format import load_megatron_checkpoint, save_megatron_checkpoint\n"
+        "torch.manual_seed(0)\n"
+        "cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,\n"
+        "                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)\n"
+        "model = LlamaForCausalLM(cfg)\n"
+        "tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({'a': 0, '[UNK]': 1}, '[UNK]')))\n"
+        "def no_fork(): raise AssertionError('forked')\n"
+        "os.fork = no_fork\n"
+        f"save_megatron_checkpoint(model, tok, {str(tmp_path / 'ckpt')!r})\n"
+        f"loaded, _ = load_megatron_checkpoint({str(tmp_path / 'ckpt')!r}, 'cpu', torch.float32)\n"
+        "assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())\n"
+    )
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
