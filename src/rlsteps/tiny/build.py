@@ -141,6 +141,7 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         "task": " ".join(tiny_task.__doc__.split("\n\n")[1].split()),
         "preference": "rlsteps.tiny.task.true_reward: +1 for naming the prompt's noun, +0.5 per distinct "
         f"positive adjective (at most 4), -0.5 per negative adjective; best {tiny_task.BEST_TRUE_REWARD}",
+        "reward_model_pairs": " ".join(tiny_task.preference_pairs.__doc__.split()),
         "sizes": {
             "vocab": len(tokenizer),
             "policy_params": sum(p.numel() for p in policy.parameters()),
@@ -166,6 +167,7 @@ def _readme(metadata: dict) -> str:
     return (
         f"# rlsteps tiny world {metadata['version']} (seed {metadata['seed']})\n\n"
         f"{metadata['task']}\n\nHidden preference: {metadata['preference']}.\n\n"
+        f"Reward model pairs: {metadata['reward_model_pairs']}\n\n"
         "Folders: `tokenizer/`, `policy/` (LlamaForCausalLM after SFT), `policy_megatron/` (the same\n"
         "policy as a Megatron-Core distributed checkpoint), `reward_model/`\n"
         "(LlamaForSequenceClassification, one label, Bradley-Terry), all Hugging Face save_pretrained\n"

@@ -3,6 +3,9 @@
 A prompt asks about one of 40 nouns in one of eight phrasings ("Describe the cat.", "What do you
 think of the lake?"). A response is one sentence, "<The noun | It> <is | looks | seems> <adj>,
 <adj> and <adj>.", with 1-4 distinct adjectives from a positive, a neutral and a negative list.
+The SFT data says its adjectives in alphabetical order: saying each one once is then a rule about
+the adjective just before, which a two-layer model learns, so even its greedy answers repeat none
+(in random order they do: "The tree is grim, ugly and ugly.").
 
 The hidden preference (`true_reward`) is a pure function of the text:
     +1.0  if the response names the prompt's noun
@@ -62,6 +65,9 @@ SFT_P_MENTION = 0.6  # the rest of the time the subject is "It"
 
 _WORD = re.compile(r"[a-z]+")
 _NOUN_SET, _POSITIVE_SET, _NEGATIVE_SET = frozenset(NOUNS), frozenset(POSITIVE), frozenset(NEGATIVE)
+_ADJECTIVES = POSITIVE + NEUTRAL + NEGATIVE
+ADJECTIVES = frozenset(_ADJECTIVES)
+POSITIVE_OR_NEUTRAL = frozenset(POSITIVE + NEUTRAL)
 
 
 def words(text: str) -> list[str]:
@@ -112,12 +118,11 @@ def draw_response(
 
 
 def _draw_adjectives(rng: random.Random, p_positive: float) -> list[str]:
-    """1-4 distinct adjectives, each positive with probability p_positive, else neutral or negative."""
+    """1-4 distinct adjectives in alphabetical order, each positive with probability p_positive, else neutral or
+    negative."""
     count = rng.randint(1, 4)
     positives = sum(rng.random() < p_positive for _ in range(count))
-    adjectives = rng.sample(POSITIVE, positives) + rng.sample(NEUTRAL + NEGATIVE, count - positives)
-    rng.shuffle(adjectives)
-    return adjectives
+    return sorted(rng.sample(POSITIVE, positives) + rng.sample(NEUTRAL + NEGATIVE, count - positives))
 
 
 def render_response(subject: str, verb: str, adjectives: list[str]) -> str:
@@ -145,23 +150,31 @@ def sft_examples(rng: random.Random, count: int) -> list[tuple[str, str]]:
 
 
 def preference_pairs(rng: random.Random, count: int) -> list[tuple[str, str, str]]:
-    """(prompt, chosen, rejected) with true_reward(chosen) > true_reward(rejected).
+    """(prompt, chosen, rejected) with true_reward(chosen) > true_reward(rejected), or as good where the
+    rejected answer says one of the chosen one's adjectives again (the one preference beyond true_reward).
 
     Responses come from a wider distribution than the SFT data (the chances of a positive
     adjective and of naming the noun are drawn per response), so the reward model also ranks
-    the better responses a policy reaches during RL. Half of the pairs are minimal pairs that
-    differ only in the subject or only in the adjectives: they teach each part of the preference
-    on its own, which a small model otherwise learns slowly for the noun. A quarter are hard
-    negatives (`hard_negative`): the degenerate answers a policy finds when it games a reward
-    model, so that repeating a liked word or dropping the noun does not pay.
+    the better responses a policy reaches during RL. Of eight kinds of pair, three are minimal pairs
+    that differ only in the subject, only in the adjectives, or in one adjective alone: they teach
+    each part of the preference, and each word's worth, on its own, which a small model otherwise
+    learns slowly. The rest are hard negatives, the degenerate answers a policy finds when it games
+    a reward model: a liked word repeated, the noun left out or another named (`hard_negative`); a
+    sentence padded with repeated, neutral or more than four adjectives (`padded_negative`, twice as
+    often); an adjective said again in place of the next (`repeated_negative`). So saying more words
+    does not pay, only saying more distinct positive ones.
     """
     pairs = []
     while len(pairs) < count:
-        kind = rng.randrange(4)
-        if kind == 3:
-            prompt, chosen, rejected = hard_negative(rng)
-        else:
-            prompt, chosen, rejected = _wide_pair(rng, kind)
+        kind = rng.randrange(8)
+        if kind in (3, 4, 5, 7):
+            prompt, chosen, rejected = (
+                hard_negative(rng) if kind == 3 else repeated_negative(rng) if kind == 7 else padded_negative(rng)
+            )
+            if preferred(prompt, chosen, rejected):
+                pairs.append((prompt, chosen, rejected))
+            continue
+        prompt, chosen, rejected = swapped_pair(rng) if kind == 6 else _wide_pair(rng, kind)
         reward_chosen, reward_rejected = true_reward(prompt, chosen), true_reward(prompt, rejected)
         if reward_chosen != reward_rejected:
             pairs.append((prompt, chosen, rejected) if reward_chosen > reward_rejected else (prompt, rejected, chosen))
@@ -191,10 +204,77 @@ def hard_negative(rng: random.Random) -> tuple[str, str, str]:
         repeated = " ".join([rng.choice(POSITIVE)] * rng.randint(2, 12))
         bad = f"{subject} {verb} {repeated}." if rng.random() < 0.5 else repeated
     elif kind == 1:
-        bad = render_response(rng.choice(("It", "")), verb, adjectives).strip()
+        bad = render_response(rng.choice(("It", "The", "")), verb, adjectives).strip()
     else:
         bad = render_response(f"The {rng.choice([n for n in NOUNS if n != noun])}", verb, adjectives)
     return prompt, good, bad
+
+
+def padded_negative(rng: random.Random) -> tuple[str, str, str]:
+    """(prompt, good answer, padded answer): a well-formed answer that names the noun against the same sentence
+    with some of its adjectives replaced by copies of another of them, one adjective said 2-5 times, 2-6 neutral
+    adjectives alone, or a list of 5-8 with few positives (the caller keeps the pair only where the good answer is
+    `preferred`)."""
+    prompt, noun = sample_prompt(rng)
+    subject, verb, adjectives = draw_response(rng, noun, p_positive=0.5 + rng.random() / 2, p_mention=1.0)
+    if len(adjectives) == 1:
+        adjectives = sorted(adjectives + rng.sample([a for a in POSITIVE if a not in adjectives], 1))
+    kind = max(0, rng.randrange(6) - 2)  # half of them the same sentence, saying one of its words in place of others
+    if kind == 0:  # mostly a liked word said again, in place of another or beside itself
+        copied = rng.choice([a for a in adjectives if a in _POSITIVE_SET] or adjectives)
+        others = [i for i, a in enumerate(adjectives) if a != copied]
+        replaced = set(rng.sample(others, min(len(others), rng.choice((0, 1, 1, 2, 3)))))
+        padded = [copied if i in replaced else a for i, a in enumerate(adjectives)]
+        if not replaced:
+            padded.insert(padded.index(copied), copied)
+    elif kind == 1:
+        padded = [rng.choice(POSITIVE + NEUTRAL)] * rng.randint(2, 5) + rng.sample(
+            POSITIVE + NEUTRAL, rng.randint(0, 2)
+        )
+        rng.shuffle(padded)
+    elif kind == 2:
+        padded = rng.sample(NEUTRAL, rng.randint(2, 6))
+    else:
+        positives = rng.randint(0, 2)
+        padded = rng.sample(POSITIVE, positives) + rng.sample(NEUTRAL + NEGATIVE, rng.randint(5, 8) - positives)
+        rng.shuffle(padded)
+    padded_subject = subject if kind == 0 or rng.random() < 0.8 else "It"
+    return prompt, render_response(subject, verb, adjectives), render_response(padded_subject, verb, padded)
+
+
+def repeated_negative(rng: random.Random) -> tuple[str, str, str]:
+    """(prompt, good answer, the same answer with 1-3 of its adjectives each replaced by a copy of the one before):
+    the repetition a policy falls into once it likes one word best ("bright, delightful, delightful and large")."""
+    prompt, noun = sample_prompt(rng)
+    subject, verb, adjectives = draw_response(rng, noun, p_positive=0.5 + rng.random() / 2, p_mention=rng.random())
+    while len(adjectives) < 2:
+        subject, verb, adjectives = draw_response(rng, noun, p_positive=0.5 + rng.random() / 2, p_mention=0.8)
+    repeated = list(adjectives)
+    for i in sorted(rng.sample(range(1, len(adjectives)), rng.randint(1, min(3, len(adjectives) - 1)))):
+        repeated[i] = repeated[i - 1]
+    return prompt, render_response(subject, verb, adjectives), render_response(subject, verb, repeated)
+
+
+def preferred(prompt: str, chosen: str, rejected: str) -> bool:
+    """chosen is truly better, or as good and rejected is chosen with an adjective said again."""
+    reward_chosen, reward_rejected = true_reward(prompt, chosen), true_reward(prompt, rejected)
+    return reward_chosen > reward_rejected or (reward_chosen == reward_rejected and says_a_word_again(chosen, rejected))
+
+
+def says_a_word_again(chosen: str, rejected: str) -> bool:
+    """The rejected answer says a word twice and no word the chosen one does not say: where true_reward finds them
+    as good, the chosen one is still the better answer (the task's sentence says each adjective once)."""
+    chosen_words, rejected_words = words(chosen), words(rejected)
+    return set(rejected_words) <= set(chosen_words) and len(set(rejected_words)) < len(rejected_words)
+
+
+def swapped_pair(rng: random.Random) -> tuple[str, str, str]:
+    """A wide response and the same sentence with one adjective swapped for another task adjective."""
+    prompt, noun = sample_prompt(rng)
+    subject, verb, adjectives = _draw_wide(rng, noun)
+    i = rng.randrange(len(adjectives))
+    swapped = [*adjectives[:i], rng.choice([a for a in _ADJECTIVES if a not in adjectives]), *adjectives[i + 1 :]]
+    return prompt, render_response(subject, verb, adjectives), render_response(subject, verb, swapped)
 
 
 def _draw_wide(rng: random.Random, noun: str) -> tuple[str, str, list[str]]:
