@@ -374,17 +374,17 @@ def _assert_same_generation(ours: Generation, theirs: Generation) -> None:
         assert a == pytest.approx(b, abs=1e-5)
 
 
-def _common_tokens(tokenizer, model, count: int) -> list[int]:
-    """The tokens the model samples most: as end tokens, they end rows at different steps."""
-    drawn = _sample_tiny(model, tokenizer, SamplingParams(16)).response_ids
+def _common_tokens(tokenizer, model, count: int, params: SamplingParams = SamplingParams(16)) -> list[int]:
+    """The tokens the model samples most with these settings: as end tokens, they end rows at different steps."""
+    drawn = _sample_tiny(model, tokenizer, params).response_ids
     return torch.bincount(torch.tensor([t for row in drawn for t in row])).argsort(descending=True)[:count].tolist()
 
 
 @pytest.mark.parametrize("interval", [2, 5, 64])
 def test_looking_for_the_end_every_few_steps_changes_nothing(tiny_tokenizer, tiny_qwen2, interval):
     """Rows that end early get padding until the batch stops: a later look at whether all ended only costs steps."""
-    eos = _common_tokens(tiny_tokenizer, tiny_qwen2, 3)
     params = SamplingParams(16, top_k=20, top_p=0.9)
+    eos = _common_tokens(tiny_tokenizer, tiny_qwen2, 3, params)
     every_step = _sample_tiny(tiny_qwen2, tiny_tokenizer, params, DecodeOptions(end_check_interval=1), eos)
     assert any(every_step.is_end) and not all(len(r) == 16 for r in every_step.response_ids)
     later = _sample_tiny(tiny_qwen2, tiny_tokenizer, params, DecodeOptions(end_check_interval=interval), eos)
