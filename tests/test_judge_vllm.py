@@ -3,14 +3,19 @@
 Asked for structured output, the judge's every answer parses and the run completes; asked for free text, the
 same judge rambles, and the run stops at its first step with exit 1 and the judge's answers shown, instead of
 training on nothing and exiting 0.
+
+The judge's direction (the score of "response 1" belongs to the first response of the pair) needs a judge that
+reads the responses, which SmolLM2-135M does not: it answers the same in either order. A tiny generative judge,
+trained on rlsteps' judge prompts (tests/tiny_generative_judge.py) and served by vLLM too, checks it.
 """
 
 import json
 
 import pytest
 
+from rlsteps.engine.rewards.judge.client import JudgeClient
 from run_helpers import FAST, artifact_metadata, rlsteps, run_dir, series
-from vllm_judge import SERVED_NAME, smollm2_hf, vllm_judge
+from vllm_judge import SERVED_NAME, TINY_JUDGE_NAME, smollm2_hf, tiny_judge, vllm_judge
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +32,13 @@ PROMPTS_4 = "rollout.prompts_per_step=4"  # later overrides win
 @pytest.fixture(scope="module")
 def judge_url(tiny_world, tmp_path_factory):
     with vllm_judge(smollm2_hf(), tmp_path_factory.mktemp("vllm") / "vllm.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def tiny_judge_url(tmp_path_factory):
+    log = tmp_path_factory.mktemp("vllm-tiny") / "vllm.log"
+    with vllm_judge(tiny_judge(), log, served_name=TINY_JUDGE_NAME, dtype="float32", eager=True) as url:
         yield url
 
 
@@ -59,3 +71,25 @@ def test_free_text_answers_that_do_not_parse_stop_the_run_with_the_answers_shown
     assert "in the judge's answer:" in done.stderr  # the answers themselves are quoted
     assert "Traceback" not in done.stderr
     assert not (run_dir(tmp_path, "rl_rlhf") / "policy").exists()
+
+
+# One response answers the question, the other is nonsense: a judge that reads them prefers the answer. Neither is
+# in the tiny judge's training set (tests/tiny_generative_judge.py holds them out).
+UNAMBIGUOUS = ("What is the capital of France?", "The capital of France is Paris.", "asdf qwerty zxcv")
+
+
+def test_the_judge_scores_the_answer_above_nonsense_in_either_order(tiny_judge_url):
+    """The judge's direction with a real vLLM judge, through rlsteps' client and parsing at temperature 0 with
+    structured output: the answer wins both as response 1 and as response 2. A client that put the responses in
+    each other's sections, or a parser or scorer that swapped score_1 and score_2, gives the nonsense the win."""
+    question, good, bad = UNAMBIGUOUS
+    conversation = [{"role": "user", "content": question}]
+    with JudgeClient(tiny_judge_url, TINY_JUDGE_NAME, temperature=0.0, max_tokens=64, max_retries=0) as client:
+        result = client.judge([(conversation, [good, bad]), (conversation, [bad, good])])
+    answers = [a.content for a in result.answers]
+    assert [a.failure for a in result.answers] == [None, None], answers
+    # the judge reads the responses: its judgement changes with their order, where a position-biased judge's would
+    # not (and a bias towards one position could pass one order by chance, never both)
+    assert json.loads(answers[0]) != json.loads(answers[1]), answers
+    (good_first, bad_second), (bad_first, good_second) = result.rewards
+    assert good_first > bad_second and good_second > bad_first, (result.rewards, answers)

