@@ -35,7 +35,7 @@ def serve_judge(
     max_length: Annotated[
         int, typer.Option(help="Tokens kept of each conversation and response (cut on the left).")
     ] = 512,
-    batch_size: Annotated[int, typer.Option(help="Rows per forward pass (two a comparison).")] = 128,
+    batch_size: Annotated[int, typer.Option(help="Rows per forward pass (at most two a comparison).")] = 128,
     max_batch: Annotated[int, typer.Option(help="Most comparisons scored together.")] = 64,
     max_wait_ms: Annotated[
         float, typer.Option(help="How long a batch waits to fill after its oldest comparison arrived.")

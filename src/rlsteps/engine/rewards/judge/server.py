@@ -354,7 +354,7 @@ def serve(
     **app_kwargs: Any,
 ) -> None:
     """Load the reward model at `model_path` and serve it as a judge until interrupted. batch_size: rows per
-    forward pass (two a comparison); app_kwargs: create_app's batching options."""
+    forward pass (at most two a comparison); app_kwargs: create_app's batching options."""
     import uvicorn
 
     from rlsteps.engine.rewards.rm.scorer import RewardScorer
