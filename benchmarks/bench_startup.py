@@ -17,12 +17,19 @@ does the reward server it starts, on the other core).
 
     python benchmarks/bench_startup.py                     # rl/rs, 3 rounds, about two minutes on 2 cores
     python benchmarks/bench_startup.py --step rl/reinforce --rounds 5
+    python benchmarks/bench_startup.py --step rl/reinforce --steps 16 --no-rerun --sources before=/tmp/a after=.
+
+Then where the seconds of a run go: the sum of its steps' own timers (timers/step), what comes before the first
+step starts, what lies between steps (validations, checkpoints) and what follows the last step line (the last
+checkpoint, the output, the plot, the exit); and the run's end over (floor + sum of steps). --sources compares
+checkouts (each one's src/ first on PYTHONPATH), taking turns in each round.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import statistics
 import subprocess
@@ -33,13 +40,14 @@ import time
 from pathlib import Path
 
 PHASES = ("job line", "worker up", "first step", "last step", "output", "end")
+WHERE = ("before step 1", "sum of steps", "between steps", "after last step")
 MARKERS = {"job line": "job ", "worker up": "run directory", "output": "output artifact"}
 FLOOR = [sys.executable, "-c", "import torch; from transformers import AutoModelForCausalLM"]
 
 
-def timed_lines(command: list[str], cwd: Path) -> tuple[float, list[tuple[float, str]], int]:
+def timed_lines(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, list[tuple[float, str]], int]:
     """(wall-clock start, [(seconds since start, line)] of stdout and stderr as they arrive, exit code)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    env = {**env, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
     wall, start = time.time(), time.monotonic()
     process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[tuple[float, str]] = []
@@ -68,30 +76,47 @@ def step_times(train_log: Path, wall_start: float) -> list[float]:
     return found
 
 
-def run_tiny(step: str, steps: int, cwd: Path) -> tuple[float, list[tuple[float, str]]]:
+def run_tiny(step: str, steps: int, cwd: Path, env: dict[str, str]) -> tuple[float, list[tuple[float, str]]]:
     """`rlsteps run STEP -c tiny train.max_steps=STEPS` in cwd: (wall-clock start, timed lines); exits on failure."""
     command = [sys.executable, "-m", "rlsteps.cli", "run", step, "-c", "tiny", f"train.max_steps={steps}"]
-    wall, lines, code = timed_lines(command, cwd)
+    wall, lines, code = timed_lines(command, cwd, env)
     if code != 0:
         raise SystemExit(f"{' '.join(command)} exited {code}:\n" + "\n".join(text for _, text in lines[-20:]))
     return wall, lines
 
 
-def one_run(step: str, steps: int, cwd: Path) -> dict[str, float]:
-    wall, lines = run_tiny(step, steps, cwd)
+def one_run(step: str, steps: int, cwd: Path, env: dict[str, str]) -> dict[str, float]:
+    wall, lines = run_tiny(step, steps, cwd, env)
     phases = {name: next((t for t, text in lines if marker in text), float("nan")) for name, marker in MARKERS.items()}
     run_dir = next((cwd / ".rlsteps" / "runs").iterdir())
     steps_at = step_times(run_dir / "train.log", wall)
     phases["first step"] = steps_at[0] if steps_at else float("nan")
     phases["last step"] = steps_at[-1] if steps_at else float("nan")
     phases["end"] = lines[-1][0]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    seconds = [r["timers/step"] for r in records if r.get("timers/step") is not None]
+    # where the seconds go: the steps themselves (their own timers), what comes before the first one starts
+    # (start-up, the policy, the reward server, the first validation), what lies between steps (validations,
+    # checkpoints, logging) and what follows the last one (its checkpoint, the output, the plot, the exit)
+    phases["sum of steps"] = sum(seconds)
+    phases["before step 1"] = phases["first step"] - (seconds[0] if seconds else 0.0)
+    phases["between steps"] = phases["last step"] - phases["first step"] - sum(seconds[1:])
+    phases["after last step"] = phases["end"] - phases["last step"]
     return phases
 
 
-def rerun(step: str, steps: int, cwd: Path) -> tuple[float, str]:
-    _, lines = run_tiny(step, steps, cwd)
+def rerun(step: str, steps: int, cwd: Path, env: dict[str, str]) -> tuple[float, str]:
+    _, lines = run_tiny(step, steps, cwd, env)
     said = [text for _, text in lines if text and text != "<exit>"]
     return lines[-1][0], said[-1] if said else ""
+
+
+def source_env(path: str | None) -> dict[str, str]:
+    """The environment that runs the rlsteps at `path` (its src/ first on PYTHONPATH, its manifests and steps)."""
+    if path is None:
+        return dict(os.environ)
+    root = Path(path).resolve()
+    return {**os.environ, "PYTHONPATH": str(root / "src"), "RLSTEPS_ROOT": str(root)}
 
 
 def main() -> None:
@@ -99,25 +124,47 @@ def main() -> None:
     parser.add_argument("--step", default="rl/rs")
     parser.add_argument("--steps", type=int, default=2, help="train.max_steps of each run")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--sources",
+        nargs="+",
+        metavar="NAME=PATH",
+        help="checkouts to compare, taking turns in each round (default: the rlsteps this Python imports)",
+    )
+    parser.add_argument("--no-rerun", action="store_true", help="skip the rerun of each finished run")
     args = parser.parse_args()
-    runs, reruns, floors, last_said = [], [], [], ""
+    sources = dict(item.split("=", 1) for item in args.sources) if args.sources else {"this": None}
+    runs: dict[str, list] = {name: [] for name in sources}
+    reruns: dict[str, list] = {name: [] for name in sources}
+    floors, last_said = [], ""
+    print(f"load average at start: {os.getloadavg()}", flush=True)
     for _ in range(args.rounds):
         start = time.monotonic()
         subprocess.run(FLOOR, check=True, capture_output=True)
         floors.append(time.monotonic() - start)
-        with tempfile.TemporaryDirectory(prefix="bench-startup-") as folder:
-            runs.append(one_run(args.step, args.steps, Path(folder)))
-            seconds, last_said = rerun(args.step, args.steps, Path(folder))
-            reruns.append(seconds)
-    print(f"{args.step} -c tiny train.max_steps={args.steps}: median of {args.rounds} rounds, seconds from the command")
-    for phase in PHASES:
-        values = [run[phase] for run in runs]
-        print(f"  {phase:<11} {statistics.median(values):6.2f}   ({', '.join(f'{v:.2f}' for v in values)})")
+        for name, path in sources.items():
+            with tempfile.TemporaryDirectory(prefix="bench-startup-") as folder:
+                runs[name].append(one_run(args.step, args.steps, Path(folder), source_env(path)))
+                if not args.no_rerun:
+                    seconds, last_said = rerun(args.step, args.steps, Path(folder), source_env(path))
+                    reruns[name].append(seconds)
+    print(f"load average at end: {os.getloadavg()}")
     floor = statistics.median(floors)
+    print(f"{args.step} -c tiny train.max_steps={args.steps}: median of {args.rounds} rounds, seconds from the command")
+    print(f"  {'phase':<16}" + "".join(f"{name:>24}" for name in sources))
+    for phase in PHASES + WHERE:
+        cells = []
+        for name in sources:
+            values = [run[phase] for run in runs[name]]
+            cells.append(f"{statistics.median(values):7.2f} ({'/'.join(f'{v:.1f}' for v in values)})")
+        print(f"  {phase:<16}" + "".join(f"{cell:>24}" for cell in cells))
     print(f"  floor: import torch; from transformers import AutoModelForCausalLM  {floor:.2f}")
-    rerun_median = statistics.median(reruns)
-    print(f"  rerun of the finished run: {rerun_median:.2f}   ({', '.join(f'{v:.2f}' for v in reruns)})")
-    print(f"    its last line: {last_said}")
+    for name in sources:
+        ratios = [run["end"] / (floor + run["sum of steps"]) for run in runs[name]]
+        print(f"  {name}: end / (floor + sum of steps) = {statistics.median(ratios):.2f}")
+        if reruns[name]:
+            print(f"  {name}: rerun of the finished run {statistics.median(reruns[name]):.2f}")
+    if last_said:
+        print(f"    the rerun's last line: {last_said}")
 
 
 if __name__ == "__main__":
