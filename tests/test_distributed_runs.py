@@ -39,7 +39,7 @@ def test_a_tiny_run_on_two_processes_raises_the_reward_and_ends_where_one_proces
     assert done.returncode == 0, done.stderr[-3000:]
     run = run_dir(two, "rl_rs")
     true = series(run, "val/true_reward")
-    assert len(true) == 5 and true[-1] - true[0] >= 1.0, true  # as much as one process gains (test_runs)
+    assert len(true) == 5 and true[-1] >= 2.0, true  # as high as one process ends (test_runs)
     # and says it as well as the SFT policy did (tests/policy_speech.py)
     figures, worse = against_sft(run / "policy", tiny_world.policy_megatron, validation_prompts(tiny_world.val_prompts))
     assert not worse, f"{worse}\n{figures}"

@@ -32,9 +32,11 @@ def _mean(values):
     return sum(values) / len(values)
 
 
-# the hidden true reward of greedy (rs, reinforce) or sampled (rlhf's judge compares two) validation answers
-# rises by at least this much; measured: rs -0.5 -> 1.0, reinforce -0.5 -> 1.0, rlhf 0.35 -> 0.93
-TRUE_REWARD_GAIN = {"rl/rs": 1.0, "rl/reinforce": 1.0, "rl/rlhf": 0.4}
+# the hidden true reward (best 3.0) of the greedy validation answers ends at least this high, from 0.0 (the SFT policy's
+# samples average about 0.4): the policy says the prompt's noun and two or more distinct positive adjectives, which a
+# policy that games the reward model by repeating or piling up adjectives does not reach (on the tiny world v6 rs and
+# reinforce ended at 1.0 with "The tree is round, round and round.", rlhf at about 0.9)
+FINAL_TRUE_REWARD = 2.0
 
 
 @pytest.mark.parametrize("step, slug", [("rl/rs", "rl_rs"), ("rl/reinforce", "rl_reinforce"), ("rl/rlhf", "rl_rlhf")])
@@ -47,9 +49,9 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     assert _mean(train[-4:]) > _mean(train[:4]), train
     assert val[-1] > val[0], val
     true = series(run, "val/true_reward")  # what the reward model stands for: a hacked reward would not move it
-    assert len(true) == 5 and true[-1] - true[0] >= TRUE_REWARD_GAIN[step], true
-    # what the policy says beside what the SFT policy said: it ends, keeps the task's sentence, repeats no word and
-    # answers each prompt in its own words as well as before (tests/policy_speech.py)
+    assert len(true) == 5 and true[-1] >= FINAL_TRUE_REWARD, true
+    # what the policy says beside what the SFT policy said, sampled and greedy: it ends, keeps the task's sentence,
+    # repeats no word and answers each prompt in its own words as well as before (tests/policy_speech.py)
     figures, worse = against_sft(run / "policy", tiny_world.policy_megatron, validation_prompts(tiny_world.val_prompts))
     assert not worse, f"{worse}\n{figures}"
     assert series(run, "train/steps_without_update") == [0] * 16

@@ -145,9 +145,68 @@ def test_sft_samples_end_with_eos_look_like_the_task_and_leave_room_to_improve(s
     assert -0.5 < sum(rewards) / len(rewards) < BEST_TRUE_REWARD - 1.5
 
 
+def test_sft_greedy_answers_are_the_tasks_sentence_and_repeat_no_adjective(models, tiny_world):
+    """Greedy is how the recipes validate: the SFT policy's greedy answers are well formed from the start."""
+    tokenizer, policy, _ = models
+    val = [json.loads(line)["messages"][0]["content"] for line in tiny_world.val_prompts.read_text().splitlines()]
+    greedy = evaluate.sample_responses(policy, tokenizer, [chat_prompt(tokenizer, p) for p in val], greedy=True)
+    assert all(ended and RESPONSE_FORMAT.match(text) for text, ended in greedy), greedy
+    adjectives = [[w for w in tiny_task.words(text) if w in tiny_task.ADJECTIVES] for text, _ in greedy]
+    assert all(len(set(a)) == len(a) for a in adjectives), greedy
+    assert all(a == sorted(a) for a in adjectives), greedy  # as the SFT data says them
+
+
 def test_reward_model_ranks_held_out_preference_pairs(models):
     tokenizer, _, reward_model = models
     pairs = tiny_task.preference_pairs(random.Random(2024), 256)  # the build draws pairs from seed 0 and 1
+    assert evaluate.pair_accuracy(reward_model, tokenizer, pairs) > 0.9
+
+
+@pytest.mark.parametrize(
+    "better, worse",
+    [
+        ("The cat is bright, gentle, kind and lovely.", "The cat is round, round and round."),  # neutral repeated
+        ("The cat is bright, gentle, kind and lovely.", "The cat is large, large, large and round."),
+        ("The cat is bright, gentle, kind and lovely.", "The cat is kind, kind, kind and kind."),  # positive repeated
+        ("The cat is gentle and kind.", "The cat is kind, kind and kind."),
+        ("The cat is bright, delightful, gentle and large.", "The cat is bright, delightful, delightful and large."),
+        ("The cat is kind.", "The cat is large, old, round and tall."),  # a list of neutral ones
+        ("The cat is kind.", "The cat is round."),  # positive over neutral
+        ("The cat is gentle and kind.", "The cat is gentle and round."),
+        ("The cat is bright, gentle, kind and lovely.", "The cat is bright, kind, lovely and round."),
+        ("The cat is bright, gentle, kind and lovely.", "The cat is bright, kind, large, old, round, tall and lovely."),
+        ("The cat is bright, gentle, kind and lovely.", "It is bright, gentle, kind and lovely."),
+        ("The cat is bright, gentle, kind and lovely.", "kind kind kind kind kind kind"),
+    ],
+)
+def test_reward_model_prefers_positive_adjectives_over_neutral_ones_and_over_repetition(models, better, worse):
+    """The answers a policy that games the reward model finds (the tiny world v6's reward model scored "The cat is
+    round, round and round." far above "The cat is kind."), each under a truly better one."""
+    tokenizer, _, reward_model = models
+    assert true_reward("Describe the cat.", better) > true_reward("Describe the cat.", worse)
+    assert evaluate.pair_accuracy(reward_model, tokenizer, [("Describe the cat.", better, worse)]) == 1.0
+
+
+@pytest.mark.parametrize("kind", ["repeated", "neutral or long", "positive over neutral"])
+def test_reward_model_ranks_held_out_hard_negatives_of_each_kind(models, kind):
+    tokenizer, _, reward_model = models
+    rng = random.Random(2025)
+    if kind == "positive over neutral":
+        pairs = [
+            (p, a, b) if true_reward(p, a) > true_reward(p, b) else (p, b, a)
+            for p, a, b in (tiny_task.swapped_pair(rng) for _ in range(400))
+            if set(tiny_task.words(a)) ^ set(tiny_task.words(b)) <= tiny_task.POSITIVE_OR_NEUTRAL
+            and true_reward(p, a) != true_reward(p, b)
+        ]
+    else:
+        padded = [tiny_task.padded_negative(rng) for _ in range(400)]
+        pairs = [
+            (p, good, bad)
+            for p, good, bad in padded
+            if tiny_task.preferred(p, good, bad)
+            and (len(set(tiny_task.words(bad))) < len(tiny_task.words(bad))) == (kind == "repeated")
+        ]
+    assert len(pairs) > 50
     assert evaluate.pair_accuracy(reward_model, tokenizer, pairs) > 0.9
 
 
@@ -207,12 +266,18 @@ def test_true_reward_needs_a_task_noun_in_the_prompt():
 def test_every_prompt_names_one_noun_and_preference_pairs_are_ordered():
     for prompt in tiny_task.all_prompts():
         assert sum(w in tiny_task.NOUNS for w in tiny_task.words(prompt)) == 1
-    degenerate = 0
-    for prompt, chosen, rejected in tiny_task.preference_pairs(random.Random(0), 400):
-        assert true_reward(prompt, chosen) > true_reward(prompt, rejected)
+    degenerate = repeated = said_again = 0
+    for prompt, chosen, rejected in tiny_task.preference_pairs(random.Random(0), 700):
+        if true_reward(prompt, chosen) == true_reward(prompt, rejected):  # the one preference beyond true_reward
+            assert tiny_task.says_a_word_again(chosen, rejected), (chosen, rejected)
+            said_again += 1
+        else:
+            assert true_reward(prompt, chosen) > true_reward(prompt, rejected)
         well_formed = bool(RESPONSE_FORMAT.match(chosen)) + bool(RESPONSE_FORMAT.match(rejected))
         degenerate += well_formed < 2
-    assert 20 < degenerate < 100  # about one pair in four is a hard negative; some of those are well formed
+        repeated += len(set(tiny_task.words(rejected))) < len(tiny_task.words(rejected))
+    # a pair in seven is a hard negative, some of those well formed; two in seven a padded one, many repeating a word
+    assert 20 < degenerate < 100 and 100 < repeated < 300 and 10 < said_again < 100, (degenerate, repeated, said_again)
 
 
 def test_hard_negatives_are_what_a_reward_hacker_writes():
@@ -234,6 +299,32 @@ def test_hard_negatives_are_what_a_reward_hacker_writes():
     # the gaming answers of a reward model without hard negatives, under the hidden preference
     assert true_reward("Describe the cat.", " ".join(["lovely"] * 12)) == 0.5
     assert true_reward("Describe the cat.", "The cat is kind, lovely, bright and gentle.") == 3.0
+
+
+def test_padded_negatives_repeat_pad_with_neutral_words_or_run_long():
+    rng = random.Random(5)
+    seen = set()
+    for _ in range(200):
+        prompt, good, bad = tiny_task.padded_negative(rng)
+        noun = tiny_task.prompt_noun(prompt)
+        assert RESPONSE_FORMAT.match(good) and good.startswith(f"The {noun} ") and RESPONSE_FORMAT.match(bad)
+        adjectives = [w for w in tiny_task.words(bad) if w in tiny_task.ADJECTIVES]
+        if len(set(adjectives)) < len(adjectives):
+            seen.add("repeated")
+        elif set(adjectives) <= set(tiny_task.NEUTRAL):
+            seen.add("neutral")
+        elif len(adjectives) > 4:
+            seen.add("long")
+    assert seen == {"repeated", "neutral", "long"}
+    assert tiny_task.says_a_word_again("The cat is kind and old.", "The cat is kind and kind.")
+    assert not tiny_task.says_a_word_again("The cat is kind and old.", "The cat is kind and old.")
+    assert not tiny_task.says_a_word_again("The cat is kind.", "The cat is lovely and lovely.")
+
+
+def test_sft_data_says_distinct_adjectives_in_alphabetical_order():
+    for _, response in tiny_task.sft_examples(random.Random(4), 200):
+        adjectives = [w for w in tiny_task.words(response) if w in tiny_task.ADJECTIVES]
+        assert RESPONSE_FORMAT.match(response) and adjectives == sorted(set(adjectives)), response
 
 
 def test_task_text_is_a_pure_function_of_the_seed():
