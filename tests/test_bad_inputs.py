@@ -82,8 +82,11 @@ def test_the_process_scan_finds_what_a_command_started(tmp_path, monkeypatch):
     gone, nothing is."""
     marker = marked(monkeypatch)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=dict(os.environ))
-    try:
-        assert any(line.startswith(f"{child.pid}: ") for line in processes_of(marker))
+    try:  # until the child has exec'd, its /proc entry shows no command line yet (a loaded machine takes a while)
+        deadline = time.monotonic() + 30
+        while not any(line.startswith(f"{child.pid}: ") for line in processes_of(marker)):
+            assert time.monotonic() < deadline, f"process {child.pid} not found by the scan in 30 s"
+            time.sleep(0.05)
     finally:
         child.kill()
         child.wait()
