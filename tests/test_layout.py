@@ -13,10 +13,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlsteps"
 # dicts) serves every room.
 ALLOWED = {
     "cli": {"plan", "artifacts", "launch", "engine", "catalog", "secrets", "errors", "dotted"},
-    "plan": {"artifacts", "launch", "tiny", "engine", "catalog", "secrets", "errors", "dotted"},
+    "plan": {"artifacts", "launch", "tiny", "examples", "engine", "catalog", "secrets", "errors", "dotted"},
     "artifacts": {"engine", "catalog", "errors", "dotted"},
     "launch": {"secrets", "errors", "engine", "dotted"},  # the engine's torch-free job files (NeMo-RL's master config)
     "tiny": {"engine", "dotted"},
+    "examples": {"tiny"},  # the examples' files and models, cached where the tiny world is
     "engine": {"dotted", "secrets", "errors"},  # vocabulary only: masking its logs, the exit codes of its errors
     "catalog": {"errors", "dotted"},
     "secrets": {"dotted"},
