@@ -5,7 +5,8 @@ Two pairs, each run as a fresh process from the command to its exit (the wall ti
     rl/reinforce -c tiny   against  TRL's RLOOTrainer  (REINFORCE with a leave-one-out baseline, KL in the reward)
     rl/rlhf -c tiny        against  TRL's GRPOTrainer  (group-normalised advantages, clipped ratio, k3 KL in the loss)
 
-Both sides: the tiny world's SFT policy; 16 RL steps; 16 prompts x 4 rollouts x at most 32 new tokens at
+Both sides (rlsteps' given on its command line, MATCHED, so that a change to a tiny config leaves the pair
+matched): the tiny world's SFT policy; 16 RL steps; 16 prompts x 4 rollouts x at most 32 new tokens at
 temperature 1 (64 rows), one AdamW step of those 64 rows per RL step in micro-batches of 16; lr 3e-4 after 2 warmup
 steps (REINFORCE: cosine down to 0.1 of it; GRPO: constant), betas (0.9, 0.98), no weight decay, gradients
 clipped at norm 1; KL coefficient 0.01 (REINFORCE: in the reward; GRPO: k3 in the loss, clip 0.2 both sides,
@@ -51,6 +52,35 @@ KL = 0.01
 VAL_PROMPTS = 32
 FLOOR = [sys.executable, "-c", "import torch; from transformers import AutoModelForCausalLM"]
 PAIRS = {"reinforce": ("rl/reinforce", "rloo"), "rlhf": ("rl/rlhf", "grpo")}
+# The rlsteps side's settings, given on its command line so that they stay matched whatever the tiny configs say
+MATCHED = [
+    f"train.max_steps={STEPS}",
+    f"rollout.prompts_per_step={PROMPTS_PER_STEP}",
+    f"rollout.num_rollouts_per_prompt={GROUP}",
+    f"rollout.sampling.max_new_tokens={MAX_NEW_TOKENS}",
+    "rollout.sampling.temperature=1.0",
+    "rollout.sampling.top_p=1.0",
+    "rollout.sampling.top_k=0",
+    f"train.global_batch_size={PROMPTS_PER_STEP * GROUP}",
+    f"train.micro_batch_size={MICRO_BATCH}",
+    f"train.lr={LR}",
+    f"train.warmup_steps={WARMUP}",
+    f"train.betas=[{BETAS[0]},{BETAS[1]}]",
+    "train.weight_decay=0.0",
+    "train.max_grad_norm=1.0",
+    "train.min_lr_ratio=0.1",
+]
+MATCHED_STEP = {
+    "rl/reinforce": ["train.schedule=cosine", f"reinforce.initial_policy_kl_penalty={KL}"],
+    "rl/rlhf": [
+        "train.schedule=constant",
+        f"grpo.kl_beta={KL}",
+        "grpo.eps_low=0.2",
+        "grpo.eps_high=0.2",
+        "grpo.normalize_std=true",
+        "grpo.leave_one_out=false",
+    ],
+}
 
 
 def trl_config(kind: str, out: Path):
@@ -190,6 +220,7 @@ def timed(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> f
 def run_rlsteps(step: str, work: Path) -> dict:
     out = work / step.replace("/", "_")
     cmd = [sys.executable, "-m", "rlsteps.cli", "run", step, "-c", "tiny", f"output.dir={out}"]
+    cmd += MATCHED + MATCHED_STEP[step]
     if os.environ.get("TRL_TINY_STEPS"):  # a shorter smoke run (both sides)
         cmd.append(f"train.max_steps={os.environ['TRL_TINY_STEPS']}")
     wall = timed(cmd, work)
