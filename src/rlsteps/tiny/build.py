@@ -1,6 +1,6 @@
 """The offline tiny world: a tokenizer, an SFT policy, a reward model and prompts, built on a CPU.
 
-`ensure_tiny_world(seed)` builds it on first use (about 20 s on two cores), caches it under
+`ensure_tiny_world(seed)` builds it on first use (under a minute on two cores), caches it under
 $RLSTEPS_HOME (default ~/.cache/rlsteps) in tiny/<version>-seed<seed> (see rlsteps.tiny.layout),
 and returns at once afterwards. Nothing is downloaded; the same seed gives bit-identical weights,
 tokenizer and prompts on the same machine and library versions.
