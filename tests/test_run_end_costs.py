@@ -8,11 +8,12 @@ import sys
 
 import pytest
 
+import required
 from rlsteps.engine.metrics import MetricsWriter, finish_plot, start_plot
 
 
 def test_megatron_core_imports_without_torch_inductor_and_its_fusions_stay_plain_functions():
-    pytest.importorskip("megatron.core")
+    required.importorskip("megatron.core", switch="MEGATRON")
     code = (
         "import sys, torch, torch._dynamo\n"
         "from rlsteps.engine.megatron.compat import import_megatron\n"
@@ -33,7 +34,6 @@ def test_megatron_core_imports_without_torch_inductor_and_its_fusions_stay_plain
 
 
 def test_the_plot_drawn_in_its_own_process_is_whole_and_a_failure_says_why(tmp_path):
-    pytest.importorskip("matplotlib")
     path = tmp_path / "metrics.jsonl"
     with MetricsWriter(path) as writer:
         for step in range(1, 6):
@@ -48,7 +48,7 @@ def test_the_plot_drawn_in_its_own_process_is_whole_and_a_failure_says_why(tmp_p
 
 
 def test_a_megatron_checkpoint_is_written_without_forking_and_reads_back_bit_for_bit(tmp_path):
-    pytest.importorskip("megatron.core")
+    required.importorskip("megatron.core", switch="MEGATRON")
     code = (
         "import os, sys, torch\n"
         "from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast\n"
