@@ -43,6 +43,19 @@ def largest_gap(model, prompts: list[list[int]], generation) -> float:
     return max(gaps)
 
 
+def tiny_cpu_backend(policy: Path, model, tokenizer) -> VllmBackend:
+    """vLLM on the CPU for the tiny policy: eager, float32, a 1 GB KV cache, rows of up to 96 tokens."""
+    return VllmBackend(
+        policy,
+        VllmConfig(kv_cache_gb=1, enforce_eager=True),
+        max_model_len=96,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        eos_token_ids=eos_token_ids(model, tokenizer),
+        seed=0,
+    )
+
+
 def main() -> None:
     torch.set_num_threads(1)
     policy = Path(sys.argv[1])
@@ -56,15 +69,7 @@ def main() -> None:
     before = (random.random(), torch.rand(1).item())
     random.seed(7)
     torch.manual_seed(7)
-    backend = VllmBackend(
-        policy,
-        VllmConfig(kv_cache_gb=1, enforce_eager=True),
-        max_model_len=96,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-        eos_token_ids=eos_token_ids(model, tokenizer),
-        seed=0,
-    )
+    backend = tiny_cpu_backend(policy, model, tokenizer)
     after = (random.random(), torch.rand(1).item())
     report: dict = {"random_state_kept": before == after}
 

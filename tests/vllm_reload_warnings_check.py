@@ -17,10 +17,9 @@ from pathlib import Path
 
 import torch
 
-from rlsteps.engine.config import VllmConfig
-from rlsteps.engine.generation.backend import eos_token_ids
-from rlsteps.engine.generation.vllm_backend import RELOAD_LOGGER, VllmBackend
+from rlsteps.engine.generation.vllm_backend import RELOAD_LOGGER
 from rlsteps.engine.policy.model import load_policy
+from vllm_backend_check import tiny_cpu_backend  # the script's folder is on sys.path
 
 LEFT_OUT = "model.layers.0.mlp.down_proj.weight"  # a RowParallelLinear in vLLM's Llama
 
@@ -50,15 +49,7 @@ def main() -> None:
     torch.set_num_threads(1)
     policy = Path(sys.argv[1])
     model, tokenizer = load_policy(policy)
-    backend = VllmBackend(
-        policy,
-        VllmConfig(kv_cache_gb=1, enforce_eager=True),
-        max_model_len=96,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-        eos_token_ids=eos_token_ids(model, tokenizer),
-        seed=0,
-    )
+    backend = tiny_cpu_backend(policy, model, tokenizer)
     assert LEFT_OUT in dict(model.named_parameters())
     shown = Shown()
     logging.getLogger(RELOAD_LOGGER).addHandler(shown)

@@ -99,19 +99,16 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     return cfg
 
 
-OPEN_MAPS = ("rewards", "validation.reward_functions")  # sections whose entries the user names
-
-
 def _names_a_new_entry(key: str) -> bool:
-    """rewards.NAME.function=..., validation.reward_functions.NAME=...: an entry of a section the user names, with
-    a field such an entry has (a typo in the field is still refused by the step's schema)."""
+    """rewards.NAME.FIELD=..., validation.reward_functions.NAME=...: a new entry of a section whose entries the user
+    names, with a field such an entry has (any other key of it is still an unknown key)."""
     from rlsteps.engine.config import RewardEntry  # torch-free
 
-    for section in OPEN_MAPS:
-        rest = key.removeprefix(section + ".")
-        if rest != key:
-            name, _, field = rest.partition(".")
-            return bool(name) and (not field if section != "rewards" else field in RewardEntry.model_fields)
+    fields_of_entry = {"rewards": set(RewardEntry.model_fields), "validation.reward_functions": {""}}  # "": a value
+    for section, fields in fields_of_entry.items():
+        if key.startswith(section + "."):
+            name, _, field = key.removeprefix(section + ".").partition(".")
+            return bool(name) and field in fields
     return False
 
 
