@@ -33,6 +33,11 @@ JOB_ARGUMENT = (
 )
 
 
+def _when(iso_time: str) -> str:
+    """A record's ISO time to the second (records keep microseconds, for their order)."""
+    return iso_time[:19].replace("T", " ")
+
+
 def _state(value: str) -> Text:
     return Text(value, style=STATE_STYLES.get(value, ""))
 
@@ -53,7 +58,7 @@ def list_jobs(as_json: bool = typer.Option(False, "--json", help="Print JSON."))
     lines = [Text("rlsteps jobs, oldest first", style="bold")]
     for v in views:  # two lines a job: its name never breaks, so it can be copied
         lines.append(Text.assemble((v.name.ljust(width), "bold"), "  ", _state(v.status.state.value)))
-        details = f"{v.record.launcher} {v.record.job_id}, {v.record.step}, submitted {v.record.submitted}"
+        details = f"{v.record.launcher} {v.record.job_id}, {v.record.step}, submitted {_when(v.record.submitted)}"
         lines.append(Text(f"    {details}" + (f": {v.status.detail}" if v.status.detail else ""), style="dim"))
     out.print(Group(*lines))
 
@@ -76,7 +81,7 @@ def show_status(
         ("launcher", record.launcher),
         ("id", record.job_id),
         ("step", record.step),
-        ("submitted", record.submitted),
+        ("submitted", _when(record.submitted)),
         ("job dir", record.job_dir),
     ):
         grid.add_row(Text(key, style="bold"), value)

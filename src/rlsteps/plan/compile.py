@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import os
-import time
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -188,9 +188,9 @@ def compile_job(
             from rlsteps.engine.nemo_rl.embedded import embedded_key
 
             unset = [embedded_key(key) for key in unset]
-    created = time.strftime("%Y%m%d-%H%M%S")
+    created = datetime.now().astimezone()  # to the microsecond: jobs compiled in one second still list in order
     return Job(
-        name=f"{created}-{os.urandom(3).hex()}-{sanitise_name(step.slug)}",  # unique: two runs in one second differ
+        name=f"{created:%Y%m%d-%H%M%S}-{os.urandom(3).hex()}-{sanitise_name(step.slug)}",  # two in one second differ
         step_id=step.id,
         algorithm=algorithm,
         config_name=Path(config_ref).stem,
@@ -206,7 +206,7 @@ def compile_job(
         force_squash=force_squash,
         argv=list(argv),
         depends_on=list(depends_on),
-        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        created=created.isoformat(timespec="microseconds"),
         unset_keys=unset,
         notes=notes,
     )
