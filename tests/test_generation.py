@@ -31,6 +31,8 @@ from rlsteps.engine.generation.rollouts import (
     tokenize_prompts,
 )
 from rlsteps.engine.generation.sampling import (
+    SCAN_BLOCK,
+    row_cumsum,
     sample_next_token,
     token_from_uniform,
     top_k_filter,
@@ -172,6 +174,18 @@ def test_token_from_uniform_is_the_first_token_whose_cumulative_probability_exce
         assert sample_next_token(logits, SamplingParams(1), torch.tensor([u], dtype=torch.float64)).tolist() == [token]
     # greedy ignores u
     assert sample_next_token(logits, SamplingParams(1, temperature=0), torch.tensor([0.01])).tolist() == [3]
+
+
+@pytest.mark.parametrize("length", [5, SCAN_BLOCK, SCAN_BLOCK + 1, 3 * SCAN_BLOCK - 7])
+def test_a_rows_cumulative_sum_in_blocks_is_the_whole_rows(length):
+    # exact for integers, within rounding for floats; every block boundary and a short last block included
+    counts = torch.randint(0, 3, (3, length), dtype=torch.int32, generator=torch.Generator().manual_seed(length))
+    assert torch.equal(row_cumsum(counts), counts.cumsum(-1))
+    probs = torch.rand(3, length, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(row_cumsum(probs), probs.cumsum(-1), rtol=1e-14, atol=0)
+    # a hand example across a boundary: blocks of ones count 1, 2, ... on past the block's end
+    ones = torch.ones(1, SCAN_BLOCK + 2)
+    assert row_cumsum(ones)[0, SCAN_BLOCK - 1 :].tolist() == [SCAN_BLOCK, SCAN_BLOCK + 1, SCAN_BLOCK + 2]
 
 
 def test_splitmix64_gives_the_reference_outputs_and_its_vectorised_form_agrees():

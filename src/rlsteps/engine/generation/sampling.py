@@ -7,8 +7,27 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from rlsteps.engine.generation.backend import SamplingParams
+
+# The longest scan over a row taken in one piece. Inductor compiles a longer one on CUDA as a split scan across
+# blocks, which fails to generate code for a [B, V] cumulative sum in torch 2.11 (a vocabulary of 32768 at 64 rows);
+# scans of at most 8192 elements are never split, so a row is scanned in blocks of this many, then the block totals.
+SCAN_BLOCK = 4096
+
+
+def row_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """x.cumsum(-1) of a [B, V] block, as scans of at most SCAN_BLOCK elements: each block's own cumulative sum plus
+    the total of the blocks before it (the same sums, added in another order)."""
+    rows, length = x.shape
+    if length <= SCAN_BLOCK:
+        return x.cumsum(-1)
+    blocks = -(-length // SCAN_BLOCK)
+    within = F.pad(x, (0, blocks * SCAN_BLOCK - length)).view(rows, blocks, SCAN_BLOCK).cumsum(-1)
+    totals = within[..., -1]  # [B, blocks]
+    before = totals.cumsum(-1) - totals
+    return (within + before[..., None]).view(rows, -1)[:, :length]
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -25,7 +44,7 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
         return logits
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(-1)
-    mass_before = probs.cumsum(-1) - probs  # [B, V]: mass of the strictly more likely tokens
+    mass_before = row_cumsum(probs) - probs  # [B, V]: mass of the strictly more likely tokens
     drop_sorted = mass_before >= p  # the most likely token always stays (mass_before = 0 < p)
     drop = drop_sorted.scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, -math.inf)
@@ -59,7 +78,7 @@ def top_k_weights(logits: torch.Tensor, k: int, p: float = 1.0) -> tuple[torch.T
     if p < 1.0:
         cut, quota = _nucleus_cut(top, keep.sum(-1, keepdim=True) - k, p)
         tied = logits == cut
-        keep = (logits > cut) | (tied & (tied.int().cumsum(-1, dtype=torch.int32) <= quota))
+        keep = (logits > cut) | (tied & (row_cumsum(tied.int()) <= quota))
     return (logits - top[:, :1]).exp() * keep, top_ids[:, 0]
 
 
@@ -93,9 +112,11 @@ def token_from_uniform(
     on a zero-probability token or past the end; such a row takes its most likely token instead
     (`most_likely` [B] where the caller knows it, else the argmax of `probs`).
     """
-    cumulative = probs.double().cumsum(-1)  # [B, V]
+    cumulative = row_cumsum(probs.double())  # [B, V]
     threshold = uniforms.to(cumulative)[:, None] * cumulative[:, -1:]  # [B, 1]
-    token = torch.searchsorted(cumulative, threshold, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+    # the count of cumulative sums <= the threshold, which is searchsorted(right=True) on a sorted row: Inductor in
+    # torch 2.11 cannot lower searchsorted over a computed [B, V] (a View without strides); a count it can
+    token = (cumulative <= threshold).sum(-1).clamp_(max=probs.shape[-1] - 1)
     drawn_zero = probs.gather(-1, token[:, None]).squeeze(-1) == 0  # [B]
     return torch.where(drawn_zero, probs.argmax(-1) if most_likely is None else most_likely, token)
 
