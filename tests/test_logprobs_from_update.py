@@ -223,3 +223,24 @@ def test_the_update_refuses_a_batch_of_several_steps_without_the_old_logprobs():
     twice = RolloutBatch.concat([batch, batch])
     with pytest.raises(RuntimeError, match="one step only"):
         policy_update(model, chosen)(twice)
+
+
+@pytest.mark.slow  # compiling the small policy forward and backward: about a minute on 2 cores
+def test_a_compiled_training_forward_gives_the_eager_gradient_and_statistics():
+    # train.compile: the update's passes run the model through torch.compile; the optimizer keeps the model itself
+    eager_grads, eager_stats = gradient("grpo-k3", False)
+    model = policy_model()
+    chosen, batch, _ = prepared("grpo-k3", model, False)
+    optimizer = build_optimizer(model, 1e-3, 0.0)
+    scheduler = build_scheduler(optimizer, warmup_steps=0, total_steps=4, schedule="constant")
+    train = chosen.cfg.train.model_copy(update={"compile": True})
+    update = PolicyUpdate(model, optimizer, scheduler, chosen, train, CPU)
+    assert update.forward is not model and update.forward._orig_mod is model
+    stats = StepStats()
+    model.train()
+    update._accumulate(batch, chosen.loss_normaliser(batch), stats)
+    stats.end_optimizer_step(0.0)
+    for compiled, eager in zip([p.grad for p in model.parameters()], eager_grads):
+        torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-6)
+    assert stats.result().keys() == eager_stats.keys()
+    assert stats.result()["train/loss"] == pytest.approx(eager_stats["train/loss"], rel=1e-5)

@@ -96,6 +96,9 @@ class TrainConfig(Section):
     truncated_importance_sampling: bool = False
     importance_sampling_cap: PositiveFloat = 2.0
     activation_checkpointing: bool = False  # recompute each layer's activations in backward: less memory, more compute
+    # the policy's training forward through torch.compile (inductor): the first steps pay the compiling (a minute
+    # for a 0.37B policy), later ones run faster (1.87x the train phase of a 0.37B policy in bf16 on one H100)
+    compile: bool = False
 
     @model_validator(mode="after")
     def _micro_divides_global(self) -> TrainConfig:

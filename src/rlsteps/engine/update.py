@@ -65,6 +65,11 @@ class PolicyUpdate:
     device: torch.device
     precision: Precision = field(default_factory=Precision)
     world: World = SINGLE
+    forward: nn.Module = field(init=False)  # what the training passes call: the model, or it compiled (train.compile)
+
+    def __post_init__(self) -> None:
+        # the compiled module shares the model's parameters; the optimizer, checkpoints and sync keep the model
+        self.forward = torch.compile(self.model) if self.train.compile else self.model
 
     def __call__(self, batch: RolloutBatch) -> UpdateResult:
         t, world = self.train, self.world
@@ -113,7 +118,7 @@ class PolicyUpdate:
                 micro = micro_batches[i].to(self.device)
                 with self.precision.autocast(self.device):  # log-probs of the response positions only
                     logprobs = token_logprobs(
-                        self.model, micro.tokens, micro.attention_mask(), positions=micro.response_mask()
+                        self.forward, micro.tokens, micro.attention_mask(), positions=micro.response_mask()
                     )
                 if logprobs_out is not None:
                     logprobs_out[row : row + len(micro), : logprobs.shape[1]] = logprobs.detach().cpu()
@@ -131,7 +136,7 @@ class PolicyUpdate:
         tokens = torch.zeros(1, 2, dtype=torch.long, device=self.device)
         with self.precision.autocast(self.device):
             wanted = torch.ones(1, 1, device=self.device)
-            logprobs = token_logprobs(self.model, tokens, torch.ones_like(tokens), positions=wanted)
+            logprobs = token_logprobs(self.forward, tokens, torch.ones_like(tokens), positions=wanted)
         return logprobs.sum() * 0.0
 
 
