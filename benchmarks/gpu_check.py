@@ -20,7 +20,8 @@ itself imports no torch. Rows (benchmarks/README.md describes each):
     grpo 0.37b step                a random 0.37B Qwen2 (bench_train.py's shape) as the policy of the tiny rl/rlhf
                                    step (GRPO) in bf16: phase times from the run's own timers, its MFU and decode
                                    tokens/s
-    train phase 0.37b              bench_train.py --size 0.37b, bf16 (autocast), 64 rows x (512 + 512): MFU
+    train phase 0.37b              bench_train.py --size 0.37b, bf16 (autocast), 64 rows x (512 + 512), eager and
+                                   compiled (train.compile=true): MFU
     decode 0.37b vs hf.generate    bench_generate.py on the 0.37B shape, bf16, sampling: tokens/s against HF generate
 
 Targets on one H100 (judged only where the device's name says H100, unless --no-targets): the GRPO step's median
@@ -406,23 +407,25 @@ def grpo_step(ctx: Context) -> str:
 
 
 def train_phase(ctx: Context) -> str:
-    """bench_train.py: the 0.37B train phase in bf16 (fp32 master weights, autocast) on the GPU; tiny on a CPU."""
+    """bench_train.py: the 0.37B train phase in bf16 (fp32 master weights, autocast) on the GPU, eager and compiled
+    (train.compile=true); the target is judged on the compiled one. Tiny and eager on a CPU."""
     shape = ["--size", "0.37b", "--dtype", "bfloat16", "--rows", "64", "--prompt-len", "512", "--response-len", "512",
-             "--micro-batch", "8", "--steps", "5", "--warmup", "2"]  # fmt: skip
+             "--micro-batch", "16", "--steps", "4", "--warmup", "2", "--compile"]  # fmt: skip
     if ctx.smoke:
         shape = ["--size", "tiny", "--steps", "1", "--warmup", "0"]
     done = call(ctx, "train_phase", [sys.executable, str(BENCHMARKS / "bench_train.py"), "--device", ctx.device,
                                      *shape], REPO)  # fmt: skip
     expect_success(done, "bench_train.py")
-    row = re.search(r"^(float32|autocast-bf16)\s+([\d.]+) \(.*?\)\s+(\d+)\s+([\d.e+-]+)\s+(\S+)\s+([\d.]+)",
-                    done.stdout, flags=re.MULTILINE)  # fmt: skip
-    if row is None:
+    rows = re.findall(r"^((?:float32|autocast-bf16)(?: \+ compile)?)\s+([\d.]+) \(.*?\)\s+(\d+)\s+([\d.e+-]+)\s+(\S+)"
+                      r"\s+([\d.]+)", done.stdout, flags=re.MULTILINE)  # fmt: skip
+    if not rows:
         raise Failed(f"bench_train.py printed no row: {last_line(done.stdout)}")
-    precision, step_s, tokens, _, share, peak = row.groups()
-    figures = f"{precision}, step {float(step_s):.3f} s, {int(tokens)} tok/s, MFU {share}, peak {float(peak):.1f} GB"
-    if ctx.judge_targets and (share == "n/a" or float(share.rstrip("%")) < 100 * TARGETS["mfu"]):
-        raise Failed(f"target: MFU >= {TARGETS['mfu']:.0%}; {figures}")
-    return figures
+    figures = [f"{name}: step {float(step_s):.3f} s, {int(tokens)} tok/s, MFU {share}, peak {float(peak):.1f} GB"
+               for name, step_s, tokens, _, share, peak in rows]  # fmt: skip
+    judged = rows[-1][4]  # the compiled configuration where it ran
+    if ctx.judge_targets and (judged == "n/a" or float(judged.rstrip("%")) < 100 * TARGETS["mfu"]):
+        raise Failed(f"target: MFU >= {TARGETS['mfu']:.0%}; " + "; ".join(figures))
+    return "; ".join(figures)
 
 
 def decode_vs_hf(ctx: Context) -> str:
