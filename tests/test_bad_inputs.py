@@ -1,4 +1,4 @@
-"""Bad inputs and faults through the real command line, one case each: the exit code the README gives it, one line
+"""Bad inputs and faults through the real command line, one case each: the exit code the docs give it, one line
 naming the cause and one with the fix, no traceback, and nothing left behind (no process, no job directory, no run
 directory) where the run is refused before it starts."""
 

@@ -1,4 +1,4 @@
-"""The rooms of src/rlsteps and the one-way arrows between them (README, "Layout").
+"""The rooms of src/rlsteps and the one-way arrows between them (docs/layout.md).
 
 An import that runs against an arrow (the engine reaching into the command line, say) fails here,
 whether it sits at the top of a module or inside a function.

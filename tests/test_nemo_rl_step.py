@@ -34,7 +34,7 @@ CLUSTER_INPUTS = ("data.train.data_path=/lustre/p.jsonl", "policy.model_name=/lu
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    """A project folder with the shipped example profiles copied into rlsteps.yaml, as the README says to."""
+    """A project folder with the shipped example profiles copied into rlsteps.yaml, as the docs say."""
     monkeypatch.chdir(tmp_path)
     shipped = [
         yaml.safe_load((REPO / "profiles" / name).read_text())["profiles"] for name in ("slurm.yaml", "lepton.yaml")

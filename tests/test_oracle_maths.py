@@ -9,7 +9,7 @@ Oracles:
   are handed in, so TRL's own loss code runs on exactly the rlsteps rows.
 
 Rows: several prompts, groups of 4-8 interleaved in the batch, some samples not properly ended, response masks with a
-prompt part and right padding. The differences README lists (the std floor, the leave-one-out baseline over ended
+prompt part and right padding. The differences docs list (the std floor, the leave-one-out baseline over ended
 samples only, the KL folded into REINFORCE's reward) are asserted as differences, with the numbers on both sides.
 """
 
@@ -249,7 +249,7 @@ def test_overlong_filtering_leaves_unended_samples_out_of_the_baseline_where_nem
 def test_rloo_advantages_over_ended_samples_only_where_nemo_rl_counts_every_sample(upstream_results):
     """rl/reinforce maps to NeMo-RL's GRPO with use_leave_one_out_baseline and no std normalisation. Equal on groups
     where every sample ended; on a group with an unended sample, rlsteps's leave-one-out baseline of an ended sample
-    leaves the unended one out (README), so the advantages differ there."""
+    leaves the unended one out (docs), so the advantages differ there."""
     r, ended = ROWS, ROWS["ended"]
     ours = r["rewards"] - rloo_baseline(r["rewards"], r["group"], ended)
     theirs = torch.tensor(upstream_results["advantages True False"])
@@ -260,7 +260,7 @@ def test_rloo_advantages_over_ended_samples_only_where_nemo_rl_counts_every_samp
 
 
 def test_the_std_floor_keeps_a_near_constant_group_unscaled_where_nemo_rl_scales_it(upstream_results):
-    """README's std floor: NeMo-RL divides by (std + 1e-6) whenever std > 0, so rewards 1e-4 apart (std 8.2e-5)
+    """The docs' std floor: NeMo-RL divides by (std + 1e-6) whenever std > 0, so rewards 1e-4 apart (std 8.2e-5)
     become advantages of +-1.21; rlsteps leaves a group whose std is under the floor (1e-3) unscaled: r - mean, 1e-4.
     Where the difference does not apply they agree: a constant group gives 0 in both, and so does nothing but r - mean
     the group around 3, whose std (1.7e-4) NeMo-RL's E[r^2] - E[r]^2 in float32 rounds to 0."""
@@ -355,7 +355,7 @@ def test_reinforce_loss_equals_nemo_rls_clipped_pg_loss_without_ratio(upstream_r
 
 
 def test_reinforce_kl_is_folded_into_the_reward_where_nemo_rl_adds_k3_to_the_loss(upstream_results):
-    """README: rlsteps folds beta * mean_t KL into the sequence reward; NeMo-RL's loss (reference_policy_kl_penalty
+    """Docs: rlsteps folds beta * mean_t KL into the sequence reward; NeMo-RL's loss (reference_policy_kl_penalty
     0.05) adds beta * token-mean k3 to the loss. Pinned: NeMo-RL's loss with the KL minus without it is exactly
     beta * k3 over the loss tokens, a term rlsteps's loss never has (the same advantages give NeMo-RL's loss
     without the KL)."""

@@ -44,7 +44,7 @@ def test_another_config_over_checkpoints_is_refused_and_nothing_is_touched(tmp_p
         claim_run_directory(tmp_path, with_(train__lr=3e-4), has_checkpoints=True)
     message = str(refused.value)
     assert "train.lr (0.0001 -> 0.0003)" in message and "output.dir=NEW_DIR" in message
-    assert refused.value.exit_code == 2  # a config error, as the README's exit codes say
+    assert refused.value.exit_code == 2  # a config error, as docs/troubleshooting.md's exit codes say
     assert (tmp_path / RUN_FILE).read_text() == before
 
 
