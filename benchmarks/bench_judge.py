@@ -21,12 +21,14 @@ in time), then its median over the rounds: on a shared machine the load drifts m
     python benchmarks/bench_judge.py                                   # about 4 minutes on an idle 2-core machine
     python benchmarks/bench_judge.py --checkouts before=/tmp/before after=/tmp/after --rounds 4
     python benchmarks/bench_judge.py --skip-steps --calls 30           # the scoring part alone
+    python benchmarks/bench_judge.py --skip-steps --client-checkouts before=/tmp/before   # and another client
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import random
@@ -67,8 +69,21 @@ def checkout_env(checkout: str | None) -> dict[str, str]:
     return env
 
 
-def scoring(rounds: int, reward_model: Path, folder: Path, checkouts: dict[str, str | None]) -> dict[str, list[float]]:
-    """Seconds per step's scoring: each checkout's judge server and the reward model taking turns."""
+def client_class(checkout: str) -> type:
+    """The JudgeClient of another checkout's source, loaded beside this one's (its helpers are this one's)."""
+    path = Path(checkout, "src", "rlsteps", "engine", "rewards", "judge", "client.py")
+    spec = importlib.util.spec_from_file_location(f"judge_client_of_{abs(hash(checkout))}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.JudgeClient
+
+
+def scoring(
+    rounds: int, reward_model: Path, folder: Path, checkouts: dict[str, str | None], client_checkouts: dict[str, str]
+) -> dict[str, list[float]]:
+    """Seconds per step's scoring: each checkout's judge server (through this checkout's client), the first server
+    through each of `client_checkouts`' clients, and the reward model, taking turns."""
     from rlsteps.engine.rewards.judge.client import JudgeClient
     from rlsteps.engine.rewards.rm.client import RewardClient
 
@@ -91,14 +106,21 @@ def scoring(rounds: int, reward_model: Path, folder: Path, checkouts: dict[str, 
             f"judge ({name})": stack.enter_context(JudgeClient(f"{j.url}/v1", "tiny-judge", concurrency=CONCURRENCY))
             for name, j in judges.items()
         }
+        first = next(iter(judges.values()))
+        for name, checkout in client_checkouts.items():
+            other = client_class(checkout)(f"{first.url}/v1", "tiny-judge", concurrency=CONCURRENCY)
+            clients[f"judge, {name}'s client"] = stack.enter_context(contextlib.closing(other))
+        times |= {name: [] for name in clients}
         rc = stack.enter_context(RewardClient(rm.url))
         for r in range(rounds + 2):  # two warm-up rounds
-            groups = step_groups(r)
+            groups = step_groups(r)  # the reward model's
             prompts = [c[0]["content"] for c, responses in groups for _ in responses]
             responses = [x for _, rs in groups for x in rs]
-            for name, client in clients.items():
+            for i, (name, client) in enumerate(clients.items()):
+                # groups of their own: a judge server remembers the rewards of the rows it has scored, so a client
+                # sent the same rows after another would time a server with nothing left to score
                 start = time.perf_counter()
-                result = client.judge(groups)
+                result = client.judge(step_groups(1000 * (i + 1) + r))
                 took = time.perf_counter() - start
                 assert result.stats["transport_failures"] == 0 and result.stats["parse_failures"] == 0, result.stats
                 if r >= 2:
@@ -138,6 +160,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each step in the steps part")
     parser.add_argument("--steps", type=int, default=6, help="train.max_steps of each run")
     parser.add_argument("--checkouts", nargs="*", default=[], metavar="NAME=DIR", help="checkouts to compare")
+    parser.add_argument(
+        "--client-checkouts", nargs="*", default=[], metavar="NAME=DIR", help="judge clients to compare (scoring)"
+    )
     parser.add_argument("--skip-scoring", action="store_true")
     parser.add_argument("--skip-steps", action="store_true")
     args = parser.parse_args()
@@ -147,14 +172,15 @@ def main() -> None:
     if not args.skip_scoring:
         reward_model = ensure_tiny_world().reward_model
         with tempfile.TemporaryDirectory(prefix="bench-judge-") as folder:
-            times = scoring(args.calls, reward_model, Path(folder), checkouts)
+            clients = dict(c.split("=", 1) for c in args.client_checkouts)
+            times = scoring(args.calls, reward_model, Path(folder), checkouts, clients)
         rm = statistics.median(times["reward model"])
         print(f"\nscoring one step ({PROMPTS} x {ROLLOUTS}), median of {args.calls} calls each, taking turns")
         for name, found in times.items():
             what = f"{PROMPTS * ROLLOUTS} comparisons at concurrency {CONCURRENCY}" if name != "reward model" else ""
             what = what or f"{PROMPTS * ROLLOUTS} rows"
             median = statistics.median(found)
-            print(f"  {name:<20} {what:<36} {median:.4f} s   / reward model {median / rm:5.2f}")
+            print(f"  {name:<28} {what:<36} {median:.4f} s   / reward model {median / rm:5.2f}")
 
     if not args.skip_steps:
         variants = [(name, step) for name in checkouts for step in ("rl/reinforce", "rl/rlhf")]

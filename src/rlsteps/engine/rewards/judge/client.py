@@ -6,8 +6,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import httpx
-
+from rlsteps.engine.rewards.json_post import TransportError, json_poster
 from rlsteps.engine.rewards.judge.parsing import (
     JudgeParseError,
     parse_judgement,
@@ -114,11 +113,10 @@ class JudgeClient:
         self.pairing = pairing
         self.principle = principle
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
-        self._http = httpx.Client(headers=headers, timeout=timeout_s, limits=limits)
+        self._poster = json_poster(self.url, headers, timeout_s, self.concurrency)
 
     def close(self) -> None:
-        self._http.close()
+        self._poster.close()
 
     def __enter__(self) -> JudgeClient:
         return self
@@ -166,16 +164,18 @@ class JudgeClient:
                 time.sleep(self.retry_sleep_s)
             try:
                 start = time.perf_counter()
-                response = self._http.post(self.url, json=body)
+                reply = self._poster.post(body)
                 latencies.append(time.perf_counter() - start)
-                response.raise_for_status()
-                content = response.json()["choices"][0]["message"]["content"]
-            except httpx.HTTPStatusError as err:
-                failure, error = "transport", f"HTTP {err.response.status_code}: {shorten(err.response.text)}"
-                if err.response.status_code in NO_RETRY_STATUS:
-                    return _Outcome(None, failure, attempt, latencies, error, content)
+                if reply.status >= 400:
+                    failure, error = "transport", f"HTTP {reply.status}: {shorten(reply.text)}"
+                    if reply.status in NO_RETRY_STATUS:
+                        return _Outcome(None, failure, attempt, latencies, error, content)
+                    continue
+                content = reply.json()["choices"][0]["message"]["content"]
+            except TransportError as err:
+                failure, error = "transport", str(err)
                 continue
-            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
+            except (ValueError, KeyError, IndexError, TypeError) as err:  # an answer that is no chat completion
                 failure, error = "transport", f"{type(err).__name__}: {err}"
                 continue
             try:
