@@ -3,7 +3,7 @@ of the policy that prepare runs for its log-probs before the update.
 
 With one optimizer step per batch (the tiny configs: 16 prompts x 4 rollouts in a global batch of 64) the update's
 forward gives those log-probs (Recipe.logprobs_from_update); `two-pass` sets Recipe.two_pass, which brings the
-separate no-grad pass back. Each run is the engine's own loop (rlsteps.engine.loop.train) on the tiny world's
+separate no-grad pass back. Each run is the engine's own loop (rlsteps.engine.run.loop.train) on the tiny world's
 policy, in this process, from a fresh run folder: the step's config (`-c tiny`) with train.max_steps=--steps, no
 validation, no samples written, one checkpoint at the end (outside the step's time). Rewards come from a
 stand-in source (a fixed function of each response's length): the reward model's or judge's time is not what
@@ -37,10 +37,10 @@ from rlsteps.catalog import load_catalog
 from rlsteps.engine.algorithms import RECIPES
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import STEP_SCHEMAS
-from rlsteps.engine.loop import train
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
 from rlsteps.engine.rewards.sources import Scores
-from rlsteps.engine.update import PolicyUpdate
+from rlsteps.engine.run.loop import train
+from rlsteps.engine.run.update import PolicyUpdate
 from rlsteps.plan.compile import compile_job
 from rlsteps.tiny.build import ensure_tiny_world
 

@@ -19,7 +19,7 @@ Configurations, built afresh and run one after the other in this process on the 
 
 A row's ratios compare it with its reference: a precision with the first configuration (the baseline), a
 checkpointing or compile variant with the same precision without it. MFU needs the device's peak
-(rlsteps.engine.throughput): "n/a" on CPU unless RLSTEPS_PEAK_TFLOPS is set. Peak memory is the CUDA
+(rlsteps.engine.records.throughput): "n/a" on CPU unless RLSTEPS_PEAK_TFLOPS is set. Peak memory is the CUDA
 allocator's peak, or on CPU the process's peak RSS since the configuration started (interpreter and libraries
 included). On CPU torch runs `--threads` threads (1 by default: two threads on two cores that other work also
 uses wait on each other and time 3x slower and far less steadily); a CPU without native bf16 (no AVX512-BF16 or
@@ -51,7 +51,7 @@ from rlsteps.engine.algorithms.reinforce import reinforce_loss
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.policy.logprobs import token_logprobs
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler, optimizer_step
-from rlsteps.engine.throughput import (
+from rlsteps.engine.records.throughput import (
     attended_length,
     mfu,
     model_flops,
@@ -273,7 +273,7 @@ def describe(args: argparse.Namespace, config: Qwen2Config, batch: RolloutBatch)
             f"{' tied' if config.tie_word_embeddings else ''}: {params / 1e6:.1f}M parameters",
             f"{len(batch)} rows x ({args.prompt_len} + {args.response_len}) tokens, micro-batch {args.micro_batch}, "
             f"{args.loss} loss, log-probs: {logprobs}; {args.warmup} warmup + {args.steps} timed steps",
-            f"model FLOPs per step {step_flops(config, batch) / 1e9:.1f} G (rlsteps.engine.throughput.model_flops)",
+            f"model FLOPs per step {step_flops(config, batch) / 1e9:.1f} G (engine.records.throughput.model_flops)",
         ]
     )
 

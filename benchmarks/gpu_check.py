@@ -192,7 +192,7 @@ def run_folder(cwd: Path, step: str) -> Path:
 
 
 def series(run: Path, key: str) -> list[float]:
-    from rlsteps.engine.metrics import metric_series, read_metrics
+    from rlsteps.engine.records.metrics import metric_series, read_metrics
 
     path = run / "metrics.jsonl"
     return metric_series(read_metrics(path), key)[1] if path.is_file() else []
@@ -281,7 +281,9 @@ def generate_ratios(stdout: str) -> dict[str, float]:
     return {setting: float(ratio) for setting, ratio in found}
 
 
-VLLM_PROBE = "import vllm, rlsteps.engine.loop; from vllm.platforms import current_platform as p; print(p.device_type)"
+VLLM_PROBE = (
+    "import vllm, rlsteps.engine.run.loop; from vllm.platforms import current_platform as p; print(p.device_type)"
+)
 
 
 def vllm_python(ctx: Context) -> str:

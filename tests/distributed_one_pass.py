@@ -24,7 +24,7 @@ from rlsteps.engine.policy.logprobs import batched_token_logprobs
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
 from rlsteps.engine.policy.parallel import Precision, full_state_on_main, gathered, place_policy
 from rlsteps.engine.rewards.sources import Scores
-from rlsteps.engine.update import PolicyUpdate, row_weighted_mean
+from rlsteps.engine.run.update import PolicyUpdate, row_weighted_mean
 
 PROMPTS, PER_PROMPT = 4, 2
 ROWS = PROMPTS * PER_PROMPT

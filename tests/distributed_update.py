@@ -21,7 +21,7 @@ from rlsteps.engine.config import RSConfig
 from rlsteps.engine.distributed import join, leave, world_from_env
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
 from rlsteps.engine.policy.parallel import Precision, full_state_on_main, place_policy
-from rlsteps.engine.update import PolicyUpdate
+from rlsteps.engine.run.update import PolicyUpdate
 
 VOCAB, STEPS = 96, 3
 

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv-vllm
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm, gguf, accelerate, rlsteps.engine.loop, megatron.core" 2>/dev/null; then
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm, gguf, accelerate, rlsteps.engine.run.loop, megatron.core" 2>/dev/null; then
     exit 0
 fi
 python3 -m venv "$venv"

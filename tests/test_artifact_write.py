@@ -3,7 +3,7 @@
 import json
 import os
 
-from rlsteps.engine.artifact import (
+from rlsteps.engine.records.artifact import (
     METADATA_FILE,
     read_artifact_metadata,
     recover_interrupted_write,

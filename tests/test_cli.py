@@ -50,7 +50,7 @@ def test_dry_run_each_step_prints_config_and_command_and_writes_nothing(step, co
     # the inputs given to a default config do not exist here: the dry run shows everything, then exits 3 naming them
     assert result.exit_code == (0 if config == "tiny" else 3), result.output
     assert config == "tiny" or ("the run would refuse" in result.stderr and "does not exist" in result.stderr)
-    assert "merged config" in result.stdout and "rlsteps.engine.worker" in result.stdout
+    assert "merged config" in result.stdout and "rlsteps.engine.run.worker" in result.stdout
     assert "nothing was written" in result.stdout
     assert not (tmp_path / ".rlsteps").exists()
 

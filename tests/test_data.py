@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from rlsteps.engine.data import (
+from rlsteps.engine.inputs.data import (
     Prompt,
     PromptFileError,
     check_prompt_file,
@@ -223,5 +223,5 @@ def test_check_prompt_file_parses_every_line_without_a_tokenizer_and_imports_no_
     bad.write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"messages": [{"role": "robot", "content": "x"}]}))
     with pytest.raises(PromptFileError, match=r"bad.jsonl:2: messages\[0\].role must be one of"):
         check_prompt_file(str(bad))
-    code = "import sys, rlsteps.engine.data; print('torch' in sys.modules)"
+    code = "import sys, rlsteps.engine.inputs.data; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

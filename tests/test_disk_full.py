@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import required
-from rlsteps.engine.disk import free_bytes
-from rlsteps.engine.metrics import append_whole, open_records
-from rlsteps.engine.resume import CheckpointManager
+from rlsteps.engine.checkpoints.disk import free_bytes
+from rlsteps.engine.checkpoints.resume import CheckpointManager
+from rlsteps.engine.records.metrics import append_whole, open_records
 from rlsteps.errors import DiskFull
 from run_helpers import FAST, kill_group, rlsteps, wait_for
 
@@ -98,8 +98,8 @@ def test_a_disk_without_room_for_a_checkpoint_stops_the_run_before_it_trains(tin
 
 def run_worker_until_step(config: str, step: int, ready: str, go: str) -> None:
     """Runs in a subprocess: the worker, which waits before `step` until the file `go` exists."""
-    from rlsteps.engine import loop
-    from rlsteps.engine.worker import main
+    from rlsteps.engine.run import loop
+    from rlsteps.engine.run.worker import main
 
     original = loop._Run.step
 
@@ -196,7 +196,8 @@ def test_a_checkpoint_write_that_meets_a_full_disk_leaves_no_partial_checkpoint(
     assert "writing checkpoint step_2" in str(error.value) or "checkpoint step_2 needs" in str(error.value)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]  # no tmp_step_2/
 
-    monkeypatch.setattr("rlsteps.engine.disk.free_bytes", lambda directory: 10)  # no room for another like step_1
+    # no room for another like step_1
+    monkeypatch.setattr("rlsteps.engine.checkpoints.disk.free_bytes", lambda directory: 10)
     with pytest.raises(DiskFull, match=r"checkpoint needs .* MB\): free 1 MB or move output.dir"):
         manager.save(2, None, None, {}, {**info, "optimizer_steps": 2}, write_policy=write_policy)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]

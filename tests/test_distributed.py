@@ -69,7 +69,7 @@ def _fraction_moved(dtype: str, pure_bf16: bool = False) -> float:
     from rlsteps.engine.algorithms.rs import RejectionSampling
     from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
     from rlsteps.engine.policy.parallel import Precision
-    from rlsteps.engine.update import PolicyUpdate
+    from rlsteps.engine.run.update import PolicyUpdate
 
     cfg = config(8, 8, 4)
     model = fixed_model()
@@ -98,7 +98,7 @@ def _update_after_one_step(activation_checkpointing: bool) -> tuple[float, dict]
     from rlsteps.engine.distributed import SINGLE
     from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
     from rlsteps.engine.policy.parallel import Precision, place_policy
-    from rlsteps.engine.update import PolicyUpdate
+    from rlsteps.engine.run.update import PolicyUpdate
 
     cfg, cpu = config(8, 8, 4), torch.device("cpu")
     model = place_policy(fixed_model(), SINGLE, cpu, Precision(), activation_checkpointing=activation_checkpointing)
@@ -132,7 +132,7 @@ def _trained_model_and_optimizer(steps: int):
     from distributed_update import config
     from rlsteps.engine.algorithms.rs import RejectionSampling
     from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
-    from rlsteps.engine.update import PolicyUpdate
+    from rlsteps.engine.run.update import PolicyUpdate
 
     cfg, model = config(8, 8, 4), fixed_model()
     optimizer = build_optimizer(model, 1e-3, 0.0)
@@ -147,9 +147,9 @@ def _trained_model_and_optimizer(steps: int):
 def test_a_checkpoint_resumes_in_place_in_either_layout(tmp_path, layout):
     """state/: what runs write now (DCP); policy/: the one-process layout of earlier runs, still read."""
     from distributed_update import VOCAB
-    from rlsteps.engine.loop import _resume
-    from rlsteps.engine.resume import CheckpointManager
-    from rlsteps.engine.train_state import write_train_state
+    from rlsteps.engine.checkpoints.resume import CheckpointManager
+    from rlsteps.engine.checkpoints.train_state import write_train_state
+    from rlsteps.engine.run.loop import _resume
 
     model, optimizer, scheduler = _trained_model_and_optimizer(2)
     info = {"consumed_samples": 16, "epoch": 0, "optimizer_steps": 2}

@@ -12,8 +12,8 @@ import pytest
 
 from rlsteps.artifacts.inputs import Reach, check_inputs, inputs_in_job, raise_for
 from rlsteps.catalog import load_catalog
-from rlsteps.engine import preflight
-from rlsteps.engine.input_check import InputProblem, check_inputs_in_job
+from rlsteps.engine.inputs.input_check import InputProblem, check_inputs_in_job
+from rlsteps.engine.run import preflight
 from rlsteps.errors import ArtifactError, UsageError
 from rlsteps.launch import code
 from run_helpers import python_without_rlsteps, rlsteps
@@ -131,7 +131,9 @@ def test_a_python_without_the_engines_dependencies_is_one_line_naming_them(tmp_p
     wheel = tmp_path / code.wheel_name()
     wheel.write_bytes(code.build_wheel().content)
     done = subprocess.run(
-        code.on_path(str(wheel), [str(tmp_path / "bare" / "bin" / "python"), "-m", "rlsteps.engine.worker", "c.yaml"]),
+        code.on_path(
+            str(wheel), [str(tmp_path / "bare" / "bin" / "python"), "-m", "rlsteps.engine.run.worker", "c.yaml"]
+        ),
         capture_output=True,
         text=True,
         env={"PATH": "/usr/bin:/bin"},
@@ -146,7 +148,7 @@ def test_a_python_with_them_passes(tmp_path):
     python = python_without_rlsteps(tmp_path / "env")  # torch and the rest, through this environment's packages
     wheel = tmp_path / code.wheel_name()
     wheel.write_bytes(code.build_wheel().content)
-    probe = "from rlsteps.engine import preflight; print(preflight.problem())"
+    probe = "from rlsteps.engine.run import preflight; print(preflight.problem())"
     done = subprocess.run(code.on_path(str(wheel), [str(python), "-c", probe]), capture_output=True, text=True)
     assert done.stdout.strip() == "None", done.stderr
 
@@ -164,11 +166,12 @@ def test_the_preflight_asks_for_what_pyproject_pins():
 
 def test_what_runs_before_the_preflight_parses_on_an_older_python():
     """So an old interpreter reaches the check and hears that it is too old, instead of a SyntaxError."""
-    worker = ROOT / "src" / "rlsteps" / "engine" / "worker.py"
+    worker = ROOT / "src" / "rlsteps" / "engine" / "run" / "worker.py"
     tree = ast.parse(worker.read_text())
     top_level = {node.module for node in tree.body if isinstance(node, ast.ImportFrom)}
-    assert top_level == {"__future__", "pathlib", "typing", "rlsteps.engine"}  # and plain stdlib imports
-    for module in ("__init__.py", "engine/__init__.py", "engine/worker.py", "engine/preflight.py"):
+    assert top_level == {"__future__", "pathlib", "typing", "rlsteps.engine.run"}  # and plain stdlib imports
+    for module in ("__init__.py", "engine/__init__.py", "engine/run/__init__.py", "engine/run/worker.py",
+                   "engine/run/preflight.py"):  # fmt: skip
         ast.parse((ROOT / "src" / "rlsteps" / module).read_text(), feature_version=(3, 8))
 
 

@@ -137,7 +137,7 @@ def test_single_node_spec_carries_every_profile_key(rs, profiles, tmp_path):
     assert s.container.command[:2] == ["/bin/bash", "-c"] and plan.command == s.container.command
     script = s.container.command[2]
     config_path = f"{lepton_spec.CONTAINER_JOBS_DIR}/{job.name}/config.yaml"
-    assert script.splitlines()[-1] == f"exec python -m rlsteps.engine.worker {config_path}"
+    assert script.splitlines()[-1] == f"exec python -m rlsteps.engine.run.worker {config_path}"
     assert "pip install -q /data/wheels/rlsteps.whl\nmkdir -p /data && cd /data\n" in script
     wheel = f"{lepton_spec.CONTAINER_JOBS_DIR}/{job.name}/{code.wheel_name()}"
     assert f'export PYTHONPATH={wheel}"${{PYTHONPATH:+:$PYTHONPATH}}"\n' in script  # before the profile's setup
@@ -163,7 +163,7 @@ def test_multi_node_spec_sets_replicas_and_a_torchrun_rendezvous(rs, profiles, t
     last = spec.container.command[2].splitlines()[-1]
     assert last.startswith(
         "exec torchrun --nnodes=2 --nproc-per-node=8 --master-port=29400 "
-        '--node-rank="$LEPTON_JOB_WORKER_INDEX" --master-addr="$MASTER_ADDR" -m rlsteps.engine.worker '
+        '--node-rank="$LEPTON_JOB_WORKER_INDEX" --master-addr="$MASTER_ADDR" -m rlsteps.engine.run.worker '
     )
 
 
@@ -235,7 +235,7 @@ def test_the_script_runs_the_worker_with_exact_words(
     assert seen["chunks"] == ["RLSTEPS_CODE_CHUNKS", "RLSTEPS_CODE_SHA256"]  # the chunks dropped once unpacked
     assert OmegaConf.to_container(OmegaConf.load(config)) == job.worker_config()
     assert OmegaConf.load(config.parent / "job.yaml").job.step == "rl/rs"
-    worker = ["-m", "rlsteps.engine.worker", str(config), "--note", "it's $HOME; a b", '"q"']
+    worker = ["-m", "rlsteps.engine.run.worker", str(config), "--note", "it's $HOME; a b", '"q"']
     assert Path(seen["argv"][0]).name == ("torchrun" if launch else "python")
     assert seen["argv"][1:] == [*launch, *worker]
 
@@ -687,7 +687,7 @@ def up_to_the_worker(body: dict) -> str:
     """The posted entry script without its last line (exec the worker), and a probe of what python imports."""
     script = body["spec"]["container"]["command"][2]
     head, last = script.rstrip("\n").rsplit("\n", 1)
-    assert last.startswith("exec python -m rlsteps.engine.worker ")
+    assert last.startswith("exec python -m rlsteps.engine.run.worker ")
     return f"{head}\n{IMPORT_PROBE}\n"
 
 

@@ -148,7 +148,7 @@ def test_one_process_runs_the_worker_and_many_run_one_torchrun_per_node(project)
     script, job_dir = ci.plan.files[slurm.SCRIPT_FILE], ci.job_dir
     single = srun_words(script)
     assert single[:5] == ["srun", "--nodes=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--wait=60"]
-    assert single[-3:] == ["-m", "rlsteps.engine.worker", str(job_dir / "config.yaml")]
+    assert single[-3:] == ["-m", "rlsteps.engine.run.worker", str(job_dir / "config.yaml")]
     assert "torch.distributed.run" not in single and "head_node" not in script and "checkpointed" not in script
     big = compiled("big", overrides=("train.micro_batch_size=2",))
     script, job_dir = big.plan.files[slurm.SCRIPT_FILE], big.job_dir
@@ -169,7 +169,7 @@ def test_one_process_runs_the_worker_and_many_run_one_torchrun_per_node(project)
         str(job_dir / slurm_script.CHECKPOINTED_FILE),
         *multi[-4:],
     ]
-    assert multi[-4:] == [sys.executable, "-m", "rlsteps.engine.worker", str(job_dir / "config.yaml")]
+    assert multi[-4:] == [sys.executable, "-m", "rlsteps.engine.run.worker", str(job_dir / "config.yaml")]
     assert "2 node(s) x 4 GPU(s), 4 process(es) per node" in big.plan.summary
 
 
@@ -363,7 +363,7 @@ def test_secrets_reach_the_job_through_the_environment_only(tiny_world, project)
     assert jobs.job_status(record).state is JobState.SUCCEEDED
     log = "\n".join(jobs.job_logs(record))
     assert f"secret digest {hashlib.sha256(b'rm-value-456').hexdigest()[:16]}" in log
-    assert "usage: python -m rlsteps.engine.worker" in log
+    assert "usage: python -m rlsteps.engine.run.worker" in log
     for path in project.rglob("*"):
         if path.is_file():
             assert b"rm-value-456" not in path.read_bytes(), path

@@ -83,3 +83,19 @@ def test_readme_and_ci_run_the_same_test_command():
     ci = (SRC.parents[1] / ".ci" / "run").read_text()
     commands = [line for line in readme.splitlines() if line.startswith("python3 -m venv") and "pytest" in line]
     assert len(commands) == 1 and commands[0] in ci.splitlines()
+
+
+# The engine's top level holds only the vocabulary its rooms share; everything else lives in a room (docs/layout.md).
+ENGINE_VOCABULARY = {"__init__", "config", "batch", "distributed", "device"}
+ENGINE_ROOMS = {
+    "run", "inputs", "checkpoints", "records", "algorithms", "policy", "generation", "rewards", "megatron", "nemo_rl"
+}  # fmt: skip
+
+
+def test_the_engine_keeps_its_modules_in_rooms():
+    engine = SRC / "engine"
+    top = {p.stem for p in engine.glob("*.py")}
+    rooms = {p.name for p in engine.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert (top, rooms) == (ENGINE_VOCABULARY, ENGINE_ROOMS)
+    layout = (SRC.parents[1] / "docs" / "layout.md").read_text()
+    assert [room for room in sorted(rooms) if f"| `{room}/` |" not in layout] == []

@@ -72,11 +72,11 @@ def test_the_detached_command_is_the_worker_inside_the_exit_code_wrapper(here):
     assert plan.command[WRAPPER_WORDS:] == [
         sys.executable,
         "-m",
-        "rlsteps.engine.worker",
+        "rlsteps.engine.run.worker",
         str(here / "jobdir" / "config.yaml"),
     ]
     attached = compile_request(load_catalog(), RunRequest(step="rs", config="tiny")).plan
-    assert attached.command[1:3] == ["-m", "rlsteps.engine.worker"]  # attached runs are unchanged: no wrapper
+    assert attached.command[1:3] == ["-m", "rlsteps.engine.run.worker"]  # attached runs are unchanged: no wrapper
 
 
 def test_a_job_that_succeeds_runs_then_succeeds_and_keeps_its_log(here):
@@ -215,7 +215,8 @@ def compiled_two(here: Path, batch: bool, overrides: tuple[str, ...] = ("train.m
 def test_nprocs_per_node_runs_the_worker_under_torchrun_attached_and_detached(here):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     attached = compiled_two(here, batch=False)
-    assert attached.plan.command == [*torchrun, "-m", "rlsteps.engine.worker", str(attached.job_dir / "config.yaml")]
+    worker = ["-m", "rlsteps.engine.run.worker"]
+    assert attached.plan.command == [*torchrun, *worker, str(attached.job_dir / "config.yaml")]
     assert "2 processes under torchrun" in attached.plan.summary
     detached = compiled_two(here, batch=True)
     assert detached.plan.command[:WRAPPER_WORDS] == [
@@ -228,7 +229,7 @@ def test_nprocs_per_node_runs_the_worker_under_torchrun_attached_and_detached(he
     assert detached.plan.command[WRAPPER_WORDS:] == [
         *torchrun,
         "-m",
-        "rlsteps.engine.worker",
+        "rlsteps.engine.run.worker",
         str(detached.job_dir / "config.yaml"),
     ]
     assert detached.plan.env == {"PYTHONUNBUFFERED": "1", "HF_HOME": "/tmp/hf"}  # the token travels unwritten

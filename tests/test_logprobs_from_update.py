@@ -24,7 +24,7 @@ from rlsteps.engine.config import GRPOConfig, ReinforceConfig
 from rlsteps.engine.policy.logprobs import batched_token_logprobs, token_logprobs
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
 from rlsteps.engine.rewards.sources import Scores
-from rlsteps.engine.update import PolicyUpdate, StepStats
+from rlsteps.engine.run.update import PolicyUpdate, StepStats
 
 VOCAB, PROMPTS, PER_PROMPT = 96, 2, 4
 ROWS = PROMPTS * PER_PROMPT

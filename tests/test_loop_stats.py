@@ -1,7 +1,7 @@
 import pytest
 
-from rlsteps.engine.loop import planned_steps
-from rlsteps.engine.update import StepStats
+from rlsteps.engine.run.loop import planned_steps
+from rlsteps.engine.run.update import StepStats
 
 
 def test_losses_add_up_extremes_keep_extremes_and_means_are_token_weighted():

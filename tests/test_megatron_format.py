@@ -39,7 +39,6 @@ from transformers import (
 )
 
 from model_fixtures import build_tokenizer, decoder_shape
-from rlsteps.engine.artifact import METADATA_FILE, read_artifact_metadata
 from rlsteps.engine.megatron.compat import gpt_model_runtime
 from rlsteps.engine.megatron.format import (
     load_megatron_checkpoint,
@@ -61,6 +60,7 @@ from rlsteps.engine.megatron.layout import (
     to_megatron,
 )  # fmt: skip
 from rlsteps.engine.policy.model import load_policy, save_policy
+from rlsteps.engine.records.artifact import METADATA_FILE, read_artifact_metadata
 
 ITERATION = 7  # the llama_tied checkpoint's iteration, to see it in the folder names
 
@@ -521,7 +521,7 @@ from pathlib import Path
 
 
 def write(target, model_dir, ready=None):
-    from rlsteps.engine.artifact import write_artifact
+    from rlsteps.engine.records.artifact import write_artifact
     from rlsteps.engine.policy.model import load_policy, save_policy
 
     model, tokenizer = load_policy(model_dir)

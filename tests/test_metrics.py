@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from rlsteps.engine.metrics import (
+from rlsteps.engine.records.metrics import (
     MetricsWriter,
     Timers,
     TrainingProgress,
@@ -39,7 +39,7 @@ def test_lines_are_appended_flushed_and_read_back(tmp_path):
 
 def test_non_finite_values_become_null_with_one_warning_per_key(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
-    with caplog.at_level(logging.WARNING, logger="rlsteps.engine.metrics"), MetricsWriter(path) as writer:
+    with caplog.at_level(logging.WARNING, logger="rlsteps.engine.records.metrics"), MetricsWriter(path) as writer:
         writer.log(1, {"loss": float("nan"), "grad_norm": float("inf"), "reward": 1.0})
         writer.log(2, {"loss": float("nan"), "reward": 2.0})
     assert caplog.text.count("'loss'") == 1 and "'grad_norm'" in caplog.text
@@ -138,7 +138,7 @@ def test_tensorboard_and_wandb_receive_the_finite_numbers(tmp_path, monkeypatch)
 def test_missing_tensorboard_and_wandb_only_warn(tmp_path, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
     monkeypatch.setitem(sys.modules, "wandb", None)
-    with caplog.at_level(logging.WARNING, logger="rlsteps.engine.metrics"):
+    with caplog.at_level(logging.WARNING, logger="rlsteps.engine.records.metrics"):
         with MetricsWriter(tmp_path / "m.jsonl", tensorboard_dir=tmp_path / "tb", wandb={"project": "p"}) as writer:
             writer.log(1, {"reward": 1.0})
     assert "tensorboard is not installed" in caplog.text and "wandb is configured but not installed" in caplog.text
@@ -190,7 +190,7 @@ def test_plot_metrics_writes_a_png_and_skips_keys_never_logged(tmp_path, caplog)
     with MetricsWriter(path) as writer:
         for step in range(1, 11):
             writer.log(step, {"train/reward": math.sin(step), "train/loss": 1.0 / step})
-    with caplog.at_level(logging.INFO, logger="rlsteps.engine.metrics"):
+    with caplog.at_level(logging.INFO, logger="rlsteps.engine.records.metrics"):
         out = plot_metrics(path, tmp_path / "plots" / "curves.png", ["train/reward", "train/loss", "val/reward"])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     assert "val/reward" in caplog.text

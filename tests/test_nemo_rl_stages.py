@@ -15,8 +15,8 @@ import upstream
 from rlsteps.artifacts.detect import detect_types
 from rlsteps.catalog import load_catalog
 from rlsteps.engine.config import STEP_SCHEMAS
-from rlsteps.engine.data import PromptFileError
-from rlsteps.engine.input_check import InputProblem
+from rlsteps.engine.inputs.data import PromptFileError
+from rlsteps.engine.inputs.input_check import InputProblem
 from rlsteps.engine.nemo_rl import schedule, stages
 from rlsteps.engine.nemo_rl.data import write_rows
 from rlsteps.engine.policy.model import load_policy
@@ -244,7 +244,7 @@ def test_the_stages_ask_only_for_what_checkpoints_need(monkeypatch):
     """NeMo-RL's container need not hold the engine's servers or plots: their absence stops the worker, not these."""
     import importlib.util
 
-    from rlsteps.engine import preflight
+    from rlsteps.engine.run import preflight
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "matplotlib" else real(name))
@@ -274,7 +274,7 @@ def test_nemo_gym_rows_are_prompts_too_and_pass_through_whole(tmp_path):
          "agent_ref": {"type": "responses_api_agents", "name": "my_agent"}},
     ]  # fmt: skip
     source = write_jsonl(tmp_path / "gym.jsonl", gym)
-    from rlsteps.engine.data import load_prompts
+    from rlsteps.engine.inputs.data import load_prompts
 
     first, second = load_prompts(str(source), tokenizer=None)
     assert (first.id, first.conversation) == ("3", [{"role": "user", "content": "Name a cat."}])

@@ -35,11 +35,11 @@ TORN = {
 
 def run_worker_paused(config: str, phase: str, step: int, ready: str) -> None:
     """Runs in a subprocess: the worker, which stops at `phase` of `step` until killed."""
-    from rlsteps.engine import loop, resume
     from rlsteps.engine.algorithms import RECIPES
     from rlsteps.engine.generation.rollouts import Sampler
-    from rlsteps.engine.update import PolicyUpdate
-    from rlsteps.engine.worker import main
+    from rlsteps.engine.run import loop, resume
+    from rlsteps.engine.run.update import PolicyUpdate
+    from rlsteps.engine.run.worker import main
 
     at = {"step": 0}
 

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from model_fixtures import decoder_shape
-from rlsteps.engine.resume import CheckpointError, CheckpointManager, capture_rng_state, restore_rng_state
+from rlsteps.engine.checkpoints.resume import CheckpointError, CheckpointManager, capture_rng_state, restore_rng_state
 
 # ---------------------------------------------------------------------------- a tiny offline world
 
@@ -176,7 +176,7 @@ def test_saving_an_earlier_step_removes_the_superseded_later_ones(tmp_path, capl
     manager = CheckpointManager(tmp_path, keep_last=10)
     for step in range(1, 5):
         save_stub(manager, step)
-    with caplog.at_level(logging.WARNING, logger="rlsteps.engine.resume"):
+    with caplog.at_level(logging.WARNING, logger="rlsteps.engine.checkpoints.resume"):
         save_stub(manager, 2, text="resumed")
     assert steps(manager.list()) == ["step_1", "step_2"]
     assert manager.latest() == tmp_path / "step_2"
@@ -221,7 +221,7 @@ def test_next_save_restores_a_checkpoint_whose_replacement_was_interrupted(tmp_p
     (tmp_path / "trash_step_1" / "COMPLETE").unlink()
     assert manager.latest() == tmp_path / "step_2"
 
-    with caplog.at_level(logging.WARNING, logger="rlsteps.engine.resume"):
+    with caplog.at_level(logging.WARNING, logger="rlsteps.engine.checkpoints.resume"):
         save_stub(manager, 4)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_2", "step_3", "step_4"]
     assert (tmp_path / "step_3" / "policy" / "weights.txt").read_text() == "step 3"
@@ -287,7 +287,7 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path, c
     assert all(torch.equal(want[name], got[name]) for name in want)
 
     tokenizer = AutoTokenizer.from_pretrained(loaded.policy_dir)
-    with caplog.at_level(logging.WARNING, logger="rlsteps.engine.resume"):
+    with caplog.at_level(logging.WARNING, logger="rlsteps.engine.checkpoints.resume"):
         manager.save(2, model, tokenizer, loaded.trainer_state, info(2))
     assert "tmp_step_2" in caplog.text and "interrupted" in caplog.text
     assert not (root / "tmp_step_2").exists()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rlsteps.engine.loop import _is_reward_failure
 from rlsteps.engine.rewards.process import LocalServer, ServerStartError
 from rlsteps.engine.rewards.sources import RewardModelSource
+from rlsteps.engine.run.loop import _is_reward_failure
 from test_reward_client import write_module
 
 GATED = """

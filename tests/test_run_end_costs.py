@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import required
-from rlsteps.engine.metrics import MetricsWriter, finish_plot, start_plot
+from rlsteps.engine.records.metrics import MetricsWriter, finish_plot, start_plot
 
 
 def test_megatron_core_imports_without_torch_inductor_and_its_fusions_stay_plain_functions():

@@ -15,13 +15,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from rlsteps.catalog import load_catalog
-from rlsteps.engine import run_lock
-from rlsteps.engine.signals import STOP_WITH_PARENT
+from rlsteps.engine.run import run_lock
+from rlsteps.engine.run.signals import STOP_WITH_PARENT
 from rlsteps.launch import local
 from rlsteps.launch.base import JobState
 from rlsteps.plan import compile as compile_module
@@ -41,7 +42,7 @@ STOPPED_WITHIN_S = 20  # from the signal to the CLI's exit, on a loaded two-core
 # KeyboardInterrupt or SIGTERM: not the exit code expected), and what ended it written to a file.
 FAKE_WORKER = textwrap.dedent("""
     import os, pathlib, sys, time
-    from rlsteps.engine import signals
+    from rlsteps.engine.run import signals
     signals.install()
     out = pathlib.Path(sys.argv[1])
     out.write_text("started")
@@ -169,7 +170,8 @@ def test_a_worker_whose_parent_is_killed_stops_even_without_the_kernels_signal(t
 
 
 def test_two_jobs_compiled_in_the_same_second_get_different_ids(here, monkeypatch):
-    monkeypatch.setattr(compile_module.time, "strftime", lambda fmt, *args: "20260101-000000")
+    frozen = datetime(2026, 1, 1)  # every job compiled at the same instant
+    monkeypatch.setattr(compile_module, "datetime", type("Frozen", (), {"now": staticmethod(lambda: frozen)}))
     names = {compile_request(load_catalog(), RunRequest(step="rs", config="tiny")).job.name for _ in range(5)}
     assert len(names) == 5
     assert all(n.startswith("20260101-000000-") and n.endswith("-rl_rs") for n in names)
@@ -216,7 +218,7 @@ def test_an_attached_run_is_recorded_when_it_starts_and_its_id_is_its_job_direct
 
 def hold_lock_in_a_process(run_dir: Path, job: str) -> subprocess.Popen:
     code = (
-        "import sys, time; from pathlib import Path; from rlsteps.engine.run_lock import RunLock; "
+        "import sys, time; from pathlib import Path; from rlsteps.engine.run.run_lock import RunLock; "
         f"RunLock(Path({str(run_dir)!r}), job={job!r}).acquire(); print('held', flush=True); time.sleep(120)"
     )
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -272,7 +274,7 @@ def test_the_worker_itself_refuses_a_directory_in_use_before_writing_there(tiny_
     lock = run_lock.RunLock(run_dir, job="20260101-000000-abcdef-rl_rs").acquire()
     try:
         worker = subprocess.run(
-            [sys.executable, "-m", "rlsteps.engine.worker", str(job_dir / "config.yaml")],
+            [sys.executable, "-m", "rlsteps.engine.run.worker", str(job_dir / "config.yaml")],
             capture_output=True,
             text=True,
             timeout=60,
@@ -294,7 +296,7 @@ def start_run(here: Path, *extra: str) -> subprocess.Popen:
 def worker_and_server(cli: subprocess.Popen, timeout: float = 120) -> tuple[int, int]:
     def found() -> tuple[int | None, int | None]:
         tree = descendants(cli.pid)
-        worker = next((p for p, c in tree.items() if "rlsteps.engine.worker" in c), None)
+        worker = next((p for p, c in tree.items() if "rlsteps.engine.run.worker" in c), None)
         server = next((p for p, c in tree.items() if "rlsteps.engine.rewards.rm" in c), None)
         return worker, server
 

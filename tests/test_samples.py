@@ -5,8 +5,8 @@ import json
 import torch
 
 from rlsteps.engine.batch import RolloutBatch
+from rlsteps.engine.records.samples import SampleLog, describe_sample, sample_records
 from rlsteps.engine.rewards.sources import Scores
-from rlsteps.engine.samples import SampleLog, describe_sample, sample_records
 
 
 def _batch() -> RolloutBatch:

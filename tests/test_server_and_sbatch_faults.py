@@ -137,7 +137,7 @@ def test_a_job_dir_with_a_space_quotes_and_a_percent_gets_its_log_where_rlsteps_
     assert job_dir.parent == cwd / ".rlsteps" / "jobs"
     log = job_dir / f"slurm-{record.job_id}.log"
     assert log.is_file(), sorted(str(p) for p in tmp_path.rglob("slurm-*.log"))
-    assert "usage: python -m rlsteps.engine.worker" in log.read_text()
+    assert "usage: python -m rlsteps.engine.run.worker" in log.read_text()
     shown = subprocess.run(["scontrol", "show", "job", record.job_id], capture_output=True, text=True).stdout
     assert f"WorkDir={cwd}" in shown or not shown  # scontrol forgets a job MinJobAge after it ends
     assert "${oc.env:RLSTEPS_SECRET_RM_URL}" in (job_dir / "config.yaml").read_text()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlsteps.engine.signals import EXIT_CHECKPOINTED
+from rlsteps.engine.run.signals import EXIT_CHECKPOINTED
 from rlsteps.launch import code, containers, slurm_script
 from rlsteps.launch.base import JobState
 from rlsteps.plan import submitted_jobs as jobs
@@ -40,17 +40,17 @@ def test_the_wheel_holds_the_package_and_is_the_same_bytes_each_time(tmp_path):
     first, second = code.build_wheel(), code.build_wheel()
     assert first.content == second.content and first.name == code.wheel_name()
     names = zipfile.ZipFile(io.BytesIO(first.content)).namelist()
-    assert "rlsteps/engine/worker.py" in names and not any("__pycache__" in n for n in names)
+    assert "rlsteps/engine/run/worker.py" in names and not any("__pycache__" in n for n in names)
     assert any(n.endswith(".dist-info/RECORD") for n in names)
     wheel = tmp_path / first.name
     wheel.write_bytes(first.content)
     where = subprocess.run(  # imported from the wheel, ahead of the installed copy
-        [sys.executable, "-c", "import rlsteps.engine.signals as s; print(s.__file__)"],
+        [sys.executable, "-c", "import rlsteps.engine.run.signals as s; print(s.__file__)"],
         env={"PYTHONPATH": str(wheel), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
     )
-    assert where.stdout.strip() == f"{wheel}/rlsteps/engine/signals.py", where.stderr
+    assert where.stdout.strip() == f"{wheel}/rlsteps/engine/run/signals.py", where.stderr
 
 
 def test_the_task_runs_with_the_jobs_wheel_first_on_the_path_unless_the_profile_says_installed(project):  # noqa: F811
@@ -58,7 +58,7 @@ def test_the_task_runs_with_the_jobs_wheel_first_on_the_path_unless_the_profile_
     wheel = job.job_dir / code.wheel_name()
     last = job.plan.files["sbatch.sh"].rstrip().splitlines()[-1]
     assert last.startswith(f"srun --nodes=1 --ntasks-per-node=1 {SRUN_END} /bin/sh -c '{code.ON_PATH}' {wheel} ")
-    assert last.endswith("-m rlsteps.engine.worker " + str(job.job_dir / "config.yaml"))
+    assert last.endswith("-m rlsteps.engine.run.worker " + str(job.job_dir / "config.yaml"))
     assert job.plan.code == code.wheel_name() and "code: the job's own wheel" in job.plan.summary
     add_profile(project, "  installed:\n    extends: ci\n    code: installed\n")
     assert "/bin/sh" not in script_of("installed") and compiled("installed").plan.code is None
@@ -183,7 +183,7 @@ def fake_python(tmp_path) -> Path:
     python = folder / "python"
     fake_worker = f'exec {sys.executable} {folder / "worker.py"} "$@"'
     python.write_text(
-        f'#!/bin/bash\nif [ "$1 $2" = "-m rlsteps.engine.worker" ]; then shift 2; {fake_worker}; fi\n'
+        f'#!/bin/bash\nif [ "$1 $2" = "-m rlsteps.engine.run.worker" ]; then shift 2; {fake_worker}; fi\n'
         f'exec {sys.executable} "$@"\n'
     )
     python.chmod(0o755)

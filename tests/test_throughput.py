@@ -1,4 +1,4 @@
-"""Model FLOPs, peak FLOP/s, MFU, peak memory and the phase meter of rlsteps.engine.throughput."""
+"""Model FLOPs, peak FLOP/s, MFU, peak memory and the phase meter of rlsteps.engine.records.throughput."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlsteps.engine import throughput
-from rlsteps.engine.throughput import (
+from rlsteps.engine.records import throughput
+from rlsteps.engine.records.throughput import (
     PhaseMeter,
     attended_length,
     flops_per_token,

@@ -4,7 +4,7 @@ import io
 import logging
 import sys
 
-from rlsteps.engine.worker import _log_to
+from rlsteps.engine.run.worker import _log_to
 
 
 def test_log_lines_follow_sys_stderr_so_a_live_progress_bar_can_print_them_above_itself(tmp_path, monkeypatch):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rlsteps.engine.resume import CHECKPOINTS_DIR
-from rlsteps.engine.signals import EXIT_CHECKPOINTED, EXIT_TERMINATED
+from rlsteps.engine.checkpoints.resume import CHECKPOINTS_DIR
+from rlsteps.engine.run.signals import EXIT_CHECKPOINTED, EXIT_TERMINATED
 from rlsteps.launch.base import JobState
 from run_helpers import descendants, processes
 from test_local_launcher import LAUNCHER, start, wait_until_ended
@@ -34,7 +34,7 @@ def wait_for_server(job_pid: int, timeout: float = 120) -> tuple[int, int]:
     while time.monotonic() < deadline:
         tree = descendants(job_pid)
         server = next((pid for pid, cmd in tree.items() if SERVER_MODULE in cmd), None)
-        worker = next((pid for pid, cmd in tree.items() if "rlsteps.engine.worker" in cmd), None)
+        worker = next((pid for pid, cmd in tree.items() if "rlsteps.engine.run.worker" in cmd), None)
         if server and worker:
             return worker, server
         time.sleep(0.2)

@@ -15,7 +15,7 @@ from typing import Any
 from rlsteps.artifacts.detect import detect_types, detectors_of, exists
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
 from rlsteps.dotted import get
-from rlsteps.engine.input_check import InputInJob, InputProblem, damaged_weights, missing, wrong_type
+from rlsteps.engine.inputs.input_check import InputInJob, InputProblem, damaged_weights, missing, wrong_type
 from rlsteps.errors import ArtifactError
 
 PUBLISH_FIX = "or publish it to the artifact store (rlsteps artifacts publish) and pass {key}=artifact:NAME"

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
 ProfileModel = TypeVar("ProfileModel", bound="BaseModel")
-WORKER_MODULE = "rlsteps.engine.worker"
+WORKER_MODULE = "rlsteps.engine.run.worker"
 LAUNCHERS = ("lepton", "local", "slurm")  # the modules of this package that define LAUNCHER
 
 

@@ -178,7 +178,8 @@ def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile, shipped: d
         lines.append(f"mkdir -p {shlex.quote(profile.run_dir)} && cd {shlex.quote(profile.run_dir)}")
     if ray_job.uses_nemo_rl(job):
         return "\n".join(lines + _ray_node_lines(job, profile, config_dir)) + "\n"
-    worker = worker_command("python", Path(config_dir), job.passthrough)  # python -m rlsteps.engine.worker CONFIG ...
+    # python -m rlsteps.engine.run.worker CONFIG ...
+    worker = worker_command("python", Path(config_dir), job.passthrough)
     if profile.world_size == 1:
         lines.append(f"exec {shlex.join(worker)}")
     elif profile.nodes == 1:

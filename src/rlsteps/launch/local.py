@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlsteps.engine.signals import EXIT_FILE_ENV, STOP_WITH_PARENT  # standard library only
+from rlsteps.engine.run.signals import EXIT_FILE_ENV, STOP_WITH_PARENT  # standard library only
 from rlsteps.errors import UsageError
 from rlsteps.launch.base import (
     RECORD_FILE,

@@ -42,7 +42,7 @@ from rlsteps.launch.base import comment_safe, validated_profile, worker_command
 from rlsteps.launch.job import Job
 from rlsteps.secrets import is_secret
 
-EXIT_CHECKPOINTED = 75  # the worker's exit after a checkpoint it was asked for (rlsteps.engine.signals)
+EXIT_CHECKPOINTED = 75  # the worker's exit after a checkpoint it was asked for (rlsteps.engine.run.signals)
 SCRIPT_FILE = "sbatch.sh"
 LOG_NAME = "slurm-{job_id}.log"
 RDZV_PORT = 29500

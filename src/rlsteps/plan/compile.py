@@ -324,7 +324,7 @@ _SCHEMA_FIX = "change the keys the message names (key=value, or in the config fi
 
 def worker_config_hash(step: Step, cfg: dict[str, Any]) -> str:
     """The config hash the worker writes into its output artifact for this config."""
-    from rlsteps.engine.artifact import config_hash
+    from rlsteps.engine.records.artifact import config_hash
 
     return config_hash(_validate(step, cfg))
 

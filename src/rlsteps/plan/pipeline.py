@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rlsteps.artifacts.inputs import Conversion, lookup, output_ref, produced_type, raise_for, required_here
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
-from rlsteps.engine.artifact import input_versions, read_artifact_metadata
+from rlsteps.engine.records.artifact import input_versions, read_artifact_metadata
 from rlsteps.errors import RunFailed, UsageError
 from rlsteps.launch.base import JobRecord, Submission, get_launcher
 from rlsteps.plan.chain import RUNS_DIR, ChainJob, chain_file, previous_chain, write_chain

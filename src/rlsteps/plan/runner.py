@@ -20,7 +20,7 @@ from rlsteps.artifacts.inputs import (
 )
 from rlsteps.artifacts.store import SCHEME, resolve_reference
 from rlsteps.catalog import Catalog, Step
-from rlsteps.engine.run_lock import EXIT_IN_USE, holder  # standard library only
+from rlsteps.engine.run.run_lock import EXIT_IN_USE, holder  # standard library only
 from rlsteps.errors import ArtifactError, InputRefusedInJob, Interrupted, RunFailed, Terminated, UsageError
 from rlsteps.launch.base import Launcher, LaunchPlan, Submission, get_launcher
 from rlsteps.launch.job import Job, Mode
@@ -116,7 +116,7 @@ def input_step(catalog: Catalog, step: Step, job: Job) -> Step:
 def check_processes(launcher: Launcher, job: Job) -> None:
     """Refuse a config the profile's processes cannot split, with every problem at once, before anything is
     written or submitted (the dry run says it too)."""
-    from rlsteps.engine.world_check import world_size_problems  # torch-free
+    from rlsteps.engine.inputs.world_check import world_size_problems  # torch-free
 
     nodes, per_node = launcher.processes(job)
     problems = world_size_problems(job.config, nodes * per_node)
@@ -209,7 +209,7 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
 
 def _failure_cause(job_dir: Path) -> str | None:
     """The cause a failed worker left beside its exit code (its last error line), if it did."""
-    from rlsteps.engine.worker import FAILURE_FILE  # torch-free
+    from rlsteps.engine.run.worker import FAILURE_FILE  # torch-free
 
     try:
         return (job_dir / FAILURE_FILE).read_text().strip() or None
@@ -238,7 +238,7 @@ def _check_prompt_files(inputs: list[ResolvedInput]) -> None:
 
 def _with_prompt_file_checked(item: ResolvedInput) -> ResolvedInput:
     """A prompt file given and found, parsed whole (without the policy's tokenizer): malformed at its first bad line."""
-    from rlsteps.engine.input_check import prompt_file_problem  # torch-free
+    from rlsteps.engine.inputs.input_check import prompt_file_problem  # torch-free
 
     if item.required_type != "prompt_jsonl" or item.status != "ok":
         return item
@@ -262,7 +262,7 @@ def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:
 
 
 def _check_worker_arguments(passthrough: list[str]) -> None:
-    from rlsteps.engine.worker import build_parser, unknown_worker_arguments  # torch-free
+    from rlsteps.engine.run.worker import build_parser, unknown_worker_arguments  # torch-free
 
     unknown = unknown_worker_arguments(passthrough)
     if unknown:

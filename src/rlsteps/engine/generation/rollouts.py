@@ -16,11 +16,11 @@ import torch
 
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import RolloutConfig
-from rlsteps.engine.data import Prompt, encode_prompt_text
 from rlsteps.engine.generation.backend import Generation, GenerationBackend, SamplingParams
 from rlsteps.engine.generation.builtin import BuiltinBackend
 from rlsteps.engine.generation.sizing import CPU_BATCH
 from rlsteps.engine.generation.uniforms import splitmix64
+from rlsteps.engine.inputs.data import Prompt, encode_prompt_text
 
 
 def step_seed(seed: int, step: int) -> int:

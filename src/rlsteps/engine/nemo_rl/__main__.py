@@ -46,14 +46,14 @@ def run(args: argparse.Namespace) -> None:
 
         stop_stale(args.root, args.state)
         return
-    from rlsteps.engine import preflight
+    from rlsteps.engine.run import preflight
 
     unable = preflight.problem(preflight.CHECKPOINT_NEEDS)
     if unable:
         raise RuntimeError(unable)
     from rlsteps.engine.nemo_rl import stages
-    from rlsteps.engine.output import job_record
-    from rlsteps.engine.worker import load_config
+    from rlsteps.engine.records.output import job_record
+    from rlsteps.engine.run.worker import load_config
 
     cfg = load_config(args.config)
     job = job_record(args.config)
@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s [{args.stage}] %(message)s", stream=sys.stderr)
-    from rlsteps.engine.data import PromptFileError
-    from rlsteps.engine.input_check import EXIT_INPUT, InputProblem
+    from rlsteps.engine.inputs.data import PromptFileError
+    from rlsteps.engine.inputs.input_check import EXIT_INPUT, InputProblem
 
     try:
         run(args)

@@ -56,7 +56,7 @@ def paths_of(cfg: Any) -> NemoRlPaths:
 
 
 def prepare(cfg: Any, job: dict[str, Any]) -> None:
-    from rlsteps.engine.input_check import check_inputs_in_job
+    from rlsteps.engine.inputs.input_check import check_inputs_in_job
 
     for checked in check_inputs_in_job(job.get("inputs_in_job") or []):
         log.info("input '%s': %s is a %s (checked in the job)", checked.name, checked.ref, checked.required_type)
@@ -72,7 +72,7 @@ def prepare(cfg: Any, job: dict[str, Any]) -> None:
 
 def place_policy(source: Path, target: Path) -> None:
     """The policy where NeMo-RL loads it: converted to HF from checkpoint_megatron, else a link to the HF folder."""
-    from rlsteps.engine.input_check import missing
+    from rlsteps.engine.inputs.input_check import missing
     from rlsteps.engine.policy.model import is_megatron_checkpoint
 
     if target.exists():
@@ -153,9 +153,9 @@ def copy_missing_tokenizer(sources: list[Path], hf_dir: Path) -> None:
 
 def finish(cfg: Any, job: dict[str, Any]) -> Path:
     """NeMo-RL's last checkpoint as <output.dir>/policy in output.type; the artifact's path."""
-    from rlsteps.engine.artifact import input_versions
-    from rlsteps.engine.output import write_policy_output
     from rlsteps.engine.policy.model import load_policy
+    from rlsteps.engine.records.artifact import input_versions
+    from rlsteps.engine.records.output import write_policy_output
 
     paths = paths_of(cfg)
     checkpoint = last_checkpoint(Path(paths.checkpoints))

@@ -30,8 +30,8 @@ def write_policy_output(
     engine: str = "embedded",
 ) -> Path:
     """<output.dir>/policy in cfg.output.type, written whole or not at all (engine.artifact.write_artifact)."""
-    from rlsteps.engine.artifact import config_hash, write_artifact
     from rlsteps.engine.policy.model import save_policy
+    from rlsteps.engine.records.artifact import config_hash, write_artifact
 
     form = cfg.output.type
     metadata = {

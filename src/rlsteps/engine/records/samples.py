@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.metrics import append_whole, drop_partial_last_line, open_records
+from rlsteps.engine.records.metrics import append_whole, drop_partial_last_line, open_records
 from rlsteps.engine.rewards.sources import Scores
 
 

@@ -42,9 +42,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rlsteps.engine import disk
+from rlsteps.engine.checkpoints import disk
 from rlsteps.engine.distributed import SINGLE, World, barrier, from_main
-from rlsteps.engine.metrics import keep_records_through, replace_atomically, to_json_number
+from rlsteps.engine.records.metrics import keep_records_through, replace_atomically, to_json_number
 from rlsteps.errors import DiskFull
 
 logger = logging.getLogger(__name__)

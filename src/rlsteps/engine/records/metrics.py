@@ -289,7 +289,7 @@ def plot_metrics(metrics_path: Path, out_png: Path, keys: list[str]) -> Path:
     return out_png
 
 
-PLOT_FAILED = 2  # `python -m rlsteps.engine.metrics plot ...`: no plot (why on stderr)
+PLOT_FAILED = 2  # `python -m rlsteps.engine.records.metrics plot ...`: no plot (why on stderr)
 
 
 def start_plot(metrics_path: Path, out_png: Path, keys: list[str]) -> Any:
@@ -297,7 +297,7 @@ def start_plot(metrics_path: Path, out_png: Path, keys: list[str]) -> Any:
     to run beside what the caller does next; `finish_plot` waits for it."""
     import subprocess
 
-    command = [sys.executable, "-m", "rlsteps.engine.metrics", "plot", str(metrics_path), str(out_png), *keys]
+    command = [sys.executable, "-m", "rlsteps.engine.records.metrics", "plot", str(metrics_path), str(out_png), *keys]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -313,7 +313,7 @@ def finish_plot(process: Any, out_png: Path) -> Path:
 
 def _main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[0] != "plot":
-        print("usage: python -m rlsteps.engine.metrics plot METRICS_JSONL OUT_PNG KEY...", file=sys.stderr)
+        print("usage: python -m rlsteps.engine.records.metrics plot METRICS_JSONL OUT_PNG KEY...", file=sys.stderr)
         return PLOT_FAILED
     try:
         plot_metrics(Path(argv[1]), Path(argv[2]), argv[3:])

@@ -16,7 +16,7 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from rlsteps.engine.detect import detect, exists
+from rlsteps.engine.inputs.detect import detect, exists
 from rlsteps.engine.megatron import find_checkpoint_dir
 
 EXIT_INPUT = 3  # as rlsteps.errors.ArtifactError: a missing, malformed or mistyped input artifact
@@ -79,7 +79,7 @@ class InputInJob:
 
 def prompt_file_problem(name: str, ref: str) -> InputProblem | None:
     """Every line of a prompt file parsed (without the policy's tokenizer): the first bad one, or None."""
-    from rlsteps.engine.data import PromptFileError, check_prompt_file  # torch-free
+    from rlsteps.engine.inputs.data import PromptFileError, check_prompt_file  # torch-free
 
     try:
         check_prompt_file(ref)

@@ -17,13 +17,21 @@ from pathlib import Path
 
 import torch
 
-from rlsteps.engine import signals
 from rlsteps.engine.algorithms.recipe import Recipe, rollout_stats
 from rlsteps.engine.batch import RolloutBatch
+from rlsteps.engine.checkpoints.disk import checkpoint_estimate, disk_full, is_disk_full
+from rlsteps.engine.checkpoints.resume import (
+    CHECKPOINTS_DIR,
+    STATE_DIR,
+    CheckpointError,
+    CheckpointManager,
+    capture_rng_state,
+    restore_rng_state,
+    rewind_records,
+)
+from rlsteps.engine.checkpoints.train_state import read_train_state, write_train_state
 from rlsteps.engine.config import RecipeConfig
-from rlsteps.engine.data import Prompt, RunPrompts, load_run_prompts, prompt_indices, steps_per_epoch
 from rlsteps.engine.device import resolve_device
-from rlsteps.engine.disk import checkpoint_estimate, disk_full, is_disk_full
 from rlsteps.engine.distributed import (
     SINGLE,
     World,
@@ -37,7 +45,7 @@ from rlsteps.engine.distributed import (
 from rlsteps.engine.generation.choice import backend_name, build_backend, engine_checkpoint, processes_on_this_node
 from rlsteps.engine.generation.rollouts import Sampler
 from rlsteps.engine.generation.sizing import check_rollout_fits, rollout_shape
-from rlsteps.engine.metrics import MetricsWriter, Timers, TrainingProgress
+from rlsteps.engine.inputs.data import Prompt, RunPrompts, load_run_prompts, prompt_indices, steps_per_epoch
 from rlsteps.engine.policy.logprobs import batched_token_logprobs
 from rlsteps.engine.policy.model import load_policy
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
@@ -49,19 +57,9 @@ from rlsteps.engine.policy.parallel import (
     reference_copy,
     unsharded_copy,
 )
-from rlsteps.engine.resume import (
-    CHECKPOINTS_DIR,
-    STATE_DIR,
-    CheckpointError,
-    CheckpointManager,
-    capture_rng_state,
-    restore_rng_state,
-    rewind_records,
-)
-from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionFailed
-from rlsteps.engine.rewards.sources import RewardSource, Scores
-from rlsteps.engine.samples import SampleLog, sample_records, show_samples
-from rlsteps.engine.throughput import (
+from rlsteps.engine.records.metrics import MetricsWriter, Timers, TrainingProgress
+from rlsteps.engine.records.samples import SampleLog, sample_records, show_samples
+from rlsteps.engine.records.throughput import (
     attended_length,
     mfu,
     model_flops,
@@ -70,8 +68,10 @@ from rlsteps.engine.throughput import (
     peak_rss_gb,
     reset_peak_memory,
 )
-from rlsteps.engine.train_state import read_train_state, write_train_state
-from rlsteps.engine.update import PolicyUpdate, UpdateResult
+from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionFailed
+from rlsteps.engine.rewards.sources import RewardSource, Scores
+from rlsteps.engine.run import signals
+from rlsteps.engine.run.update import PolicyUpdate, UpdateResult
 
 log = logging.getLogger(__name__)
 step_log = logging.getLogger("rlsteps.steps")  # one line per step, for train.log (the worker keeps it off the terminal)

@@ -1,4 +1,4 @@
-"""The worker: `python -m rlsteps.engine.worker JOB_DIR/config.yaml` runs one step to its end.
+"""The worker: `python -m rlsteps.engine.run.worker JOB_DIR/config.yaml` runs one step to its end.
 
 It reads the compiled config (secrets arrive through the environment). A recipe serves or reaches
 the reward source, runs the shared loop, and writes the typed output artifact and a metrics plot;
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import rlsteps
-from rlsteps.engine import preflight
+from rlsteps.engine.run import preflight
 
 if TYPE_CHECKING:
     from rlsteps.engine.config import ConvertConfig, RecipeConfig
@@ -47,19 +47,19 @@ def load_config(path: Path) -> StepConfig:
 
 
 def run(config_path: Path, log_level: str = "info") -> int:
-    from rlsteps.engine import signals
-    from rlsteps.engine.artifact import input_versions
     from rlsteps.engine.config import ConvertConfig
     from rlsteps.engine.distributed import world_from_env
-    from rlsteps.engine.input_check import check_inputs_in_job
-    from rlsteps.engine.output import job_record, write_policy_output
+    from rlsteps.engine.inputs.input_check import check_inputs_in_job
+    from rlsteps.engine.records.artifact import input_versions
+    from rlsteps.engine.records.output import job_record, write_policy_output
+    from rlsteps.engine.run import signals
 
     cfg = load_config(config_path)
     world = world_from_env()  # torchrun's processes; one process when started plainly
     run_dir = Path(cfg.output.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if world.is_main and not _claim(run_dir, config_path):  # before a line is written there
-        from rlsteps.engine.run_lock import EXIT_IN_USE
+        from rlsteps.engine.run.run_lock import EXIT_IN_USE
 
         return EXIT_IN_USE
     _log_to(run_dir / ("train.log" if world.is_main else f"train.rank{world.rank}.log"), log_level, world.rank)
@@ -73,7 +73,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
     if done:  # a rerun of a finished run: no server, no policy load, no torch import
         log.info("already done: %s", done)
         return 0
-    from rlsteps.engine.run_identity import RunDirectoryInUse
+    from rlsteps.engine.run.run_identity import RunDirectoryInUse
 
     with contextlib.ExitStack() as servers:  # stopped before the output is written
         converting = isinstance(cfg, ConvertConfig)
@@ -83,7 +83,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
             log.error("%s", refused)
             return refused.exit_code
         _prepare_torch(cfg)  # while a reward server loads
-        from rlsteps.engine.loop import RunStopped
+        from rlsteps.engine.run.loop import RunStopped
 
         try:
             model, tokenizer, counters = _convert(cfg) if converting else _train(cfg, run_dir, rewards, world)
@@ -111,7 +111,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
 
 def _claim(run_dir: Path, config_path: Path) -> bool:
     """Hold the run directory's lock; False (and why, on stderr) when another live run holds it."""
-    from rlsteps.engine.run_lock import RunDirectoryLocked, RunLock
+    from rlsteps.engine.run.run_lock import RunDirectoryLocked, RunLock
 
     job_dir = config_path.resolve().parent
     try:
@@ -124,7 +124,7 @@ def _claim(run_dir: Path, config_path: Path) -> bool:
 
 def _refuse_world_size(cfg: StepConfig, world_size: int) -> None:
     """A world the step cannot be split over (the launchers refuse it before submitting; torchrun by hand may not)."""
-    from rlsteps.engine.world_check import world_size_problems
+    from rlsteps.engine.inputs.world_check import world_size_problems
 
     problems = world_size_problems(cfg.model_dump(mode="json"), world_size)
     if problems:
@@ -133,8 +133,8 @@ def _refuse_world_size(cfg: StepConfig, world_size: int) -> None:
 
 def _finished_output(cfg: StepConfig, run_dir: Path, versions: dict[str, str]) -> str | None:
     """What the run produced, when its output was written from this very config and these input versions."""
-    from rlsteps.engine.artifact import config_hash, read_artifact_metadata
-    from rlsteps.engine.output import OUTPUT_NAME
+    from rlsteps.engine.records.artifact import config_hash, read_artifact_metadata
+    from rlsteps.engine.records.output import OUTPUT_NAME
 
     target = run_dir / OUTPUT_NAME
     written = read_artifact_metadata(target) or {}
@@ -169,9 +169,9 @@ def _check_megatron_output(cfg: StepConfig) -> None:
 
 def _start_rewards(cfg: RecipeConfig, run_dir: Path, servers: contextlib.ExitStack) -> Any:
     """Claim the run directory, then start the reward source (a local server loads while the worker goes on)."""
-    from rlsteps.engine.resume import CHECKPOINTS_DIR, CheckpointManager
+    from rlsteps.engine.checkpoints.resume import CHECKPOINTS_DIR, CheckpointManager
     from rlsteps.engine.rewards.sources import open_reward_source
-    from rlsteps.engine.run_identity import claim_run_directory
+    from rlsteps.engine.run.run_identity import claim_run_directory
 
     has_checkpoints = CheckpointManager(run_dir / CHECKPOINTS_DIR).latest() is not None
     claim_run_directory(run_dir, cfg.model_dump(mode="json"), has_checkpoints)
@@ -192,7 +192,7 @@ def _prepare_torch(cfg: StepConfig) -> None:
 
 def _train(cfg: RecipeConfig, run_dir: Path, rewards: Any, world: Any) -> tuple[Any, Any, dict[str, int]]:
     from rlsteps.engine.algorithms import RECIPES
-    from rlsteps.engine.loop import train
+    from rlsteps.engine.run.loop import train
 
     run_prompts = _measured_prompts(cfg)  # a bad prompt stops the run in seconds, and the server with it
     say = log.info if world.is_main else log.debug
@@ -208,8 +208,8 @@ def _measured_prompts(cfg: RecipeConfig) -> Any:
     """Every prompt the run reads, rendered with the policy's tokenizer and measured against max_prompt_tokens,
     before the policy loads (while its reward server starts): a bad line is exit 3 with its file:line in seconds.
     The prompts go on to the loop, which then does not read them again."""
-    from rlsteps.engine.data import PromptFileError, load_run_prompts
-    from rlsteps.engine.input_check import InputProblem
+    from rlsteps.engine.inputs.data import PromptFileError, load_run_prompts
+    from rlsteps.engine.inputs.input_check import InputProblem
     from rlsteps.engine.policy.model import load_policy_tokenizer
 
     try:
@@ -240,7 +240,7 @@ def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:
 
 
 def _summarise(run_dir: Path, extra_keys: list[str]) -> None:
-    from rlsteps.engine.metrics import metric_series, read_metrics
+    from rlsteps.engine.records.metrics import metric_series, read_metrics
 
     records = read_metrics(run_dir / "metrics.jsonl")
     for key in SUMMARISED + extra_keys:
@@ -261,7 +261,7 @@ def _summarise(run_dir: Path, extra_keys: list[str]) -> None:
 
 def _start_plot(run_dir: Path, keys: list[str]) -> Any:
     """metrics.png drawn by a process of its own from the finished metrics.jsonl; None where none can start."""
-    from rlsteps.engine.metrics import start_plot
+    from rlsteps.engine.records.metrics import start_plot
 
     try:
         return start_plot(run_dir / "metrics.jsonl", run_dir / "metrics.png", keys)
@@ -272,7 +272,7 @@ def _start_plot(run_dir: Path, keys: list[str]) -> Any:
 
 def _finish_plot(run_dir: Path, process: Any) -> None:
     """Wait for the plot (the run ends with its file written, or a warning saying why not)."""
-    from rlsteps.engine.metrics import finish_plot
+    from rlsteps.engine.records.metrics import finish_plot
 
     if process is None:
         return
@@ -319,7 +319,7 @@ def _log_to(path: Path, level: str = "info", rank: int = 0) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The worker's arguments; `rlsteps run STEP ... -- ARGS` passes ARGS here (checked before any job starts)."""
-    parser = argparse.ArgumentParser(prog="python -m rlsteps.engine.worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rlsteps.engine.run.worker", description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path, help="the compiled config.yaml in the job directory")
     parser.add_argument(
         "--log-level",
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     if unable:
         print(f"ERROR {unable}", file=sys.stderr)
         sys.exit(1)
-    from rlsteps.engine import signals
+    from rlsteps.engine.run import signals
 
     signals.install()
     try:
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
-    from rlsteps.engine.input_check import EXIT_INPUT, InputProblem
+    from rlsteps.engine.inputs.input_check import EXIT_INPUT, InputProblem
     from rlsteps.errors import DiskFull
 
     try:
@@ -427,7 +427,7 @@ FAILURE_FILE = "failure"  # beside the exit-code file: the cause of a failed run
 
 def _record_failure(code: int) -> None:
     """A failed run's cause (its last error line) beside its exit-code file, for the CLI's one-line error."""
-    from rlsteps.engine import signals
+    from rlsteps.engine.run import signals
 
     path = os.environ.get(signals.EXIT_FILE_ENV)
     if code in (0, signals.EXIT_CHECKPOINTED) or not path or not _last_error.message:
@@ -441,7 +441,7 @@ def _record_failure(code: int) -> None:
 def _record_exit_code(code: int) -> None:
     """Where the launcher asks for it (EXIT_FILE_ENV), the exit code in a file, renamed into place: the run's state
     once it has ended, whether or not the rlsteps that started it is still there to see it end."""
-    from rlsteps.engine import signals
+    from rlsteps.engine.run import signals
 
     path = os.environ.get(signals.EXIT_FILE_ENV)
     if not path or os.environ.get("RANK", "0") != "0":
