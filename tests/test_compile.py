@@ -119,6 +119,23 @@ def test_secrets_are_masked_in_public_views_and_carried_by_environment(rs):
     assert job.public_config()["rollout"]["sampling"]["max_new_tokens"] == 32  # not a secret
 
 
+@pytest.mark.parametrize(
+    ("override", "hint"),
+    [
+        ("train.learning_rate=1e-5", "train.lr"),  # by spelling alone: train.min_lr_ratio
+        ("rollout.num_generations=8", "rollout.num_rollouts_per_prompt"),
+        ("max_completion_length=64", "rollout.sampling.max_new_tokens"),
+        ("beta=0.1", "reinforce.initial_policy_kl_penalty"),  # no grpo section here: the key rl/reinforce has
+        ("train.max_step=4", "train.max_steps"),  # not a counterpart's name: the closest spelling
+    ],
+)
+def test_an_unknown_key_from_trl_or_nemo_rl_is_pointed_to_its_name_here(override, hint):
+    step = load_catalog().find("rl/reinforce")
+    with pytest.raises(UsageError) as refused:
+        compile_job(step, "tiny", overrides=[override])
+    assert refused.value.fix == f"did you mean '{hint}'?"
+
+
 def test_an_unknown_key_suggests_adding_it_only_where_the_schema_takes_new_keys(rs):
     with pytest.raises(UsageError) as section:
         compile_job(rs, "tiny", overrides=["train.lrr=1"])

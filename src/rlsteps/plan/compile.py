@@ -368,9 +368,33 @@ def flat_keys(cfg: Any, prefix: str = "") -> list[str]:
     return keys
 
 
+# Names users of TRL's trainers and NeMo-RL's configs bring, by their last part -> rlsteps' keys (the first of them
+# the config has): spelling alone would suggest train.min_lr_ratio for train.learning_rate
+COUNTERPART_NAMES = {
+    "learning_rate": ("train.lr",),
+    "num_generations": ("rollout.num_rollouts_per_prompt",),
+    "num_generations_per_prompt": ("rollout.num_rollouts_per_prompt",),
+    "num_prompts_per_step": ("rollout.prompts_per_step",),
+    "max_completion_length": ("rollout.sampling.max_new_tokens",),
+    "max_new_tokens": ("rollout.sampling.max_new_tokens",),
+    "max_num_steps": ("train.max_steps",),
+    "num_train_epochs": ("train.max_epochs",),
+    "max_num_epochs": ("train.max_epochs",),
+    "per_device_train_batch_size": ("train.micro_batch_size",),
+    "train_micro_batch_size": ("train.micro_batch_size",),
+    "train_global_batch_size": ("train.global_batch_size",),
+    "beta": ("grpo.kl_beta", "reinforce.initial_policy_kl_penalty"),
+    "reference_policy_kl_penalty": ("grpo.kl_beta", "reinforce.initial_policy_kl_penalty"),
+    "epsilon": ("grpo.eps_low",),
+    "ratio_clip_min": ("grpo.eps_low",),
+    "ratio_clip_max": ("grpo.eps_high",),
+}
+
+
 def _closest_key_hint(cfg: DictConfig, key: str) -> str:
     keys = flat_keys(cfg)
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
+    named = COUNTERPART_NAMES.get(key.rsplit(".", 1)[-1], ())
+    close = [k for k in named if k in keys][:1] or difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
     if not close:  # a right leaf under a wrong section: match on the last part
         leaf = key.rsplit(".", 1)[-1]
         close = [k for k in keys if k.rsplit(".", 1)[-1] == leaf][:1]
