@@ -98,10 +98,10 @@ def test_a_disk_without_room_for_a_checkpoint_stops_the_run_before_it_trains(tin
 
 def run_worker_until_step(config: str, step: int, ready: str, go: str) -> None:
     """Runs in a subprocess: the worker, which waits before `step` until the file `go` exists."""
-    from rlsteps.engine.run import loop
+    from rlsteps.engine.run.step import StepRun
     from rlsteps.engine.run.worker import main
 
-    original = loop._Run.step
+    original = StepRun.step
 
     def waiting(self, prompts):
         if self.counters.step + 1 == step:
@@ -110,7 +110,7 @@ def run_worker_until_step(config: str, step: int, ready: str, go: str) -> None:
                 time.sleep(0.1)
         return original(self, prompts)
 
-    loop._Run.step = waiting
+    StepRun.step = waiting
     main([config])
 
 

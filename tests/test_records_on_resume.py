@@ -36,8 +36,9 @@ TORN = {
 def run_worker_paused(config: str, phase: str, step: int, ready: str) -> None:
     """Runs in a subprocess: the worker, which stops at `phase` of `step` until killed."""
     from rlsteps.engine.algorithms import RECIPES
+    from rlsteps.engine.checkpoints import resume
     from rlsteps.engine.generation.rollouts import Sampler
-    from rlsteps.engine.run import loop, resume
+    from rlsteps.engine.run.step import StepRun
     from rlsteps.engine.run.update import PolicyUpdate
     from rlsteps.engine.run.worker import main
 
@@ -57,19 +58,19 @@ def run_worker_paused(config: str, phase: str, step: int, ready: str) -> None:
 
         setattr(owner, attribute, paused)
 
-    original_step = loop._Run.step
+    original_step = StepRun.step
 
     def counted(self, prompts):
         at["step"] = self.counters.step + 1  # the step being made; its validation and checkpoint follow it
         return original_step(self, prompts)
 
-    loop._Run.step = counted
+    StepRun.step = counted
     pause_before(Sampler, "rollouts", "rollout")
-    pause_before(loop._Run, "_score_on_main", "score")
+    pause_before(StepRun, "_score_on_main", "score")
     pause_before(RECIPES["rs"], "prepare", "prepare")
     pause_before(PolicyUpdate, "__call__", "optimise")
-    pause_before(loop._Run, "validate", "validate")
-    pause_before(loop._Run, "save", "checkpoint")  # the step's metrics and samples are written by now
+    pause_before(StepRun, "validate", "validate")
+    pause_before(StepRun, "save", "checkpoint")  # the step's metrics and samples are written by now
     pause_before(resume, "_fsync_tree", "checkpoint_write")  # tmp_step_<N>/ written, not yet renamed
     main([config])
 

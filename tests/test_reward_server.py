@@ -14,10 +14,13 @@ import torch
 from transformers import AutoTokenizer
 
 from model_fixtures import LINES, PROMPTS, RESPONSES, save_reward_model, serving
+from rlsteps.engine.rewards.rm import batching as rm_batching
 from rlsteps.engine.rewards.rm import server as rm_server
+from rlsteps.engine.rewards.rm.batching import FairBatcher, _Job, estimated_tokens
 from rlsteps.engine.rewards.rm.client import RewardClient, RewardServerError
+from rlsteps.engine.rewards.rm.protocol import RewardsRequest
 from rlsteps.engine.rewards.rm.scorer import RewardScorer
-from rlsteps.engine.rewards.rm.server import FairBatcher, RewardsRequest, _Job, create_app, estimated_tokens
+from rlsteps.engine.rewards.rm.server import create_app
 from rlsteps.engine.rewards.text import reward_input_text
 
 # a chat template in the fixture tokenizer's terms: each turn "<role>content</s>", then "<assistant>" to generate
@@ -379,9 +382,9 @@ def test_conversations_are_read_through_the_reward_models_chat_template(
 
 def test_memory_is_given_back_once_the_queue_is_idle(scorer: RewardScorer, monkeypatch: pytest.MonkeyPatch) -> None:
     trimmed = threading.Event()
-    monkeypatch.setattr(rm_server, "release_free_memory", trimmed.set)
+    monkeypatch.setattr(rm_batching, "release_free_memory", trimmed.set)
     with serving(create_app(scorer)) as url:
-        assert not trimmed.wait(rm_server.IDLE_BEFORE_TRIM_S + 0.3), "trimmed before any work"
+        assert not trimmed.wait(rm_batching.IDLE_BEFORE_TRIM_S + 0.3), "trimmed before any work"
         answer = httpx.post(f"{url}/v1/rewards", json={"prompts": PROMPTS, "responses": RESPONSES})
         assert trimmed.wait(10), "the memory was not given back after the burst"
     assert answer.status_code == 200

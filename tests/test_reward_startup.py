@@ -8,7 +8,7 @@ import pytest
 
 from rlsteps.engine.rewards.process import LocalServer, ServerStartError
 from rlsteps.engine.rewards.sources import RewardModelSource
-from rlsteps.engine.run.loop import _is_reward_failure
+from rlsteps.engine.run.step import is_reward_failure
 from test_reward_client import write_module
 
 GATED = """
@@ -70,4 +70,4 @@ def test_a_server_that_never_came_up_stops_the_run_as_missing_rewards_do(tmp_pat
     server.start(wait=False)
     with pytest.raises(ServerStartError, match="no weights in /nowhere") as failed:
         server.wait_until_ready()
-    assert server.process is None and _is_reward_failure(failed.value)  # the loop stops with a line, not a traceback
+    assert server.process is None and is_reward_failure(failed.value)  # the loop stops with a line, not a traceback

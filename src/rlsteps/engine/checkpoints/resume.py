@@ -23,7 +23,7 @@ A save first checks that the disk has room for it (the latest checkpoint's size,
 first); a save that fails (a full disk, anything) removes its `tmp_step_<N>/` and a full disk is raised as
 DiskFull, naming the directory and what to free.
 
-The run's records follow the checkpoint it resumes from (`keep_records_through`): metrics.jsonl and
+The run's records follow the checkpoint it resumes from (rewind.py): metrics.jsonl and
 samples.jsonl are cut back to the records of steps <= its step, a torn last line dropped, and the run's log
 (train.log) loses the per-step lines of later steps, so a resumed run's records read as if it never stopped.
 """
@@ -44,7 +44,7 @@ from typing import Any
 
 from rlsteps.engine.checkpoints import disk
 from rlsteps.engine.distributed import SINGLE, World, barrier, from_main
-from rlsteps.engine.records.metrics import keep_records_through, replace_atomically, to_json_number
+from rlsteps.engine.records.metrics import to_json_number
 from rlsteps.errors import DiskFull
 
 logger = logging.getLogger(__name__)
@@ -59,10 +59,6 @@ TMP_PREFIX = "tmp_"  # tmp_step_<N>: a save in progress
 TRASH_PREFIX = "trash_"  # trash_step_<N>: a checkpoint being replaced or pruned
 REQUIRED_INFO = ("consumed_samples", "epoch", "optimizer_steps")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-RECORD_FILES = ("metrics.jsonl", "samples.jsonl")  # JSONL, one {"step": N, ...} a line, in the run directory
-STEP_LOGGER = "rlsteps.steps"  # the loop's one line per step in the run's log: "<time> INFO rlsteps.steps: step N/T"
-_LOG_HEADER = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
-_STEP_LINE = re.compile(_LOG_HEADER.pattern + re.escape(STEP_LOGGER.encode()) + rb": step (\d+)/\d+")
 
 
 class CheckpointError(RuntimeError):
@@ -322,69 +318,6 @@ class CheckpointManager:
             else:
                 _remove_checkpoint_dir(trash)
         _fsync_dir(self.root)
-
-
-# ---------------------------------------------------------------------------- records on resume
-
-
-def rewind_records(run_dir: Path, step: int | None, records: bool = True) -> None:
-    """Cut the run's records back to the checkpoint the run resumes from (`step`; None: a start without one,
-    which keeps no record of an earlier start): metrics.jsonl and samples.jsonl (with `records`: the process
-    that writes them) and the log files this process writes in `run_dir`."""
-    for name in RECORD_FILES if records else ():
-        keep_records_through(run_dir / name, step)
-    for path in _own_logs(run_dir):
-        keep_log_steps_through(path, step)
-
-
-def keep_log_steps_through(path: Path, step: int | None) -> int:
-    """Drop a run log's per-step lines of steps after `step` (all of them for None), and the torn end of a line
-    that a kill cut short (the next start's first line is glued to it). The other lines stay: they tell what
-    happened before the run stopped. Replaced whole, under the lock of this process's handlers that write the
-    file, which then write to the new file. Returns the number of lines dropped or repaired."""
-    if not path.is_file():
-        return 0
-    handlers = [h for h in logging.getLogger().handlers if _writes(h, path)]
-    for handler in handlers:
-        handler.acquire()
-    try:
-        for handler in handlers:
-            handler.flush()
-        lines = path.read_bytes().splitlines(keepends=True)
-        kept, repaired = [], 0
-        for line in lines:
-            glued = _LOG_HEADER.search(line, 1)
-            if glued:
-                line, repaired = line[glued.start() :], repaired + 1
-            at = _STEP_LINE.match(line)
-            if at and (step is None or int(at.group(1)) > step):
-                continue
-            kept.append(line)
-        changed = len(lines) - len(kept) + repaired
-        if changed:
-            replace_atomically(path, b"".join(kept))
-            for handler in handlers:
-                old = handler.setStream(open(handler.baseFilename, handler.mode, encoding=handler.encoding))
-                if old is not None:
-                    old.close()
-    finally:
-        for handler in handlers:
-            handler.release()
-    if changed:
-        dropped = f"{len(lines) - len(kept)} step line(s) " + (f"after step {step}" if step is not None else "")
-        logger.info("%s: dropped %s (resumed run), repaired %d torn line(s)", path, dropped.strip(), repaired)
-    return changed
-
-
-def _own_logs(run_dir: Path) -> list[Path]:
-    """The files in `run_dir` that this process's logging writes (train.log; train.rank<N>.log elsewhere)."""
-    root = Path(run_dir).absolute()
-    files = {Path(h.baseFilename) for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)}
-    return sorted(f for f in files if f.parent == root)
-
-
-def _writes(handler: logging.Handler, path: Path) -> bool:
-    return isinstance(handler, logging.FileHandler) and Path(handler.baseFilename) == Path(path).absolute()
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rlsteps")
 _held: list[Any] = []  # the run directory's lock, held until the process ends
-PLOTTED = ["train/reward", "val/reward_mean", "train/loss", "train/response_length"]  # and val/<reward function>
-SUMMARISED = ["train/reward", "val/reward_mean"]  # first -> last at the end of a run, and val/<reward function>
 STEP_LOGGER = "rlsteps.steps"  # the loop's one line per step: train.log only
 
 
@@ -83,7 +81,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
             log.error("%s", refused)
             return refused.exit_code
         _prepare_torch(cfg)  # while a reward server loads
-        from rlsteps.engine.run.loop import RunStopped
+        from rlsteps.engine.run.step import RunStopped
 
         try:
             model, tokenizer, counters = _convert(cfg) if converting else _train(cfg, run_dir, rewards, world)
@@ -98,14 +96,16 @@ def run(config_path: Path, log_level: str = "info") -> int:
     if converting:
         write_policy_output(cfg, model, tokenizer, counters, job, versions)
         return 0
+    from rlsteps.engine.records.run_end import finish_plot, start_plot, summarise
+
     terms = list(cfg.reward_terms) if len(cfg.reward_terms) > 1 else []
     extra_keys = [f"val/reward/{name}" for name in terms] + [f"val/{n}" for n in cfg.validation.reward_functions]
-    plot = _start_plot(run_dir, PLOTTED[:2] + extra_keys + PLOTTED[2:])  # drawn while the output is written
+    plot = start_plot(run_dir, extra_keys)  # drawn while the output is written
     try:
         write_policy_output(cfg, model, tokenizer, counters, job, versions)
-        _summarise(run_dir, extra_keys)
+        summarise(run_dir, extra_keys)
     finally:
-        _finish_plot(run_dir, plot)
+        finish_plot(run_dir, plot)
     return 0
 
 
@@ -237,49 +237,6 @@ def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:
         cfg.output.type,
     )
     return model, tokenizer, {}
-
-
-def _summarise(run_dir: Path, extra_keys: list[str]) -> None:
-    from rlsteps.engine.records.metrics import metric_series, read_metrics
-
-    records = read_metrics(run_dir / "metrics.jsonl")
-    for key in SUMMARISED + extra_keys:
-        steps, values = metric_series(records, key)
-        if len(values) >= 2:
-            log.info("%s: %.4f at step %d -> %.4f at step %d", key, values[0], steps[0], values[-1], steps[-1])
-    _, failed = metric_series(records, "judge/transport_failures")
-    if sum(failed):
-        log.warning(
-            "%d judge comparisons failed in transport over the run; their responses left the loss "
-            "(judge/transport_failures)",
-            sum(failed),
-        )
-    steps, idle = metric_series(records, "train/steps_without_update")
-    if idle and idle[-1]:
-        log.warning("%d of %d steps made no optimizer update (train/steps_without_update)", idle[-1], steps[-1])
-
-
-def _start_plot(run_dir: Path, keys: list[str]) -> Any:
-    """metrics.png drawn by a process of its own from the finished metrics.jsonl; None where none can start."""
-    from rlsteps.engine.records.metrics import start_plot
-
-    try:
-        return start_plot(run_dir / "metrics.jsonl", run_dir / "metrics.png", keys)
-    except OSError as error:
-        log.warning("no metrics plot: %s", error)
-        return None
-
-
-def _finish_plot(run_dir: Path, process: Any) -> None:
-    """Wait for the plot (the run ends with its file written, or a warning saying why not)."""
-    from rlsteps.engine.records.metrics import finish_plot
-
-    if process is None:
-        return
-    try:
-        log.info("metrics plot: %s", finish_plot(process, run_dir / "metrics.png"))
-    except ValueError as error:
-        log.warning("no metrics plot: %s", error)
 
 
 class _CurrentStderrHandler(logging.StreamHandler):

@@ -1,0 +1,385 @@
+"""One RL step of a run, and its validation and checkpoint: what the loop (loop.py) repeats.
+
+A step: the prompts of (seed, consumed_samples), rollouts from the policy, rewards on the main process (a failed
+reward source stops the run after a checkpoint), the recipe's prepare, the update, the weights sent to the
+sampler, and the step's metrics. Over several processes each takes its share of the prompt groups and the rows
+come back together in prompt order for scoring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlsteps.engine.algorithms.recipe import Recipe, rollout_stats
+from rlsteps.engine.batch import RolloutBatch
+from rlsteps.engine.checkpoints.resume import (
+    CheckpointManager,
+    capture_rng_state,
+)
+from rlsteps.engine.checkpoints.train_state import write_train_state
+from rlsteps.engine.config import RecipeConfig
+from rlsteps.engine.distributed import (
+    SINGLE,
+    World,
+    all_gather,
+    from_main,
+    gather_to_main,
+    reduce_max,
+    reduce_sum,
+)
+from rlsteps.engine.generation.rollouts import Sampler
+from rlsteps.engine.inputs.data import Prompt, prompt_indices
+from rlsteps.engine.policy.logprobs import batched_token_logprobs
+from rlsteps.engine.policy.parallel import (
+    Precision,
+    gathered,
+)
+from rlsteps.engine.records.metrics import Timers
+from rlsteps.engine.records.samples import SampleLog, sample_records, show_samples
+from rlsteps.engine.records.throughput import (
+    attended_length,
+    mfu,
+    model_flops,
+    peak_memory_gb,
+    peak_rss_gb,
+    reset_peak_memory,
+)
+from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionFailed
+from rlsteps.engine.rewards.sources import RewardSource, Scores
+from rlsteps.engine.run.update import PolicyUpdate, UpdateResult
+
+log = logging.getLogger(__name__)
+
+
+class RunStopped(RuntimeError):
+    """The run stopped on purpose (a reward source failed) after writing a checkpoint."""
+
+
+@dataclass
+class Counters:
+    step: int = 0
+    consumed_samples: int = 0
+    optimizer_steps: int = 0
+    epoch: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "step": self.step,
+            "consumed_samples": self.consumed_samples,
+            "optimizer_steps": self.optimizer_steps,
+            "epoch": self.epoch,
+        }
+
+
+@dataclass
+class StepRun:
+    cfg: RecipeConfig
+    recipe: Recipe
+    rewards: RewardSource | None  # the main process's
+    model: torch.nn.Module
+    tokenizer: object
+    reference: torch.nn.Module | None
+    checkpoints: CheckpointManager
+    sampler: Sampler
+    counters: Counters
+    device: torch.device
+    update: PolicyUpdate
+    precision: Precision = field(default_factory=Precision)
+    world: World = SINGLE
+    say: Callable[[str], None] = print
+    reward_functions: list[FunctionScorer] = field(default_factory=list)  # validation's figures
+    samples: SampleLog | None = None
+    timers: Timers = field(default_factory=Timers)
+    skipped_updates: int = 0  # optimizer steps skipped on a non-finite gradient
+    steps_without_update: int = 0  # RL steps that changed no weight
+    no_update_streak: int = 0
+
+    def step(self, prompts: list[Prompt]) -> dict[str, float]:
+        c, cfg = self.counters, self.cfg
+        started = time.perf_counter()
+        indices, c.epoch = prompt_indices(cfg.seed, c.consumed_samples, cfg.rollout.prompts_per_step, len(prompts))
+        mine = self.world.mine(len(indices))  # this process's prompt groups
+        with self.timers("rollout"), self._sampling():
+            batch = self.sampler.rollouts(
+                self.model,
+                [prompts[indices[j]] for j in mine],
+                cfg.rollout.num_rollouts_per_prompt,
+                seed=(cfg.seed, c.step),
+                prompt_positions=mine,
+            )
+        with self.timers("reward"):
+            scored = self._score_or_stop(batch, len(indices), cfg.rollout.num_rollouts_per_prompt, c.step + 1)
+        with self.timers("prepare"):
+            train_batch, stats = self.recipe.prepare(
+                batch, scored.mine, self._logprobs(self.model), self._logprobs(self.reference)
+            )
+            stats = {**_row_weighted_mean(self.world, stats, len(batch)), **scored.rollout_stats}
+        with self.timers("train"):
+            result = self.update(train_batch)
+        if result.optimizer_steps:
+            with self.timers("weight_sync"):
+                self.sampler.load_weights(self.model)
+        c.optimizer_steps += result.optimizer_steps
+        self.skipped_updates += result.skipped
+        self._count_update(result.optimizer_steps > 0)
+        c.step += 1
+        c.consumed_samples += cfg.rollout.prompts_per_step
+        stats.update(result.stats)
+        stats.update(scored.whole.metrics)  # the reward source's
+        seconds = self.timers.pop()
+        stats.update(seconds)
+        stats.update(self._throughput(batch, train_batch, result, seconds))
+        stats.update(
+            {
+                "train/lr": self.update.scheduler.get_last_lr()[0],
+                "train/skipped_updates": self.skipped_updates,
+                "train/consumed_samples": c.consumed_samples,
+                "train/epoch": c.epoch,
+                "train/optimizer_steps": c.optimizer_steps,
+                "train/steps_without_update": self.steps_without_update,
+                "timers/step": time.perf_counter() - started,
+            }
+        )
+        return stats
+
+    @contextlib.contextmanager
+    def _sampling(self):
+        """Rollouts from the policy: gathered whole for a sampler that reads its weights; the sampler's memory
+        given back to training after."""
+        with contextlib.ExitStack() as stack:
+            if self.sampler.samples_from_policy:
+                stack.enter_context(gathered(self.model, self.device))
+                stack.enter_context(self.precision.autocast(self.device))
+            yield
+        self.sampler.release()
+
+    def _throughput(
+        self, batch: RolloutBatch, trained: RolloutBatch, result: UpdateResult, seconds: dict[str, float]
+    ) -> dict[str, float]:
+        """Tokens per second of generation and training (all processes), the train phase's model FLOPs
+        utilisation (when the device's peak is known) and this step's peak memory (the largest process's)."""
+        generated = reduce_sum(self.world, float(batch.response_lengths.sum()))
+        train_seconds = max(seconds.get("timers/train", 0.0), 1e-9)
+        perf = {
+            "perf/generation_tokens_per_s": generated / max(seconds.get("timers/rollout", 0.0), 1e-9),
+            "perf/train_tokens_per_s": result.tokens / train_seconds,
+        }
+        utilisation = self._train_mfu(trained, result, train_seconds)
+        if utilisation is not None:
+            perf["perf/train_mfu"] = utilisation
+        on_gpu = peak_memory_gb(self.device)
+        name = "perf/peak_memory_gb" if on_gpu is not None else "perf/peak_rss_gb"
+        perf[name] = reduce_max(self.world, on_gpu if on_gpu is not None else peak_rss_gb())
+        reset_peak_memory(self.device)
+        return perf
+
+    def _train_mfu(self, trained: RolloutBatch, result: UpdateResult, seconds: float) -> float | None:
+        """Model FLOPs of the train phase over the device's peak; None where either is unknown (a CPU, a mixture
+        of experts)."""
+        if not len(trained):
+            return None
+        try:
+            seq_len = attended_length(trained.sequence_lengths)
+            flops = model_flops(self.model.config, result.tokens, seq_len, lm_head_tokens=result.response_tokens)
+        except ValueError:
+            return None
+        return mfu(flops / self.world.size, seconds, self.device, self.precision.compute)
+
+    def _count_update(self, updated: bool) -> None:
+        self.no_update_streak = 0 if updated else self.no_update_streak + 1
+        self.steps_without_update += not updated
+
+    def stop_if_not_learning(self, step_metrics: dict[str, float]) -> None:
+        """Too many RL steps in a row without an optimizer update: checkpoint and stop rather than run on."""
+        limit = self.cfg.train.max_steps_without_update
+        if not self.no_update_streak:
+            return
+        if not limit or self.no_update_streak < limit:
+            log.warning("step %d made no optimizer update: %s", self.counters.step, _no_update_cause(step_metrics))
+            return
+        where = self.save(step_metrics)
+        raise RunStopped(
+            f"{self.no_update_streak} steps in a row made no optimizer update (train.max_steps_without_update="
+            f"{limit}): {_no_update_cause(step_metrics)}; the rollouts and judge answers are in samples.jsonl; "
+            f"checkpoint {where}"
+        )
+
+    def _write_samples(self, step: int, split: str, batch: RolloutBatch, scores: Scores, extra=None) -> list[dict]:
+        count = self.cfg.logging.samples_per_step
+        records = sample_records(step, split, batch, scores, count, extra) if count and self.samples else []
+        if records:
+            self.samples.write(records)
+        return records
+
+    def _score_or_stop(self, batch: RolloutBatch, prompts: int, per_prompt: int, step: int) -> _Scored:
+        """The main process scores every process's rollouts; each gets its own rows' scores back. A reward source
+        that stays down stops every process, after a checkpoint: never train on missing rewards."""
+        parts = gather_to_main(self.world, batch)
+        outcome = None
+        if parts is not None:
+            whole = _in_prompt_order(parts, self.world, prompts, per_prompt)
+            outcome = self._score_on_main(whole)
+            if isinstance(outcome, Scores):
+                self._write_samples(step, "train", whole, outcome)
+                outcome = _Scored(outcome, rollout_stats(whole, outcome))
+        outcome = from_main(self.world, outcome)
+        if isinstance(outcome, str):
+            self._stop_without_rewards(f"at step {self.counters.step + 1}", outcome)
+        outcome.mine = outcome.whole.select(_rows_of(self.world.mine(prompts), per_prompt))
+        return outcome
+
+    def _score_on_main(self, batch: RolloutBatch, alone: bool = False) -> Scores | str:
+        """The rewards of the batch (alone: one response per prompt, greedy validation), or why there are none."""
+        try:
+            return self.rewards.score_alone(batch) if alone else self.rewards.score(batch)
+        except Exception as error:
+            if not is_reward_failure(error):
+                raise
+            return str(error)
+
+    def _logprobs(self, model: torch.nn.Module | None):
+        if model is None:
+            return None
+
+        def logprobs(batch: RolloutBatch) -> torch.Tensor:
+            with gathered(model, self.device), self.precision.autocast(self.device):
+                return batched_token_logprobs(model, batch, self.cfg.rollout.logprob_micro_batch_size)
+
+        return logprobs
+
+    def validate(self, prompts: list[Prompt]) -> dict[str, float]:
+        """Validation rollouts of every process, scored and summarised by the main process, its metrics on all."""
+        n = self.cfg.validation.samples_per_prompt
+        mine = self.world.mine(len(prompts))
+        started = time.perf_counter()  # its own timer, logged with its metrics (not with the next step's)
+        with self._sampling():  # every process gathers the policy, when the sampler reads it
+            batch = None  # more processes than validation prompts: this one has none
+            if mine:
+                batch = self.sampler.validation_rollouts(
+                    self.model,
+                    [prompts[j] for j in mine],
+                    n,
+                    max_new_tokens=self.cfg.validation.max_new_tokens,
+                    seed=self.cfg.seed,
+                    prompt_positions=mine,
+                )
+        parts = gather_to_main(self.world, batch)
+        outcome = (
+            None if parts is None else self._validation_on_main(_in_prompt_order(parts, self.world, len(prompts), n))
+        )
+        outcome = from_main(self.world, outcome)
+        if isinstance(outcome, str):
+            self._stop_without_rewards(f"at validation after step {self.counters.step}", outcome)
+        return {**outcome, "timers/validation": time.perf_counter() - started}
+
+    def _stop_without_rewards(self, when: str, failure: str) -> None:
+        """Every process: a checkpoint (when there is a step to keep), then RunStopped."""
+        where = self.save({}) if self.counters.step > 0 else None
+        kept = f"; the last checkpoint {where} is intact and a rerun resumes from it" if where else ""
+        raise RunStopped(f"rewards unavailable {when}: {failure}{kept}")
+
+    def _validation_on_main(self, batch: RolloutBatch) -> dict[str, float] | str:
+        scores = self._score_on_main(batch, alone=self.cfg.validation.samples_per_prompt == 1)
+        if isinstance(scores, str):
+            return scores
+        try:
+            extra = {f"val/{scorer.name}": scorer(batch) for scorer in self.reward_functions}
+        except RewardFunctionFailed as error:
+            return str(error)
+        rewards = scores.rewards[scores.valid]
+        records = self._write_samples(self.counters.step, "val", batch, scores, extra)
+        show_samples(records[: self.cfg.validation.show_samples], self.say)
+        return {
+            "val/reward_mean": rewards.mean().item() if len(rewards) else float("nan"),
+            **{f"val/{k}": v for k, v in scores.metrics.items() if k.startswith("reward/")},
+            "val/response_length": batch.response_lengths.float().mean().item(),
+            "val/fraction_ended": batch.is_end.float().mean().item(),
+            **{name: _mean_of_scored(values) for name, values in extra.items()},
+        }
+
+    def save(self, step_metrics: dict[str, float]) -> Path:
+        """A checkpoint of every process's shards (each process calls it)."""
+        update = self.update
+        state = {"scheduler": update.scheduler.state_dict(), "rng": capture_rng_state(), "world_size": self.world.size}
+        info = {
+            **self.counters.as_dict(),
+            "metrics": {k: v for k, v in step_metrics.items() if isinstance(v, int | float)},
+        }
+        return self.checkpoints.save(
+            self.counters.step,
+            None,
+            None,
+            state,
+            info,
+            write_state=lambda folder: write_train_state(update.model, update.optimizer, folder),
+            world=self.world,
+        )
+
+
+@dataclass
+class _Scored:
+    whole: Scores  # every row of the step, in prompt order
+    rollout_stats: dict[str, float]  # over the whole step
+    mine: Scores | None = None  # this process's rows
+
+
+def _rows_of(positions: list[int], per_prompt: int) -> list[int]:
+    """Rows of the prompts at `positions` in a batch of `per_prompt` adjacent rows per prompt."""
+    return [j * per_prompt + k for j in positions for k in range(per_prompt)]
+
+
+def _in_prompt_order(parts: list[RolloutBatch | None], world: World, prompts: int, per_prompt: int) -> RolloutBatch:
+    """One batch of every process's rows in the step's prompt order (as one process would have drawn them);
+    a process without prompts sends None."""
+    if len(parts) == 1:
+        return parts[0]
+    whole = RolloutBatch.concat([part for part in parts if part is not None])
+    offsets = [0]
+    for part in parts[:-1]:
+        offsets.append(offsets[-1] + (len(part) if part is not None else 0))
+    order = [
+        offsets[j % world.size] + (j // world.size) * per_prompt + k for j in range(prompts) for k in range(per_prompt)
+    ]
+    return whole.select(order)
+
+
+def _row_weighted_mean(world: World, stats: dict[str, float], rows: int) -> dict[str, float]:
+    """A recipe's step statistics over all processes: each process's value weighted by its rows."""
+    if not world.is_distributed:
+        return stats
+    gathered_stats = all_gather(world, (stats, rows))
+    total = sum(r for _, r in gathered_stats) or 1
+    keys = [k for k in stats if isinstance(stats[k], int | float)]
+    return {k: sum(s.get(k, 0.0) * r for s, r in gathered_stats) / total for k in keys}
+
+
+def _mean_of_scored(values: list[float | None]) -> float:
+    """The mean of the values a function gave (None: no value for that sample); NaN when it gave none."""
+    scored = [v for v in values if v is not None]
+    return sum(scored) / len(scored) if scored else float("nan")
+
+
+def _no_update_cause(metrics: dict[str, float]) -> str:
+    """Why a step changed no weight, from what it logged."""
+    if metrics.get("judge/comparisons") and metrics.get("judge/parse_failures") == metrics.get("judge/comparisons"):
+        return "no judge answer parsed, so every sample was masked"
+    if metrics.get("train/fraction_scored") == 0:
+        return "no sample had a valid reward"
+    if metrics.get("train/fraction_ended") == 0:
+        return "no sample ended with EOS (raise rollout.sampling.max_new_tokens)"
+    return "no row was left to learn from (every advantage zero, every row filtered out, or a non-finite gradient)"
+
+
+def is_reward_failure(error: Exception) -> bool:
+    from rlsteps.engine.rewards.judge.client import JudgeUnavailable
+    from rlsteps.engine.rewards.process import ServerStartError  # a local server that never came up
+    from rlsteps.engine.rewards.rm.client import RewardError
+
+    return isinstance(error, RewardError | JudgeUnavailable | ServerStartError | RewardFunctionFailed)
