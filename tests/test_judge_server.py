@@ -85,6 +85,15 @@ def test_unreadable_requests_get_400_with_the_reason(scorer: RewardScorer):
     assert free_text.status_code == 400 and "[RESPONSE 1]" in free_text.json()["error"]["message"]
 
 
+def test_an_oversize_body_gets_413_and_other_paths_and_methods_go_to_the_app(scorer: RewardScorer):
+    with serving(create_app(scorer), path="/v1") as url:
+        oversize = httpx.post(f"{url}/chat/completions", content=b"x" * 8_000_001)
+        wrong_method = httpx.get(f"{url}/chat/completions")
+        unknown = httpx.post(f"{url}/completions", json={})
+    assert oversize.status_code == 413 and "over 8000000 bytes" in oversize.json()["error"]["message"]
+    assert wrong_method.status_code in (404, 405) and unknown.status_code == 404
+
+
 def test_token_is_required_when_set(scorer: RewardScorer):
     body = {"model": "tiny-judge", "messages": judge_messages(CONVERSATION, " cat", " dog", None)}
     with serving(create_app(scorer, token="s3cret"), path="/v1") as url:

@@ -61,6 +61,7 @@ log = logging.getLogger("rlsteps.rewards.judge_server")
 MESSAGE_CHARS = 300  # the most of an error's reason an answer carries
 QUEUE_BATCHES = 4  # the default max_queue: this many full batches
 RETRY_AFTER_S = 1  # a refused comparison's Retry-After
+MAX_BODY_BYTES = 8_000_000  # a conversation and two responses: far less
 REMEMBERED_REWARDS = 16384  # (prompt, response) rewards kept: a response is in several comparisons of its group
 
 
@@ -264,9 +265,9 @@ def create_app(
     max_batch: int = 64,
     max_wait_ms: float = 2,
     max_queue: int | None = None,
-) -> FastAPI:
-    """The judge's HTTP app around any object with score(prompts, responses) -> rewards. With a token, every request
-    needs it but GET /health, which then says only that the server is up. max_batch: most comparisons scored
+) -> Any:
+    """The judge's HTTP app (ASGI) around any object with score(prompts, responses) -> rewards. With a token, every
+    request needs it but GET /health, which then says only that the server is up. max_batch: most comparisons scored
     together; max_wait_ms: how long a batch waits to fill after its oldest comparison arrived; max_queue:
     comparisons waiting before new ones get 503 (None: QUEUE_BATCHES full batches)."""
     batcher = JudgeBatcher(scorer, max_batch, max_wait_ms / 1000, max_queue or QUEUE_BATCHES * max_batch)
@@ -280,7 +281,6 @@ def create_app(
             await worker
 
     app = FastAPI(title="rlsteps judge", lifespan=lifespan, **docs_urls(token))
-    app.add_middleware(TokenGate, token=token, refuse=unauthorised)
     app.state.batcher = batcher
 
     def authorised(request: Request) -> bool:
@@ -313,12 +313,12 @@ def create_app(
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "rlsteps"}]}
 
-    @app.post("/v1/chat/completions")
-    async def completions(request: Request) -> JSONResponse:
+    async def answer(body: bytes) -> tuple[JSONResponse | None, dict]:
+        """A chat completion's answer: (an error response, {}) or (None, the completion)."""
         try:
-            judge_request, structured = _read_request(await request.body())
+            judge_request, structured = _read_request(body)
         except ValueError as err:
-            return _error(400, excerpt(str(err), MESSAGE_CHARS))  # a bad message is quoted in the reason
+            return _error(400, excerpt(str(err), MESSAGE_CHARS)), {}  # a bad message is quoted in the reason
         if batcher.full:
             batcher.rejected += 1
             refused = _error(
@@ -326,18 +326,53 @@ def create_app(
                 "server_error",
             )  # fmt: skip
             refused.headers["Retry-After"] = str(RETRY_AFTER_S)
-            return refused
+            return refused, {}
         try:
             reward_1, reward_2 = await batcher.add(judge_request)
         except Exception as err:  # noqa: BLE001 - the scorer failed; the log has the traceback
             log.exception("scoring failed")
-            return _error(
-                500, f"scoring failed: {type(err).__name__}: {excerpt(str(err), MESSAGE_CHARS)}", "server_error"
-            )
-        content = answer_text(judgement_from_rewards(reward_1, reward_2), structured)
-        return JSONResponse(chat_completion(content, model_name))
+            message = f"scoring failed: {type(err).__name__}: {excerpt(str(err), MESSAGE_CHARS)}"
+            return _error(500, message, "server_error"), {}
+        return None, chat_completion(answer_text(judgement_from_rewards(reward_1, reward_2), structured), model_name)
 
-    return app
+    served = ChatCompletions(app, answer)
+    return TokenGate(served, token=token, refuse=unauthorised) if token else served
+
+
+class ChatCompletions:
+    """ASGI: POST /v1/chat/completions is answered here, ahead of FastAPI's middleware and routing (a step sends a
+    request per comparison, so their cost per request counts); any other request goes on to `app`. A body over
+    MAX_BODY_BYTES gets 413 before more of it is read."""
+
+    PATH = "/v1/chat/completions"
+
+    def __init__(self, app: FastAPI, answer: Any) -> None:
+        self.app, self.answer = app, answer
+        self.state = app.state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != self.PATH or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > MAX_BODY_BYTES:
+                await _error(413, f"the request body is over {MAX_BODY_BYTES} bytes")(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        refused, completion = await self.answer(bytes(body))
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        data = json.dumps(completion).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
 
 
 def serve(
