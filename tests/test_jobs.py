@@ -103,6 +103,7 @@ def test_cli_list_status_logs_and_cancel(workspace):
     assert isinstance(unknown.exception, UsageError)
 
 
+@pytest.mark.slow  # a detached run of the tiny step
 def test_a_detached_run_writes_its_record_and_jobs_reads_it(tiny_world, workspace):
     root, here, _ = workspace
     (root / "rlsteps.yaml").write_text("profiles:\n  here: {executor: local}\n")
@@ -138,3 +139,15 @@ def test_jobs_list_fits_80_columns_and_never_breaks_a_job_name(workspace):
     lines = listed.output.splitlines()
     assert listed.exit_code == 0 and max(len(line) for line in lines) <= 80, listed.output
     assert all(any(line.startswith(name) for line in lines) for name in names), listed.output  # whole, copyable
+
+
+def test_jobs_list_in_the_order_they_were_submitted_across_time_zones_and_within_a_second(tmp_path):
+    submitted = {  # the name's random part sorts against the order; the times are what happened
+        "z-first": "2026-11-26T10:00:00.000100+00:00",
+        "a-second": "2026-11-26T11:00:00.000200+01:00",  # 10:00:00.0002 UTC
+        "m-third": "2026-11-26T10:00:01+0000",  # an older record's form, to the second
+    }
+    for name, when in submitted.items():
+        (tmp_path / name).mkdir()
+        JobRecord("local", name, str(tmp_path / name), "rl/rs", when).save()
+    assert [r.job_id for r in jobs.find_records([tmp_path])] == ["z-first", "a-second", "m-third"]

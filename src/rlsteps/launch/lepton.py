@@ -118,7 +118,7 @@ class LeptonLauncher:
             "secrets": sorted(secret_name(job_id, k) for k in held_secrets(job, profile)),
             SECRETS_DELETED: job_id in self._released,
         }
-        return JobRecord.of(self.name, job, submission, extra, datetime.now(UTC).isoformat(timespec="seconds"))
+        return JobRecord.of(self.name, job, submission, extra, datetime.now(UTC).isoformat(timespec="microseconds"))
 
     def status(self, record: JobRecord) -> JobStatus:
         client = api.client(record.extra.get("workspace"))

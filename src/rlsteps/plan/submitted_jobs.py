@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,16 @@ def find_records(roots: list[Path] | None = None) -> list[JobRecord]:
             except (OSError, ValueError, TypeError):
                 continue  # a record being written, or not ours
             found.setdefault((record.launcher, record.job_id, record.job_dir), record)
-    return sorted(found.values(), key=lambda r: (r.submitted, Path(r.job_dir).name))
+    return sorted(found.values(), key=lambda r: (_instant(r.submitted), Path(r.job_dir).name))
+
+
+def _instant(iso_time: str) -> float:
+    """A record's submission time as a moment (records written in other time zones compare as they happened); an
+    unreadable one sorts first."""
+    try:
+        return datetime.fromisoformat(iso_time).timestamp()
+    except ValueError:
+        return float("-inf")
 
 
 def find_job(ref: str, records: list[JobRecord] | None = None) -> JobRecord:
