@@ -17,6 +17,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from distributed_update import fixed_batch, fixed_model, train_phase  # noqa: E402
 from rlsteps.engine.distributed import SINGLE  # noqa: E402
 
+# Slow (torchrun with gloo, two processes a case): the fast tier, -m 'not slow', leaves it out
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).parent / "distributed_update.py"
 
 

@@ -15,6 +15,9 @@ from distributed_one_pass import OPTIONS, one_run  # noqa: E402
 from rlsteps.engine.distributed import SINGLE  # noqa: E402
 from test_distributed import assert_same_weights  # noqa: E402
 
+# Slow (torchrun with gloo, two processes a case): the fast tier, -m 'not slow', leaves it out
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).parent / "distributed_one_pass.py"
 
 

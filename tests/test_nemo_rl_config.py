@@ -41,6 +41,7 @@ def master(step: str, *overrides: str, cluster=Cluster(2, 8)):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.slow  # NeMo-RL's own code, in a process of its own
 def test_nemo_rls_own_code_accepts_the_compiled_master_config(case):
     step, overrides, cluster = CASES[case]
     cfg = validated(step, *overrides)
@@ -115,6 +116,7 @@ def test_the_megatron_backend_moves_optimizer_and_schedule_into_megatron_cfg():
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+@pytest.mark.slow  # NeMo-RL's schedulers, in a process of their own
 def test_nemo_rls_torch_schedulers_give_rlsteps_learning_rate_at_every_optimizer_step(schedule):
     """The compiled policy.scheduler set up and stepped by NeMo-RL's own DTensor worker code (the pinned source, real
     torch, in a subprocess: tests/nemo_rl_schedule_check.py) against rlsteps's engine.policy.optim.lr_multiplier."""

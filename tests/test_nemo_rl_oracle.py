@@ -13,6 +13,9 @@ import pytest
 import rlsteps.engine.nemo_rl as engine_nemo_rl
 import upstream
 
+# Slow (runs NeMo-RL's and NeMo-Gym's own code in processes of their own): the fast tier, -m 'not slow', leaves it out
+pytestmark = pytest.mark.slow
+
 NEMO_RL = upstream.unpacked("nemo_rl")  # skips the module without the archives (fails under RLSTEPS_REQUIRE_UPSTREAM=1)
 NEMO_GYM = upstream.unpacked("nemo_gym")
 STAGE3 = NEMO_RL / "examples/nemo_gym/nemotron-3-super/stage3_rlhf.yaml"

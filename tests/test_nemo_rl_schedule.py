@@ -18,6 +18,9 @@ from rlsteps.engine.nemo_rl import schedule
 from rlsteps.engine.policy.optim import lr_multiplier
 from rlsteps.plan.compile import compile_job
 
+# Slow (runs NeMo-RL's schedulers in a process of their own): the fast tier, -m 'not slow', leaves it out
+pytestmark = pytest.mark.slow
+
 CHECK = Path(__file__).with_name("nemo_rl_schedule_check.py")
 INPUTS = ("inputs.prompts=/p.jsonl", "inputs.policy=/sft", "inputs.judge_model=/j")
 SCHEDULES = ("cosine", "linear", "constant")

@@ -156,6 +156,7 @@ def trained(policy: Path, step: int) -> dict:
     return {name: t * (1.0 + SCALE_PER_STEP * step) for name, t in load_file(policy / "model.safetensors").items()}
 
 
+@pytest.mark.slow  # writes and reads Megatron checkpoints
 def test_finish_writes_the_checkpoint_of_the_last_total_step_with_nemo_rls_counters(tiny_world, tmp_path):
     """Three epochs of 3 GRPO steps, cut at max_num_steps 7 (step 1 of epoch 3), a checkpoint every 2 steps and at
     the end, the 2 latest kept, and a tmp_step_8 begun but never finished: step_7, with total_steps (not the
@@ -188,6 +189,7 @@ def test_finish_writes_the_checkpoint_of_the_last_total_step_with_nemo_rls_count
     assert not all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), start.state_dict().values()))
 
 
+@pytest.mark.slow  # writes and reads Megatron checkpoints
 def test_a_checkpoint_without_its_training_info_is_not_nemo_rls_and_is_passed_over(tiny_world, tmp_path):
     cfg = config_of("reinforce", tmp_path / "run")
     folder = nemo_rl_checkpoints(cfg, tiny_world.policy, epochs=1, steps=4, per_epoch=4, keep_top_k=None)
@@ -197,6 +199,7 @@ def test_a_checkpoint_without_its_training_info_is_not_nemo_rls_and_is_passed_ov
     assert stages.counters_of(folder / "step_4", cfg.model_dump(mode="json"))["step"] == 4
 
 
+@pytest.mark.slow  # writes and reads Megatron checkpoints
 def test_finish_says_when_there_is_nothing_to_export_or_the_export_fails(tiny_world, tmp_path):
     failing = f"{sys.executable} -c 'import sys; sys.exit(5)'"
     cfg = config_of("reinforce", tmp_path / "run", f"nemo_rl_job.export={failing}", f"nemo_rl_job.workdir={tmp_path}")
@@ -223,6 +226,7 @@ def test_the_default_export_is_nemo_rls_converter_for_the_backend(tmp_path):
     assert str(checkpoint / "policy" / "weights" / "iter_0000000") in words
 
 
+@pytest.mark.slow  # the stage command in processes of its own
 def test_the_stage_command_exits_3_for_a_missing_input_and_0_when_prepared(tiny_world, tmp_path):
     job_dir = tmp_path / "job"
     job_dir.mkdir()
@@ -255,6 +259,7 @@ def test_the_stages_ask_only_for_what_checkpoints_need(monkeypatch):
 @pytest.mark.parametrize(
     ("algorithm", "driver"), [("nemo_rl_grpo", "nemo_gym"), ("grpo", "nemo_gym"), ("reinforce", "grpo")]
 )
+@pytest.mark.slow  # NeMo-Gym's and NeMo-RL's own code, in processes of their own
 def test_the_rows_rlsteps_writes_parse_with_nemo_gyms_and_nemo_rls_own_code(tmp_path, algorithm, driver):
     """NeMo-Gym's run request and agent ref models (and genrm_compare's cohort key from prompt_id), or NeMo-RL's
     ResponseDataset, read every row; single-turn prompts for reinforce, whose processor reads one message."""

@@ -91,6 +91,7 @@ def test_any_nemo_rl_key_is_an_override_and_a_typo_gets_the_closest_schema_key(p
     assert "policy.dtensor_cfg.tensor_parallel_size" in str(refused.value.fix)
 
 
+@pytest.mark.slow  # the seed page's commands through the CLI, with NeMo-RL's code judging them
 def test_the_seed_pages_commands_work_as_written(project):
     """Command Examples of the seed page (dry runs where they would submit); the profiles are the shipped ones."""
     commands = [
@@ -209,6 +210,7 @@ SEED_CASES = {  # the seed page's overrides on the shipped profiles, and the tin
 
 
 @pytest.mark.parametrize("case", sorted(SEED_CASES))
+@pytest.mark.slow  # NeMo-RL's own code, in a process of its own
 def test_nemo_rls_own_code_accepts_the_steps_master_config(project, case):
     import upstream
 

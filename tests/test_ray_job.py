@@ -24,6 +24,9 @@ from rlsteps.launch import ray_job, slurm
 from rlsteps.plan.runner import RunRequest, compile_request
 from upstream import unpacked
 
+# Slow (starts Ray's node scripts and processes for each case): the fast tier, -m 'not slow', leaves it out
+pytestmark = pytest.mark.slow
+
 INPUTS = ("inputs.prompts=/lustre/p.jsonl", "inputs.policy=/lustre/sft", "inputs.judge_model=/lustre/judge")
 PROFILES = """\
 profiles:

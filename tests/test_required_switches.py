@@ -97,6 +97,7 @@ def test_a_broken_counterpart_fails_under_its_switch_and_skips_without_it(tmp_pa
 @pytest.mark.parametrize(
     ("test_file", "switch"), [("test_launch_lepton.py", "LEPTON"), ("test_megatron_format.py", "MEGATRON")]
 )
+@pytest.mark.slow  # pytest in processes of its own, one per counterpart
 def test_the_real_modules_that_need_a_counterpart_fail_under_its_switch_when_it_is_broken(tmp_path, test_file, switch):
     shadow = broken(tmp_path, MODULES[switch])
     path = str(TESTS / test_file)

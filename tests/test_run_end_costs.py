@@ -12,6 +12,7 @@ import required
 from rlsteps.engine.records.metrics import MetricsWriter, finish_plot, start_plot
 
 
+@pytest.mark.slow  # megatron-core imported in a process of its own
 def test_megatron_core_imports_without_torch_inductor_and_its_fusions_stay_plain_functions():
     required.importorskip("megatron.core", switch="MEGATRON")
     code = (
@@ -47,6 +48,7 @@ def test_the_plot_drawn_in_its_own_process_is_whole_and_a_failure_says_why(tmp_p
     assert not (tmp_path / "none.png").exists()
 
 
+@pytest.mark.slow  # megatron-core imported in a process of its own
 def test_a_megatron_checkpoint_is_written_without_forking_and_reads_back_bit_for_bit(tmp_path):
     required.importorskip("megatron.core", switch="MEGATRON")
     code = (

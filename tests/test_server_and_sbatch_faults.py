@@ -27,6 +27,9 @@ from rlsteps.plan import submitted_jobs as jobs
 from run_helpers import rlsteps
 from test_launch_slurm import PROFILES, TINY_RUN, ended, needs_cluster, submitted_record, wait_until
 
+# Slow (starts real reward and judge servers, and sbatch stand-ins): the fast tier, -m 'not slow', leaves it out
+pytestmark = pytest.mark.slow
+
 TOKEN = "tok-8c1f2e"
 TOKEN_ENV = "FAULTS_TEST_TOKEN"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
