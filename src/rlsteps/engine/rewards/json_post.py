@@ -45,9 +45,8 @@ class JSONPoster(Protocol):
 
 def json_poster(url: str, headers: dict[str, str], timeout_s: float, max_connections: int) -> JSONPoster:
     """The poster for `url`: connections of our own, or httpx where the environment sets a proxy for it."""
-    host = urlsplit(url).hostname or ""
-    proxied = urlsplit(url).scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(host)
-    if proxied:
+    parts = urlsplit(url)
+    if parts.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(parts.hostname or ""):
         return HttpxPoster(url, headers, timeout_s, max_connections)
     return PooledPoster(url, headers, timeout_s, max_connections)
 

@@ -313,12 +313,12 @@ def create_app(
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "rlsteps"}]}
 
-    async def answer(body: bytes) -> tuple[JSONResponse | None, dict]:
-        """A chat completion's answer: (an error response, {}) or (None, the completion)."""
+    async def answer(body: bytes) -> JSONResponse:
+        """The answer to a chat completion's body: the completion, or an error."""
         try:
             judge_request, structured = _read_request(body)
         except ValueError as err:
-            return _error(400, excerpt(str(err), MESSAGE_CHARS)), {}  # a bad message is quoted in the reason
+            return _error(400, excerpt(str(err), MESSAGE_CHARS))  # a bad message is quoted in the reason
         if batcher.full:
             batcher.rejected += 1
             refused = _error(
@@ -326,17 +326,17 @@ def create_app(
                 "server_error",
             )  # fmt: skip
             refused.headers["Retry-After"] = str(RETRY_AFTER_S)
-            return refused, {}
+            return refused
         try:
             reward_1, reward_2 = await batcher.add(judge_request)
         except Exception as err:  # noqa: BLE001 - the scorer failed; the log has the traceback
             log.exception("scoring failed")
             message = f"scoring failed: {type(err).__name__}: {excerpt(str(err), MESSAGE_CHARS)}"
-            return _error(500, message, "server_error"), {}
-        return None, chat_completion(answer_text(judgement_from_rewards(reward_1, reward_2), structured), model_name)
+            return _error(500, message, "server_error")
+        content = answer_text(judgement_from_rewards(reward_1, reward_2), structured)
+        return JSONResponse(chat_completion(content, model_name))
 
-    served = ChatCompletions(app, answer)
-    return TokenGate(served, token=token, refuse=unauthorised) if token else served
+    return TokenGate(ChatCompletions(app, answer), token=token, refuse=unauthorised)
 
 
 class ChatCompletions:
@@ -348,7 +348,6 @@ class ChatCompletions:
 
     def __init__(self, app: FastAPI, answer: Any) -> None:
         self.app, self.answer = app, answer
-        self.state = app.state
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] != self.PATH or scope["method"] != "POST":
@@ -365,14 +364,8 @@ class ChatCompletions:
                 return
             if not message.get("more_body", False):
                 break
-        refused, completion = await self.answer(bytes(body))
-        if refused is not None:
-            await refused(scope, receive, send)
-            return
-        data = json.dumps(completion).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": data})
+        response = await self.answer(bytes(body))
+        await response(scope, receive, send)
 
 
 def serve(
