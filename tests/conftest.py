@@ -5,8 +5,39 @@ import os
 # Set before anything imports transformers or huggingface_hub, so a missing file fails instead of downloading.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# An xdist worker starts with COLUMNS=80 in its environment, which rich's consoles would keep for good when the CLI
+# is imported; without it they follow the width each test gives its runner, as in one process.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+
+from pathlib import Path
 
 import pytest
+
+# Tests that share a machine-wide resource run one after another on one xdist worker: the two-node Slurm cluster
+# (a second job would queue behind the first and miss its deadlines) and vLLM (each engine takes gigabytes and
+# every core it finds). Every other file runs whole on one worker, so its module fixtures are built once.
+SHARED_RESOURCES = {"slurm": ("needs_cluster", "CLUSTER_PROBLEM"), "vllm": ("vllm_python", "vllm_judge", ".venv-vllm")}
+
+
+def resource_group(path: Path) -> str:
+    text = path.read_text()
+    for group, signs in SHARED_RESOURCES.items():
+        if any(sign in text for sign in signs):
+            return group
+    return path.stem
+
+
+def pytest_collection_modifyitems(config, items):
+    """With `-n N --dist loadgroup` (README's test command), group the tests as SHARED_RESOURCES says."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    groups: dict[Path, str] = {}
+    for item in items:
+        path = Path(str(item.path))
+        if path not in groups:
+            groups[path] = resource_group(path)
+        item.add_marker(pytest.mark.xdist_group(groups[path]))
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,10 +40,16 @@ class Echo(BaseHTTPRequestHandler):
         pass
 
 
+class EchoServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exception(), ConnectionError):  # a client that gave up by design has gone: quiet
+            super().handle_error(request, client_address)
+
+
 @pytest.fixture
 def server(request):
     handler = type("Handler", (Echo,), dict(getattr(request, "param", {})))
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd = EchoServer(("127.0.0.1", 0), handler)
     httpd.ports = []
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
