@@ -33,12 +33,24 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("rlsteps-reinforce", "rlsteps-grpo", "trl-rloo", "trl-grpo")
 RLSTEPS_STEP = {"rlsteps-reinforce": "rl/reinforce", "rlsteps-grpo": "rl/rlhf"}
-PROMPTS_PER_STEP = 4
-GROUP = 4
-MAX_NEW_TOKENS = 8
-LR = 2.0e-5
-KL = 0.01
-VAL_INTERVAL = 5
+
+
+def shipped_setting(*keys: str):
+    """A setting of the shipped rl/rlhf verifiable config, which TRL's runs are matched to."""
+    import yaml
+
+    value = yaml.safe_load((REPO / "steps" / "rl" / "rlhf" / "verifiable.yaml").read_text())
+    for key in keys:
+        value = value[key]
+    return value
+
+
+PROMPTS_PER_STEP = shipped_setting("rollout", "prompts_per_step")
+GROUP = shipped_setting("rollout", "num_rollouts_per_prompt")
+MAX_NEW_TOKENS = shipped_setting("rollout", "sampling", "max_new_tokens")
+LR = shipped_setting("train", "lr")
+KL = shipped_setting("grpo", "kl_beta")
+VAL_INTERVAL = shipped_setting("validation", "interval")
 SEED = 0
 
 
