@@ -1,18 +1,20 @@
 """The verifiable example side by side: rlsteps (rl/reinforce and rl/rlhf with the function reward) and TRL's
 RLOOTrainer and GRPOTrainer, on the same policy, prompts, reward function, group size and token budget.
 
-    python benchmarks/trl_verifiable.py [--steps 10] [--systems rlsteps-reinforce rlsteps-grpo trl-rloo trl-grpo]
+    python benchmarks/trl_verifiable.py [--steps 8] [--systems rlsteps-reinforce rlsteps-grpo trl-rloo trl-grpo]
                                         [--policy PATH] [--out benchmarks/results/verifiable] [--plot PNG]
 
 Each system trains SmolLM2-135M-Instruct (`${examples:smollm2_135m_instruct}`, or --policy) on
-rlsteps/examples/verifiable's train.jsonl for --steps steps of 4 prompts x 4 rollouts of at most 8 new tokens at
-temperature 1, learning rate 2e-5 (constant after one warm-up step, Adam betas 0.9/0.98, no weight decay, gradient
-norm clipped at 1), KL coefficient 0.01, one optimizer step per rollout step; the reward is
-rlsteps.engine.rewards.verifiable:exact_match (TRL's reward-function signature wrapped around it). Every 5 steps
-(and before the first) each is validated the same way: greedy, 8 new tokens, the 64 validation prompts, the share
-of exact matches. The rlsteps runs use the shipped configs (steps/rl/*/verifiable.yaml) as they are, apart from
-max_steps and output.dir; their accuracy is their own val/reward/exact_match. TRL's validation is a callback here
-that generates with the trainer's model between steps (Hugging Face generate; excluded from the step times).
+rlsteps/examples/verifiable's train.jsonl for --steps steps with the sizes of the shipped rl/rlhf verifiable config
+(read from it: prompts per step, rollouts per prompt, new tokens, learning rate, KL coefficient, validation
+interval; 16 x 4 rollouts of at most 8 new tokens at lr 2e-5 and KL 0.01 today), temperature 1, the rate constant
+after one warm-up step, Adam betas 0.9/0.98, no weight decay, gradient norm clipped at 1, one optimizer step per
+rollout step; the reward is rlsteps.engine.rewards.verifiable:exact_match (TRL's reward-function signature wrapped
+around it). Every validation interval (and before the first) each is validated the same way: greedy, 8 new tokens,
+the 64 validation prompts, the share of exact matches. The rlsteps runs use the shipped configs
+(steps/rl/*/verifiable.yaml) as they are, apart from max_steps and output.dir; their accuracy is their own
+val/reward/exact_match. TRL's validation is a callback here that generates with the trainer's model between steps
+(Hugging Face generate; excluded from the step times).
 
 Seconds per step: rlsteps's timers/step (rollouts, rewards, update); TRL's, the time of its training step
 (on_step_begin to on_step_end, generation included). Results go to OUT/<system>.json, a table on stdout and the
@@ -272,7 +274,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=shipped_setting("train", "max_steps"))
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--policy", type=Path, default=None, help="SmolLM2-135M-Instruct as a Hugging Face folder")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "verifiable")

@@ -17,7 +17,10 @@ import pytest
 # Tests that share a machine-wide resource run one after another on one xdist worker: the two-node Slurm cluster
 # (a second job would queue behind the first and miss its deadlines) and vLLM (each engine takes gigabytes and
 # every core it finds). Every other file runs whole on one worker, so its module fixtures are built once.
-SHARED_RESOURCES = {"slurm": ("needs_cluster", "CLUSTER_PROBLEM"), "vllm": ("vllm_python", "vllm_judge", ".venv-vllm")}
+SHARED_RESOURCES = {
+    "slurm": ("needs_cluster", "CLUSTER_PROBLEM"),
+    "vllm": ("vllm_python(", "vllm_judge(", ".venv-vllm"),  # a vLLM started, not only its model folder read
+}
 
 
 def resource_group(path: Path) -> str:

@@ -8,7 +8,7 @@ margin, the answers stay single English words that end well inside the token bud
 """
 
 import json
-import re
+import unicodedata
 
 import pytest
 
@@ -17,7 +17,10 @@ from vllm_judge import smollm2_hf
 
 pytestmark = pytest.mark.slow  # a pretrained model's RL run: minutes on 2 cores
 
-ENGLISH = re.compile(r"^[A-Za-z0-9' .,!-]*$")
+
+def latin(text: str) -> bool:
+    """Latin letters (accents allowed: 'Bogotá'), digits and punctuation: no other script, no byte soup."""
+    return all(ch.isascii() and ch.isprintable() or unicodedata.name(ch, "").startswith("LATIN") for ch in text)
 
 
 def validation_answers(run, step: int) -> list[str]:
@@ -40,5 +43,5 @@ def test_grpo_with_the_exact_match_function_raises_greedy_accuracy_on_held_out_q
     assert series(run, "val/fraction_ended")[-1] >= 0.85  # ended inside the 8-token budget
     last = max(row["step"] for row in map(json.loads, (run / "samples.jsonl").read_text().splitlines()))
     answers = validation_answers(run, last)
-    assert answers and all(ENGLISH.match(answer) and len(answer) <= 24 for answer in answers), answers
+    assert answers and all(latin(answer) and len(answer) <= 24 for answer in answers), answers
     assert "val/reward_mean" in done.stderr and "-> " in done.stderr  # the end summary shows the change
