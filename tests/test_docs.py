@@ -83,7 +83,9 @@ def test_readme_is_short_and_starts_with_the_two_commands():
 def test_every_relative_link_names_a_file_that_exists():
     broken = []
     for page in PAGES:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+        text = page.read_text()
+        targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) + re.findall(r'<img src="([^"]+)"', text)
+        for target in targets:
             if "://" not in target and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert broken == []
