@@ -31,8 +31,19 @@ def resource_group(path: Path) -> str:
     return path.stem
 
 
+# The groups that take longest start first, so that short files fill the end instead of one long group holding
+# the run up (the learning test alone takes about 7 minutes beside the other worker).
+LONGEST_FIRST = ("test_verifiable_learning", "vllm", "slurm", "test_records_on_resume", "test_runs", "test_tiny")
+
+
+def pytest_configure(config):
+    if config.getoption("dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False  # xdist would order the groups by their number of tests instead
+
+
 def pytest_collection_modifyitems(config, items):
-    """With `-n N --dist loadgroup` (README's test command), group the tests as SHARED_RESOURCES says."""
+    """With `-n N --dist loadgroup` (README's test command), group the tests as SHARED_RESOURCES says, the groups
+    of LONGEST_FIRST first."""
     if config.getoption("dist", "no") != "loadgroup":
         return
     groups: dict[Path, str] = {}
@@ -41,6 +52,12 @@ def pytest_collection_modifyitems(config, items):
         if path not in groups:
             groups[path] = resource_group(path)
         item.add_marker(pytest.mark.xdist_group(groups[path]))
+
+    def rank(item) -> int:
+        group = groups[Path(str(item.path))]
+        return LONGEST_FIRST.index(group) if group in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each group keeps its tests' order
 
 
 @pytest.fixture(scope="session")
