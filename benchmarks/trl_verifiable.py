@@ -32,27 +32,21 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("rlsteps-reinforce", "rlsteps-grpo", "trl-rloo", "trl-grpo")
 RLSTEPS_STEP = {"rlsteps-reinforce": "rl/reinforce", "rlsteps-grpo": "rl/rlhf"}
 
 
-def shipped_setting(*keys: str):
-    """A setting of the shipped rl/rlhf verifiable config, which TRL's runs are matched to."""
-    import yaml
-
-    value = yaml.safe_load((REPO / "steps" / "rl" / "rlhf" / "verifiable.yaml").read_text())
-    for key in keys:
-        value = value[key]
-    return value
-
-
-PROMPTS_PER_STEP = shipped_setting("rollout", "prompts_per_step")
-GROUP = shipped_setting("rollout", "num_rollouts_per_prompt")
-MAX_NEW_TOKENS = shipped_setting("rollout", "sampling", "max_new_tokens")
-LR = shipped_setting("train", "lr")
-KL = shipped_setting("grpo", "kl_beta")
-VAL_INTERVAL = shipped_setting("validation", "interval")
+# The shipped rl/rlhf verifiable config, which TRL's runs are matched to.
+SHIPPED = yaml.safe_load((REPO / "steps" / "rl" / "rlhf" / "verifiable.yaml").read_text())
+PROMPTS_PER_STEP = SHIPPED["rollout"]["prompts_per_step"]
+GROUP = SHIPPED["rollout"]["num_rollouts_per_prompt"]
+MAX_NEW_TOKENS = SHIPPED["rollout"]["sampling"]["max_new_tokens"]
+LR = SHIPPED["train"]["lr"]
+KL = SHIPPED["grpo"]["kl_beta"]
+VAL_INTERVAL = SHIPPED["validation"]["interval"]
 SEED = 0
 
 
@@ -274,7 +268,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=shipped_setting("train", "max_steps"))
+    parser.add_argument("--steps", type=int, default=SHIPPED["train"]["max_steps"])
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--policy", type=Path, default=None, help="SmolLM2-135M-Instruct as a Hugging Face folder")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "verifiable")
