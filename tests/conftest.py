@@ -10,54 +10,26 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("COLUMNS", None)
 
-from pathlib import Path
 
 import pytest
 
-# Tests that share a machine-wide resource run one after another on one xdist worker: the two-node Slurm cluster
-# (a second job would queue behind the first and miss its deadlines) and vLLM (each engine takes gigabytes and
-# every core it finds). Every other file runs whole on one worker, so its module fixtures are built once.
-SHARED_RESOURCES = {
-    "slurm": ("needs_cluster", "CLUSTER_PROBLEM"),
-    "vllm": ("vllm_python(", "vllm_judge(", ".venv-vllm"),  # a vLLM started, not only its model folder read
-}
+from resource_groups import group_of, grouped_by_resource, make_scheduler, rank
 
 
-def resource_group(path: Path) -> str:
-    text = path.read_text()
-    for group, signs in SHARED_RESOURCES.items():
-        if any(sign in text for sign in signs):
-            return group
-    return path.stem
-
-
-# The groups that take longest start first, so that short files fill the end instead of one long group holding
-# the run up (the learning test alone takes about 7 minutes beside the other worker).
-LONGEST_FIRST = ("test_verifiable_learning", "vllm", "slurm", "test_records_on_resume", "test_runs", "test_tiny")
-
-
-def pytest_configure(config):
-    if config.getoption("dist", "no") == "loadgroup":
-        config.option.loadscopereorder = False  # xdist would order the groups by their number of tests instead
+def pytest_xdist_make_scheduler(config, log):
+    """README's test command shares the tests out by the resource they use (resource_groups.py)."""
+    return make_scheduler(config, log) if grouped_by_resource(config) else None
 
 
 def pytest_collection_modifyitems(config, items):
-    """With `-n N --dist loadgroup` (README's test command), group the tests as SHARED_RESOURCES says, the groups
-    of LONGEST_FIRST first."""
-    if config.getoption("dist", "no") != "loadgroup":
+    """Under README's test command, the groups of LONGEST_FIRST first, each group's tests in their order."""
+    if not grouped_by_resource(config):
         return
-    groups: dict[Path, str] = {}
-    for item in items:
-        path = Path(str(item.path))
-        if path not in groups:
-            groups[path] = resource_group(path)
-        item.add_marker(pytest.mark.xdist_group(groups[path]))
-
-    def rank(item) -> int:
-        group = groups[Path(str(item.path))]
-        return LONGEST_FIRST.index(group) if group in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: each group keeps its tests' order
+    groups = {item.nodeid: group_of(item.nodeid, config.rootpath) for item in items}
+    for item in items:  # the id-based group must agree with the fixtures pytest resolved
+        if ("slurm_cluster" in item.fixturenames) != (groups[item.nodeid] == "slurm"):
+            raise pytest.UsageError(f"{item.nodeid}: resource_groups.py places it wrongly (slurm_cluster fixture)")
+    items.sort(key=lambda item: rank(groups[item.nodeid]))
 
 
 @pytest.fixture(scope="session")
@@ -88,8 +60,12 @@ def one_torch_thread():
 
 @pytest.fixture
 def slurm_cluster():
-    """A Slurm cluster that must be up (RLSTEPS_REQUIRE_SLURM=1): its absence fails the test, with the reason."""
+    """The Slurm cluster the test submits to. Without one the test skips, with the reason, unless
+    RLSTEPS_REQUIRE_SLURM=1 (CI sets it) makes that a failure."""
     from test_launch_slurm import CLUSTER_PROBLEM
 
-    if CLUSTER_PROBLEM is not None:
+    if CLUSTER_PROBLEM is None:
+        return
+    if os.environ.get("RLSTEPS_REQUIRE_SLURM") == "1":
         pytest.fail(f"no Slurm cluster here: {CLUSTER_PROBLEM} (RLSTEPS_REQUIRE_SLURM=1; CI runs .ci/slurm.sh up)")
+    pytest.skip(f"no Slurm cluster here: {CLUSTER_PROBLEM}; CI starts one with `bash .ci/slurm.sh up`")

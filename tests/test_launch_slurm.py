@@ -43,16 +43,9 @@ def _cluster_problem() -> str | None:
 
 
 CLUSTER_PROBLEM = _cluster_problem()
-# Without a cluster these tests skip, unless RLSTEPS_REQUIRE_SLURM=1 (CI sets it) makes that a failure: the
-# conftest fixture `slurm_cluster` fails them with the reason.
-needs_cluster = (
-    pytest.mark.usefixtures("slurm_cluster")
-    if os.environ.get("RLSTEPS_REQUIRE_SLURM") == "1"
-    else pytest.mark.skipif(
-        CLUSTER_PROBLEM is not None,
-        reason=f"no Slurm cluster here: {CLUSTER_PROBLEM}; CI starts one with `bash .ci/slurm.sh up`",
-    )
-)
+# The conftest fixture `slurm_cluster` skips these tests without a cluster, or fails them with the reason where
+# RLSTEPS_REQUIRE_SLURM=1 (CI); it also puts them in one group, one after another on one worker.
+needs_cluster = pytest.mark.usefixtures("slurm_cluster")
 
 PROFILES = """\
 profiles:

@@ -388,11 +388,11 @@ def test_a_running_attached_run_is_a_job_that_jobs_lists_follows_and_cancels_and
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
-def test_a_signal_to_rlsteps_streaming_a_slurm_job_cancels_the_job(tiny_world, tmp_path, monkeypatch, sig):
-    from test_launch_slurm import CLUSTER_PROBLEM, PROFILES, TINY_RUN
+def test_a_signal_to_rlsteps_streaming_a_slurm_job_cancels_the_job(
+    tiny_world, slurm_cluster, tmp_path, monkeypatch, sig
+):
+    from test_launch_slurm import PROFILES, TINY_RUN
 
-    if CLUSTER_PROBLEM is not None and os.environ.get("RLSTEPS_REQUIRE_SLURM") != "1":
-        pytest.skip(f"no Slurm cluster here: {CLUSTER_PROBLEM}")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "rlsteps.yaml").write_text(PROFILES.format(shared=tmp_path / "shared" / "jobs"))
     cli = start_rlsteps("run", "rs", *TINY_RUN, "-r", "ci", LONG, cwd=tmp_path, log=tmp_path / "cli.log")

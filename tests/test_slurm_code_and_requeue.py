@@ -162,14 +162,24 @@ from pathlib import Path
 
 rank, world, here = os.environ["RANK"], int(os.environ["WORLD_SIZE"]), Path(__file__).parent
 print(f"fake worker rank {rank} of {world} up", flush=True)
-signal.signal(signal.SIGUSR1, lambda *_: (here / f"usr1.{rank}").touch())
+
+
+def on_usr1(*_):
+    # said before the file appears: once every rank's file is there, the first rank to exit may have torchrun stop
+    # the others
+    print(f"fake worker rank {rank} handled USR1", flush=True)
+    (here / f"usr1.{rank}").touch()
+
+
+signal.signal(signal.SIGUSR1, on_usr1)
 (here / f"ready.{rank}").touch()
 deadline = time.monotonic() + 60
 while not all((here / f"usr1.{r}").exists() for r in range(world)) and time.monotonic() < deadline:
     time.sleep(0.05)  # as the engine's ranks checkpoint together: once the signal has reached them all
-handled = (here / f"usr1.{rank}").exists()
-print(f"fake worker rank {rank} " + ("handled USR1" if handled else "saw no USR1"), flush=True)
-sys.exit(75 if handled else 1)
+if not (here / f"usr1.{rank}").exists():
+    print(f"fake worker rank {rank} saw no USR1", flush=True)
+    sys.exit(1)
+sys.exit(75)
 """
 
 

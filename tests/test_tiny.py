@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -460,17 +461,19 @@ def test_a_folder_without_world_json_at_the_target_is_reported(tmp_path):
         ensure_tiny_world(seed=0, home=tmp_path)
 
 
+def world_digests(root: Path) -> dict[str, str]:
+    # torch DCP's .metadata records the folder and a fresh save id on every save; the tensors are in *.distcp
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in {"world.json", "README.md", ".metadata"})
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
 @pytest.mark.slow
-def test_two_fresh_builds_are_bit_identical(tmp_path):
-    """Two full builds (about 20 s each): same seed, same weights, tokenizer and prompts."""
-    digests = []
-    for home in (tmp_path / "a", tmp_path / "b"):
-        world = ensure_tiny_world(seed=0, home=home, log=lambda message: None)
-        # torch DCP's .metadata records the folder and a fresh save id on every save; the tensors are in *.distcp
-        files = sorted(
-            p for p in world.root.rglob("*") if p.is_file() and p.name not in {"world.json", "README.md", ".metadata"}
-        )
-        digests.append({str(p.relative_to(world.root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files})
-    assert "policy/model.safetensors" in digests[0] and "reward_model/model.safetensors" in digests[0]
-    assert "policy_megatron/iter_0000000/__0_0.distcp" in digests[0]
-    assert digests[0] == digests[1]
+def test_a_fresh_build_is_bit_identical_to_the_shared_one(tiny_world, tmp_path):
+    """A full build (about 20 s) in a new home against the tests' shared world, built before it: same
+    seed, same weights, tokenizer and prompts."""
+    fresh = ensure_tiny_world(seed=0, home=tmp_path, log=lambda message: None)
+    assert fresh.root != tiny_world.root
+    digests = world_digests(fresh.root)
+    assert "policy/model.safetensors" in digests and "reward_model/model.safetensors" in digests
+    assert "policy_megatron/iter_0000000/__0_0.distcp" in digests
+    assert digests == world_digests(tiny_world.root)
