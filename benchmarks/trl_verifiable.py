@@ -255,7 +255,7 @@ def plot(results: list[dict], path: Path) -> None:
     for r in results:
         points = sorted((int(k), v) for k, v in r["accuracy"].items())
         axis.plot([s for s, _ in points], [v for _, v in points], marker="o", label=r["system"])
-    axis.set_xlabel("RL step (4 prompts x 4 rollouts)")
+    axis.set_xlabel(f"RL step ({PROMPTS_PER_STEP} prompts x {GROUP} rollouts)")
     axis.set_ylabel("greedy validation exact match")
     axis.set_title("SmolLM2-135M-Instruct on the verifiable example (64 validation prompts)")
     axis.title.set_fontsize(9)
