@@ -58,6 +58,26 @@ FAKE_WORKER = textwrap.dedent("""
     os._exit(code)
 """)
 
+# A stand-in for the training loop: steps until a stop is asked for at a step's end, then a checkpoint's write that
+# lasts longer than the parent watcher's poll, which a second SIGTERM would cut short.
+FAKE_STEPPING_WORKER = textwrap.dedent("""
+    import os, pathlib, sys, time
+    from rlsteps.engine.run import signals
+    signals.install()
+    out = pathlib.Path(sys.argv[1])
+    out.write_text("started")
+    try:
+        with signals.stops_at_step_end():
+            while signals.stop_requested() is None:
+                time.sleep(0.05)  # a step
+        time.sleep(4 * signals.PARENT_POLL_S)  # the checkpoint's write
+        out.write_text("checkpointed")
+        os._exit(143)
+    except signals.Terminated:
+        out.write_text("cut short by a second SIGTERM")
+        os._exit(1)
+""")
+
 
 @pytest.fixture
 def here(tmp_path, monkeypatch):
@@ -82,13 +102,14 @@ def wait_until(condition, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def start_attached_parent(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+def start_attached_parent(tmp_path: Path, worker: str = FAKE_WORKER) -> tuple[subprocess.Popen, Path]:
     """A process that runs the fake worker with the launcher's attached runner and prints the code it returns."""
     marker = tmp_path / "worker-state"
     parent = textwrap.dedent(f"""
         import os, sys
         from rlsteps.launch.local import _run_attached
-        print(_run_attached([sys.executable, "-c", {FAKE_WORKER!r}, {str(marker)!r}], dict(os.environ)), flush=True)
+        env = {{**os.environ, {STOP_WITH_PARENT!r}: "1"}}  # as the launcher starts a worker
+        print(_run_attached([sys.executable, "-c", {worker!r}, {str(marker)!r}], env), flush=True)
     """)
     process = subprocess.Popen(
         [sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, start_new_session=True
@@ -144,6 +165,41 @@ def test_a_worker_outlives_a_runner_killed_with_sigkill_by_no_more_than_its_clea
         assert marker.read_text().startswith("SIGTERM")  # stopped as on SIGTERM: its cleanup ran
     finally:
         kill_group(parent)
+
+
+def test_a_worker_whose_runner_is_killed_mid_step_writes_its_checkpoint_uninterrupted(tmp_path):
+    """The kernel's SIGTERM asks for a stop at the step's end; the parent watcher, which sees the same parent gone,
+    must not send a second one that cuts the checkpoint's write short."""
+    parent, marker = start_attached_parent(tmp_path, FAKE_STEPPING_WORKER)
+    try:
+        worker = fake_worker_pid(parent)
+        os.kill(parent.pid, signal.SIGKILL)
+        assert wait_gone(worker, 10), "the worker outlived the runner killed with SIGKILL"
+        assert marker.read_text() == "checkpointed"
+    finally:
+        kill_group(parent)
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130), (None, None)])
+def test_an_error_raised_while_a_signal_unwinds_the_worker_ends_it_with_the_signals_code(
+    monkeypatch, caplog, sig, code
+):
+    """A signal that cuts a checkpoint's write short has torch raise (a torn zip file, wrapped by its checkpointer):
+    the run ended because of the signal, and says so; without a signal the same error is the run's own."""
+    from rlsteps.engine.run import signals, worker
+
+    def run(config, log_level):
+        raise RuntimeError("CheckpointException ranks:dict_keys([0])\nunexpected pos 704 vs 598")
+
+    monkeypatch.setattr(worker, "run", run)
+    monkeypatch.setattr(signals, "_unwound_by", [sig] if sig else [])
+    args = worker.build_parser().parse_args(["unused.yaml"])
+    if code is None:
+        with pytest.raises(RuntimeError, match="unexpected pos"):
+            worker._run_to_an_exit_code(args, signals)
+        return
+    assert worker._run_to_an_exit_code(args, signals) == code
+    assert "stopped by a signal in the middle of its work (CheckpointException ranks" in caplog.text
 
 
 def test_a_worker_whose_parent_is_killed_stops_even_without_the_kernels_signal(tmp_path):

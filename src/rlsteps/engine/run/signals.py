@@ -36,6 +36,7 @@ _checkpoint_requested = threading.Event()
 _stopping = threading.Event()  # SIGTERM, SIGHUP or SIGINT arrived: the worker is unwinding
 _at_step_boundary = threading.Event()  # the loop is in its steps: a stop waits for the step's end
 _stop_signal: list[int] = []  # the signal that asked for a stop at the step's end
+_unwound_by: list[int] = []  # the signal that has the worker unwinding at once
 _parent: int | None = None  # the parent the watcher watches
 
 
@@ -90,14 +91,15 @@ def install() -> None:
 
 def watch_parent(poll_s: float = PARENT_POLL_S) -> None:
     """SIGTERM to this process once its parent is gone (it was reparented), from a daemon thread; not when it is
-    already stopping (a second SIGTERM would end it before its cleanup)."""
+    already stopping or a stop at the step's end is pending (a second SIGTERM would cut its checkpoint or cleanup
+    short)."""
     global _parent
     _parent = os.getppid()
 
     def watch() -> None:
         while not parent_gone():
             _stopping.wait(poll_s)
-        if not _stopping.is_set():
+        if not (_stopping.is_set() or _stop_signal):  # the kernel's SIGTERM may have asked already
             os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="rlsteps-parent-watch", daemon=True).start()
@@ -108,6 +110,14 @@ def parent_gone() -> bool:
     return _parent is not None and os.getppid() != _parent
 
 
+def unwinding_exit_code() -> int | None:
+    """130 or 143 while a signal has the worker unwinding (an error raised meanwhile is its consequence), else
+    None."""
+    if not _unwound_by:
+        return None
+    return 130 if _unwound_by[0] == signal.SIGINT else EXIT_TERMINATED
+
+
 def checkpoint_requested() -> bool:
     return _checkpoint_requested.is_set()
 
@@ -115,6 +125,7 @@ def checkpoint_requested() -> bool:
 def _terminate(signum: int, frame: FrameType | None) -> None:
     if _stop_at_step_end(signum):
         return
+    _unwound_by.append(signum)
     _stopping.set()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal is gone: let the cleanup finish
@@ -124,6 +135,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     if _stop_at_step_end(signum):
         return
+    _unwound_by.append(signum)
     _stopping.set()
     raise KeyboardInterrupt
 

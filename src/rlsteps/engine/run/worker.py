@@ -342,6 +342,18 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
     ) as error:  # bad data, paths, a missing extra or a full disk: say what, no traceback
         log.error("%s", error)
         return 1
+    except Exception as error:
+        code = signals.unwinding_exit_code()
+        if code is None:
+            raise
+        # a signal cut a checkpoint's write or a cleanup short: what that raised is its consequence, not the cause
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        log.error(
+            "stopped by a signal in the middle of its work (%s): the last complete checkpoint is intact; "
+            "rerun to resume",
+            first_line,
+        )
+        return code
 
 
 def _leave_process_group() -> None:
