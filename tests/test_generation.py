@@ -448,9 +448,11 @@ def test_the_cache_preallocates_plain_layers_and_keeps_sliding_ones(tokenizer):
     assert not any(isinstance(layer, PreallocatedLayer) for layer in preallocated_cache(mistral.config, 40).layers)
 
 
+@pytest.mark.filterwarnings("error::UserWarning:torch._dynamo")  # e.g. a cached helper called inside the graph
 def test_the_compiled_decode_step_gives_the_tokens_of_the_eager_one(tiny_tokenizer, tiny_qwen2):
-    """torch.compile traces decode_step over the static cache. aot_eager runs the traced graph without inductor,
-    whose C++ build takes a minute or more per shape on a CPU (it gave the same tokens when tried)."""
+    """torch.compile traces decode_step over the static cache, with no warning from dynamo. aot_eager runs the
+    traced graph without inductor, whose C++ build takes a minute or more per shape on a CPU (it gave the same
+    tokens when tried)."""
     compiled = DecodeOptions(compile=True, compile_backend="aot_eager")
     for params in (SamplingParams(10, temperature=0), SamplingParams(10, top_k=20, top_p=0.9)):
         eager = _sample_tiny(tiny_qwen2, tiny_tokenizer, params, batch_size=5)

@@ -145,10 +145,12 @@ def decode_step(
     position: torch.Tensor,
     attention_mask: torch.Tensor,
     cache: Cache | None,
+    keyword: str,
     uniforms: torch.Tensor,
     params: SamplingParams,
 ) -> tuple[torch.Tensor, ...]:
-    """One decode step: feed each row's token [B] at its position [B, 1] with the cache, and sample the next.
+    """One decode step: feed each row's token [B] at its position [B, 1] with the cache (the forward's argument
+    `keyword`, from cache_keyword outside the compiled region), and sample the next.
 
     Returns the next tokens [B] and their raw log-probs [B]. The unit that DecodeOptions.compile compiles.
     """
@@ -157,7 +159,7 @@ def decode_step(
         attention_mask=attention_mask,
         position_ids=position,
         use_cache=True,
-        **{cache_keyword(model): cache},
+        **{keyword: cache},
     )
     return choose_token(out.logits[:, -1].float(), params, uniforms)
 
@@ -231,6 +233,7 @@ def _decode(
     lengths = torch.zeros(rows, dtype=torch.long, device=device)
     ended = torch.zeros(rows, dtype=torch.bool, device=device)
     step = _decode_function(options, device)
+    keyword = cache_keyword(model)
     token, logprob = first
     for t in range(steps):
         active = ~ended
@@ -243,7 +246,7 @@ def _decode(
         if t + 1 == steps or ((t + 1) % options.end_check_interval == 0 and bool(ended.all())):
             break
         position, uniforms = batch.positions[:, t : t + 1], batch.uniforms[:, t + 1]
-        token, logprob = step(model, token, position, batch.step_mask(t), cache, uniforms, params)
+        token, logprob = step(model, token, position, batch.step_mask(t), cache, keyword, uniforms, params)
     return responses, logprobs, lengths, ended
 
 
