@@ -11,9 +11,10 @@ command's output as it arrives and the run's train.log, and prints the phases:
     output        the output artifact is written
     end           the command exits
 
-with a floor measured in the same rounds: a Python that imports torch and transformers' causal-LM classes,
-what any process that trains a Hugging Face model pays before it can start (the worker pays it, and so
-does the reward server it starts, on the other core).
+with two floors measured in the same rounds: a Python that imports torch and transformers' causal-LM classes,
+and one that imports transformers' modeling code as well (which the first, a lazy import, leaves out and building
+any model needs): what any process that trains a Hugging Face model pays before it can start (the worker pays it,
+and so does the reward server it starts, on the other core).
 
     python benchmarks/bench_startup.py                     # rl/rs, 3 rounds, about two minutes on 2 cores
     python benchmarks/bench_startup.py --step rl/reinforce --rounds 5
@@ -21,7 +22,7 @@ does the reward server it starts, on the other core).
 
 Then where the seconds of a run go: the sum of its steps' own timers (timers/step), what comes before the first
 step starts, what lies between steps (validations, checkpoints) and what follows the last step line (the last
-checkpoint, the output, the plot, the exit); and the run's end over (floor + sum of steps). --sources compares
+checkpoint, the output, the plot, the exit); and the run's end over (each floor + sum of steps). --sources compares
 checkouts (each one's src/ first on PYTHONPATH), taking turns in each round.
 """
 
@@ -42,7 +43,11 @@ from pathlib import Path
 PHASES = ("job line", "worker up", "first step", "last step", "output", "end")
 WHERE = ("before step 1", "sum of steps", "between steps", "after last step")
 MARKERS = {"job line": "job ", "worker up": "run directory", "output": "output artifact"}
-FLOOR = [sys.executable, "-c", "import torch; from transformers import AutoModelForCausalLM"]
+# What a Python pays before it can train a Hugging Face model. The first is the floor named in the targets; transformers
+# imports its modeling code lazily, so it leaves out what building any model imports (transformers.modeling_utils:
+# torch.distributed.tensor, torch._dynamo; 1.3 s on a quiet 2-core machine), which the second adds.
+FLOOR = "import torch; from transformers import AutoModelForCausalLM"
+FLOORS = {"floor": FLOOR, "floor + modeling": f"{FLOOR}; import transformers.modeling_utils"}
 
 
 def timed_lines(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, list[tuple[float, str]], int]:
@@ -135,12 +140,14 @@ def main() -> None:
     sources = dict(item.split("=", 1) for item in args.sources) if args.sources else {"this": None}
     runs: dict[str, list] = {name: [] for name in sources}
     reruns: dict[str, list] = {name: [] for name in sources}
-    floors, last_said = [], ""
+    floors: dict[str, list[float]] = {name: [] for name in FLOORS}
+    last_said = ""
     print(f"load average at start: {os.getloadavg()}", flush=True)
     for _ in range(args.rounds):
-        start = time.monotonic()
-        subprocess.run(FLOOR, check=True, capture_output=True)
-        floors.append(time.monotonic() - start)
+        for floor_name, code in FLOORS.items():
+            start = time.monotonic()
+            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+            floors[floor_name].append(time.monotonic() - start)
         for name, path in sources.items():
             with tempfile.TemporaryDirectory(prefix="bench-startup-") as folder:
                 runs[name].append(one_run(args.step, args.steps, Path(folder), source_env(path)))
@@ -148,7 +155,6 @@ def main() -> None:
                     seconds, last_said = rerun(args.step, args.steps, Path(folder), source_env(path))
                     reruns[name].append(seconds)
     print(f"load average at end: {os.getloadavg()}")
-    floor = statistics.median(floors)
     print(f"{args.step} -c tiny train.max_steps={args.steps}: median of {args.rounds} rounds, seconds from the command")
     print(f"  {'phase':<16}" + "".join(f"{name:>24}" for name in sources))
     for phase in PHASES + WHERE:
@@ -157,10 +163,13 @@ def main() -> None:
             values = [run[phase] for run in runs[name]]
             cells.append(f"{statistics.median(values):7.2f} ({'/'.join(f'{v:.1f}' for v in values)})")
         print(f"  {phase:<16}" + "".join(f"{cell:>24}" for cell in cells))
-    print(f"  floor: import torch; from transformers import AutoModelForCausalLM  {floor:.2f}")
+    for floor_name, code in FLOORS.items():
+        floor = statistics.median(floors[floor_name])
+        print(f"  {floor_name}: {code}  {floor:.2f}")
+        for name in sources:
+            ratios = [run["end"] / (floor + run["sum of steps"]) for run in runs[name]]
+            print(f"    {name}: end / ({floor_name} + sum of steps) = {statistics.median(ratios):.2f}")
     for name in sources:
-        ratios = [run["end"] / (floor + run["sum of steps"]) for run in runs[name]]
-        print(f"  {name}: end / (floor + sum of steps) = {statistics.median(ratios):.2f}")
         if reruns[name]:
             print(f"  {name}: rerun of the finished run {statistics.median(reruns[name]):.2f}")
     if last_said:

@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_startup import FLOORS  # benchmarks/ is first on sys.path when a script in it runs
+
 STEPS = 16
 PROMPTS_PER_STEP = 16
 GROUP = 4
@@ -50,7 +52,7 @@ WARMUP = 2
 BETAS = (0.9, 0.98)
 KL = 0.01
 VAL_PROMPTS = 32
-FLOOR = [sys.executable, "-c", "import torch; from transformers import AutoModelForCausalLM"]
+FLOOR = [sys.executable, "-c", FLOORS["floor"]]
 PAIRS = {"reinforce": ("rl/reinforce", "rloo"), "rlhf": ("rl/rlhf", "grpo")}
 # The rlsteps side's settings, given on its command line so that they stay matched whatever the tiny configs say
 MATCHED = [
