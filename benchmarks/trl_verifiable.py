@@ -24,6 +24,8 @@ curve to --plot.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import json
 import os
 import statistics
@@ -92,7 +94,18 @@ def rlsteps_result(system: str, run_dir: Path) -> dict:
     accuracy = {r["step"]: r["val/reward/exact_match"] for r in records if "val/reward/exact_match" in r}
     one_word = {r["step"]: r["val/one_word"] for r in records if "val/one_word" in r}
     seconds = [r["timers/step"] for r in records if "timers/step" in r]
-    return {"system": system, "accuracy": accuracy, "one_word": one_word, "step_seconds": seconds, "wall_s": None}
+    wall = logged_wall_s(run_dir / "train.log")
+    return {"system": system, "accuracy": accuracy, "one_word": one_word, "step_seconds": seconds, "wall_s": wall}
+
+
+def logged_wall_s(train_log: Path) -> float | None:
+    """Seconds from the first to the last timestamped line of a run's train.log: the worker's time, which leaves
+    out the command's own second before it; the figure of a run given with --from-run (None without a log)."""
+    stamps = []
+    for line in train_log.read_text().splitlines() if train_log.is_file() else []:
+        with contextlib.suppress(ValueError):
+            stamps.append(datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f"))
+    return (stamps[-1] - stamps[0]).total_seconds() if len(stamps) > 1 else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -279,7 +292,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar=("SYSTEM", "RUN_DIR"),
-        help="an rlsteps run's figures",
+        help="an rlsteps run's figures (its wall time from its train.log: the worker's, without the command's start)",
     )
     parser.add_argument(
         "--no-first-validation",
