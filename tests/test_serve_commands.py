@@ -68,7 +68,7 @@ def test_the_server_commands_import_no_server_and_no_torch():
     """`rlsteps --help` registers both commands: they must load their servers only when they run."""
     code = (
         "import sys; import rlsteps.engine.rewards.rm.command, rlsteps.engine.rewards.judge.command; "
-        "print(sorted(m for m in ('torch', 'transformers', 'fastapi', 'uvicorn') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'transformers', 'fastapi', 'uvicorn', 'starlette') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"

@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+if TYPE_CHECKING:  # annotations only: the CLI reads this module for every command and needs no ASGI stack
+    from starlette.responses import Response
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 LIVENESS_PATH = "/health"  # answers without the token (status only): load balancers and rlsteps poll it
 EXCERPT_CHARS = 40  # the most of a sent value an error answer repeats
