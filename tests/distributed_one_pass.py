@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from distributed_update import VOCAB, fixed_model
+from distributed_update import VOCAB, end_as_the_worker_does, fixed_model
 from rlsteps.engine.algorithms import RECIPES
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import RECIPE_SCHEMAS
@@ -102,3 +102,4 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    end_as_the_worker_does()
