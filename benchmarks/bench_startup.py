@@ -71,12 +71,17 @@ def timed_lines(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[flo
     return wall, sorted(lines), code
 
 
+def log_time(line: str) -> datetime.datetime:
+    """The time a train.log line was written (its first 23 characters); ValueError for a line without one."""
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+
+
 def step_times(train_log: Path, wall_start: float) -> list[float]:
     """Seconds from the command's start to each `step N/` line of train.log (its timestamps are wall-clock)."""
     found = []
     for line in train_log.read_text().splitlines() if train_log.exists() else []:
         if " INFO rlsteps.steps: step " in line:
-            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            stamp = log_time(line).timestamp()
             found.append(stamp - wall_start)
     return found
 

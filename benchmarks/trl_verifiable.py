@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import statistics
@@ -35,6 +34,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from bench_startup import log_time  # benchmarks/ is first on sys.path when a script in it runs
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMS = ("rlsteps-reinforce", "rlsteps-grpo", "trl-rloo", "trl-grpo")
@@ -104,7 +105,7 @@ def logged_wall_s(train_log: Path) -> float | None:
     stamps = []
     for line in train_log.read_text().splitlines() if train_log.is_file() else []:
         with contextlib.suppress(ValueError):
-            stamps.append(datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f"))
+            stamps.append(log_time(line))
     return (stamps[-1] - stamps[0]).total_seconds() if len(stamps) > 1 else None
 
 

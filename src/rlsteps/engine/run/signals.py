@@ -125,8 +125,7 @@ def checkpoint_requested() -> bool:
 def _terminate(signum: int, frame: FrameType | None) -> None:
     if _stop_at_step_end(signum):
         return
-    _unwound_by.append(signum)
-    _stopping.set()
+    _unwind(signum)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal is gone: let the cleanup finish
     raise Terminated
@@ -135,9 +134,14 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     if _stop_at_step_end(signum):
         return
+    _unwind(signum)
+    raise KeyboardInterrupt
+
+
+def _unwind(signum: int) -> None:
+    """`signum` has the worker unwinding at once: the watcher stands down, and the exit code will be the signal's."""
     _unwound_by.append(signum)
     _stopping.set()
-    raise KeyboardInterrupt
 
 
 def _stop_at_step_end(signum: int) -> bool:
