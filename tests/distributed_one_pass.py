@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from distributed_update import VOCAB, end_as_the_worker_does, fixed_model
+from distributed_update import VOCAB, fixed_model
 from rlsteps.engine.algorithms import RECIPES
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import RECIPE_SCHEMAS
@@ -25,6 +25,7 @@ from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
 from rlsteps.engine.policy.parallel import Precision, full_state_on_main, gathered, place_policy
 from rlsteps.engine.rewards.sources import Scores
 from rlsteps.engine.run.update import PolicyUpdate, row_weighted_mean
+from rlsteps.engine.run.worker import end_process
 
 PROMPTS, PER_PROMPT = 4, 2
 ROWS = PROMPTS * PER_PROMPT
@@ -102,4 +103,4 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
-    end_as_the_worker_does()
+    end_process(0)  # as the worker ends, without the interpreter's teardown (its docstring says why)

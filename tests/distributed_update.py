@@ -9,7 +9,6 @@ final weights, whole, to OUT.pt. The tests compare them with one process's.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -23,6 +22,7 @@ from rlsteps.engine.distributed import join, leave, world_from_env
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
 from rlsteps.engine.policy.parallel import Precision, full_state_on_main, place_policy
 from rlsteps.engine.run.update import PolicyUpdate
+from rlsteps.engine.run.worker import end_process
 
 VOCAB, STEPS = 96, 3
 
@@ -82,16 +82,6 @@ def train_phase(rows: int, global_batch: int, micro: int, dtype: str) -> tuple[l
     return losses, state
 
 
-def end_as_the_worker_does() -> None:
-    """Exit without the interpreter's teardown, as the engine's worker does (engine.run.worker._exit). Rank 1 of
-    these scripts, which ended through the teardown, was seen to abort under load at its end ("terminate called
-    without an active exception", where exactly is not known); the worker's two-process runs, which exit this way,
-    never were."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def main(out: str, rows: str, global_batch: str, micro: str, dtype: str) -> None:
     losses, state = train_phase(int(rows), int(global_batch), int(micro), dtype)
     if state is not None:
@@ -100,4 +90,4 @@ def main(out: str, rows: str, global_batch: str, micro: str, dtype: str) -> None
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
-    end_as_the_worker_does()
+    end_process(0)  # as the worker ends, without the interpreter's teardown (its docstring says why)

@@ -55,6 +55,21 @@ def test_one_and_two_processes_make_the_same_updates_on_the_same_global_batch(tm
     assert max((weights[k] - initial[k]).abs().max().item() for k in weights) > 1e-3  # it did learn
 
 
+@pytest.mark.parametrize("ending", ["teardown", "end_process"])
+def test_a_process_ending_while_gloo_releases_a_tensor_aborts_in_the_teardown_and_not_as_the_worker_ends(ending):
+    """The cause of rank 1's rare abort at the end of the torchrun scripts, made certain (tests/gloo_ending.py):
+    ending through the interpreter's teardown aborts; ending as the worker does (end_process) exits 0."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    done = subprocess.run([*command, str(SCRIPT.with_name("gloo_ending.py")), ending], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    aborted = "terminate called without an active exception" in done.stderr
+    if ending == "teardown":
+        assert done.returncode != 0 and aborted, done.stderr[-3000:]
+        assert "Signal 6 (SIGABRT)" in done.stderr
+    else:
+        assert done.returncode == 0 and not aborted, done.stderr[-3000:]
+
+
 def test_two_processes_in_bf16_compute_learn_like_one(tmp_path):
     losses, weights = train_phase(8, 8, 2, "bfloat16")
     two = torchrun(2, tmp_path / "two.pt", 8, 8, 2, "bfloat16")

@@ -68,10 +68,10 @@ def join(world: World, device: torch.device) -> torch.device:
 
 
 def leave(world: World) -> None:
-    """Leave the process group once every process is done with it. A gloo send can complete on its sender before
-    the receiver has it: a process that tears its group down right after its last collective destroys the group's
-    worker threads under a peer still reading (seen as rank 1 aborting with "terminate called without an active
-    exception" under load). The barrier makes every process wait until all have arrived."""
+    """Leave the process group once every process is done with it: the barrier keeps a process from tearing its
+    group down while a peer still reads from it. The gloo group's threads outlive this (the model's FSDP state
+    holds the group): the process must then end without the interpreter's teardown (engine.run.worker.end_process
+    says why)."""
     if _active(world):
         import torch.distributed as dist
 

@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException:
         _record_exit_code(1)  # a traceback follows; the job has ended all the same
         raise
-    _exit(code)
+    end_process(code)
 
 
 def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
@@ -364,10 +364,18 @@ def _leave_process_group() -> None:
         leave(world_from_env())
 
 
-def _exit(code: int) -> None:
-    """Exit once every exit handler has run and every log is flushed, without the interpreter's teardown of
-    torch, transformers and megatron-core (2.2 s of finalising modules and tensors on two cores, measured;
-    every file the run wrote is closed by then, each in its `with` block)."""
+def end_process(code: int) -> None:
+    """Exit once every exit handler has run and every log is flushed, without the interpreter's teardown. Two
+    reasons:
+    - the teardown of torch, transformers and megatron-core costs 2.2 s of finalising modules and tensors on two
+      cores (measured); every file the run wrote is closed by then, each in its `with` block;
+    - under torchrun, a gloo worker thread can still be releasing its last collective's tensors when the main
+      thread ends (the process group lives on after destroy_process_group in the model's FSDP state). Releasing a
+      tensor that has a Python object takes the GIL; once the teardown has begun, Python 3.11 ends a thread that
+      takes the GIL with pthread_exit, whose unwinding through torch's noexcept release aborts the process
+      ("terminate called without an active exception"; tests/gloo_ending.py shows it). Without a teardown,
+      there is no such moment.
+    The distributed tests' torchrun scripts end through here too."""
     import atexit
 
     atexit._run_exitfuncs()
