@@ -58,7 +58,9 @@ def test_one_and_two_processes_make_the_same_updates_on_the_same_global_batch(tm
 @pytest.mark.parametrize("ending", ["teardown", "end_process"])
 def test_a_process_ending_while_gloo_releases_a_tensor_aborts_in_the_teardown_and_not_as_the_worker_ends(ending):
     """The cause of rank 1's rare abort at the end of the torchrun scripts, made certain (tests/gloo_ending.py):
-    ending through the interpreter's teardown aborts; ending as the worker does (end_process) exits 0."""
+    ending through the interpreter's teardown aborts; ending as the worker does (end_process) exits 0. Should a
+    torch or Python release stop aborting in the teardown, the first case fails: end_process's second reason is
+    then gone, and its docstring with it."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     done = subprocess.run([*command, str(SCRIPT.with_name("gloo_ending.py")), ending], capture_output=True,
                           text=True, timeout=300)  # fmt: skip
