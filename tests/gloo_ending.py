@@ -36,14 +36,25 @@ KEPT: list[torch.Tensor] = []  # the tensor's Python object outlives the collect
 def main(ending: str) -> None:
     dist.init_process_group("gloo")
     store = dist.distributed_c10d._get_default_store()
-    tensor = torch.ones(1024)
     if dist.get_rank() == 0:
-        atexit.unregister(hold_the_gil)
-        store.wait(["rank 1 ends"])
-        time.sleep(0.5)
-        dist.all_reduce(tensor)
-        time.sleep(HOLD_S + 1)  # rank 1 ends first, whichever way
-        end_process(0)
+        join_late(store)
+    else:
+        end_with_the_collective_in_flight(store, ending)
+
+
+def join_late(store: dist.Store) -> None:
+    """Rank 0: joins the all-reduce once rank 1 is in its exit handlers, and ends after it."""
+    atexit.unregister(hold_the_gil)
+    store.wait(["rank 1 ends"])
+    time.sleep(0.5)
+    dist.all_reduce(torch.ones(1024))
+    time.sleep(HOLD_S + 1)
+    end_process(0)
+
+
+def end_with_the_collective_in_flight(store: dist.Store, ending: str) -> None:
+    """Rank 1: leaves the all-reduce to gloo's worker thread and ends, by the teardown or by end_process."""
+    tensor = torch.ones(1024)
     KEPT.append(tensor)
     dist.all_reduce(tensor, async_op=True)
     store.set("rank 1 ends", "1")

@@ -23,11 +23,15 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).parent / "distributed_update.py"
 
 
-def torchrun(processes: int, out: Path, *args: object) -> dict:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
-    done = subprocess.run(
-        [*command, str(SCRIPT), str(out), *map(str, args)], capture_output=True, text=True, timeout=300
-    )
+def under_torchrun(script: Path, *args: object) -> subprocess.CompletedProcess:
+    """`script ARGS` in two processes under torchrun, its output captured."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    return subprocess.run([*command, str(script), *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def torchrun(script: Path, out: Path, *args: object) -> dict:
+    """What `script OUT ARGS`, run in two processes, saved to OUT."""
+    done = under_torchrun(script, out, *args)
     assert done.returncode == 0, done.stderr[-3000:]
     return torch.load(out)
 
@@ -47,7 +51,7 @@ def assert_same_weights(one: dict, two: dict, tolerance: float) -> None:
 )
 def test_one_and_two_processes_make_the_same_updates_on_the_same_global_batch(tmp_path, rows, global_batch, micro):
     losses, weights = train_phase(rows, global_batch, micro, "float32")
-    two = torchrun(2, tmp_path / "two.pt", rows, global_batch, micro, "float32")
+    two = torchrun(SCRIPT, tmp_path / "two.pt", rows, global_batch, micro, "float32")
     assert two["losses"] == pytest.approx(losses, rel=1e-5)
     assert_same_weights(weights, two["weights"], tolerance=1e-5)
     assert_same_weights(weights, fixed_model().state_dict(), tolerance=float("inf"))  # same names
@@ -61,9 +65,7 @@ def test_a_process_ending_while_gloo_releases_a_tensor_aborts_in_the_teardown_an
     ending through the interpreter's teardown aborts; ending as the worker does (end_process) exits 0. Should a
     torch or Python release stop aborting in the teardown, the first case fails: end_process's second reason is
     then gone, and its docstring with it."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    done = subprocess.run([*command, str(SCRIPT.with_name("gloo_ending.py")), ending], capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = under_torchrun(SCRIPT.with_name("gloo_ending.py"), ending)
     aborted = "terminate called without an active exception" in done.stderr
     if ending == "teardown":
         assert done.returncode != 0 and aborted, done.stderr[-3000:]
@@ -74,7 +76,7 @@ def test_a_process_ending_while_gloo_releases_a_tensor_aborts_in_the_teardown_an
 
 def test_two_processes_in_bf16_compute_learn_like_one(tmp_path):
     losses, weights = train_phase(8, 8, 2, "bfloat16")
-    two = torchrun(2, tmp_path / "two.pt", 8, 8, 2, "bfloat16")
+    two = torchrun(SCRIPT, tmp_path / "two.pt", 8, 8, 2, "bfloat16")
     assert two["losses"] == pytest.approx(losses, rel=2e-2)  # bf16 rounding of two layouts
     assert all(w.dtype == torch.float32 for w in two["weights"].values())  # the master weights stay fp32
     initial = fixed_model().state_dict()  # the updates agree, up to bf16 rounding of the gradients Adam divides

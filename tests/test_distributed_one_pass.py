@@ -3,7 +3,6 @@ two-pass step's statistics and weights, and one process's (torchrun with gloo on
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from distributed_one_pass import OPTIONS, one_run  # noqa: E402
 from rlsteps.engine.distributed import SINGLE  # noqa: E402
-from test_distributed import assert_same_weights  # noqa: E402
+from test_distributed import assert_same_weights, torchrun  # noqa: E402
 
 # Slow (torchrun with gloo, two processes a case): the fast tier, -m 'not slow', leaves it out
 pytestmark = pytest.mark.slow
@@ -23,11 +22,7 @@ SCRIPT = Path(__file__).parent / "distributed_one_pass.py"
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("one_pass") / "two.pt"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    done = subprocess.run([*torchrun, str(SCRIPT), str(out)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return torch.load(out)
+    return torchrun(SCRIPT, tmp_path_factory.mktemp("one_pass") / "two.pt")
 
 
 @pytest.mark.parametrize("algorithm", list(OPTIONS))
