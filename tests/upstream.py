@@ -25,10 +25,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ARCHIVES = {"nemo_rl": "nemo-rl-v0.7.0.tar.gz", "nemo_gym": "nemo-gym-v0.4.0.tar.gz"}
 ORACLE = Path(__file__).resolve().parent / "nemo_rl_oracle.py"
+RUNNER = Path(__file__).resolve().parent / "nemo_rl_run.py"
 # NeMo-Gym's row and server models are built on openai's types (Gym pins openai<=2.7.2) and its server modules import
 # itsdangerous; neither is an rlsteps dependency, so they are installed once, without dependencies, beside the
 # unpacked sources and put on sys.path only by the oracle.
 GYM_DEPS = ["openai==2.7.2", "jiter", "distro", "itsdangerous==2.2.0"]
+# Running NeMo-RL's own code (tests/nemo_rl_run.py) takes the transformers it pins (>=5.5,<5.9; it asserts < 5.12 at
+# import) with the hub and tokenizers that transformers allows, and torchdata's StatefulDataLoader; put first on
+# sys.path by that process only, over the venv's newer transformers.
+NEMO_RL_DEPS = [
+    "transformers==5.8.1",
+    "huggingface-hub==1.33.0",
+    "tokenizers==0.22.2",
+    "torchdata==0.11.0",
+    "hydra-core==1.3.8",  # NeMo-RL builds its environments and optimizers with hydra.utils
+    "antlr4-python3-runtime==4.9.3",
+]
 
 
 class UpstreamMissing(RuntimeError):
@@ -125,6 +137,13 @@ class _InertModule(types.ModuleType):
         return _inert(f"{self.__name__}.{name}")
 
 
+def inert_module(name: str) -> types.ModuleType:
+    """A module whose every name is an inert stand-in."""
+    module = _InertModule(name)
+    module.__path__ = []
+    return module
+
+
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves an inert module for every module under `names` (force: before the real one) or, as a fallback at the end
     of sys.meta_path, for any module that is not installed."""
@@ -209,18 +228,29 @@ def nemo_rl_importable(stub: frozenset[str] = HEAVY):
 
 def gym_deps() -> Path:
     """A folder holding GYM_DEPS (installed there once with pip, without their dependencies)."""
+    return installed_once(GYM_DEPS, "gym-deps", "NeMo-Gym's models")
+
+
+def nemo_rl_deps() -> Path:
+    """A folder holding NEMO_RL_DEPS, for the process that runs NeMo-RL's code."""
+    return installed_once(NEMO_RL_DEPS, "nemo-rl-deps", "running NeMo-RL's code")
+
+
+def installed_once(packages: list[str], name: str, purpose: str) -> Path:
+    """A folder holding `packages`, installed there once with pip without their dependencies."""
 
     def install(staging: Path) -> Path:
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(staging), *GYM_DEPS],
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(staging), *packages],
             capture_output=True,
             text=True,
         )
         if done.returncode != 0:
-            _unavailable(f"pip could not install {' '.join(GYM_DEPS)} for NeMo-Gym's models: {done.stderr[-2000:]}")
+            _unavailable(f"pip could not install {' '.join(packages)} for {purpose}: {done.stderr[-2000:]}")
         return staging
 
-    return built_once(_cache() / ("gym-deps-" + hashlib.sha256(" ".join(GYM_DEPS).encode()).hexdigest()[:12]), install)
+    digest = hashlib.sha256(" ".join(packages).encode()).hexdigest()[:12]
+    return built_once(_cache() / f"{name}-{digest}", install)
 
 
 def _oracle_run(*args: str) -> str:
@@ -265,3 +295,18 @@ def load_nemo_rl_config(path: str | os.PathLike) -> dict:
 def master_config_schema() -> dict:
     """MasterConfig's keys as the oracle reads them from NeMo-RL now (what master_config_schema.json ships)."""
     return json.loads(_oracle_run("schema"))
+
+
+def run_nemo_rl(cases: list[dict], folder: Path) -> dict[str, dict]:
+    """NeMo-RL's own driver run on each case's master config (tests/nemo_rl_run.py: one process, a fork per case);
+    {name: {"ok": ..., "error", "where", "steps", "log"}}."""
+    unpacked("nemo_rl"), unpacked("nemo_gym")  # skip (or fail) here, not inside the runner's process
+    nemo_rl_deps()
+    env = dict(os.environ, RLSTEPS_GYM_DEPS=str(gym_deps()))
+    listing, result = folder / "cases.json", folder / "results.json"
+    listing.write_text(json.dumps(cases))
+    done = subprocess.run([sys.executable, str(RUNNER), str(listing), "--result", str(result)], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0 or not result.is_file():
+        raise RuntimeError(f"the NeMo-RL runner crashed (exit {done.returncode}):\n{done.stderr[-6000:]}")
+    return json.loads(result.read_text())

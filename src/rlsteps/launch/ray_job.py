@@ -168,9 +168,35 @@ def master_config(job: Job, ray: RayJob) -> MasterConfig:
     config = job.worker_config()  # secrets stay ${oc.env:...}: the job's environment carries them
     validated = STEP_SCHEMAS[config["algorithm"]].model_validate(config).model_dump(mode="json")
     try:
-        return compile_master_config(validated, Cluster(ray.nodes, ray.gpus_per_node), ray.run_dir)
+        compiled = compile_master_config(validated, Cluster(ray.nodes, ray.gpus_per_node), ray.run_dir)
     except NemoRlConfigError as err:
-        raise UsageError(str(err)) from None
+        raise UsageError(str(err), fix=err.fix) from None
+    refuse_cluster_overrides(job, compiled.config, ray)
+    return compiled
+
+
+CLUSTER_KEYS = ("cluster.num_nodes", "cluster.gpus_per_node")
+
+
+def refuse_cluster_overrides(job: Job, master: dict[str, Any], ray: RayJob) -> None:
+    """A cluster.* override the profile's GPUs overrule is refused, never dropped: rlsteps sets cluster.* to the
+    policy's share of the job's nodes (the rest go to the judge or the reward model)."""
+    from rlsteps.dotted import get
+
+    for item in job.overrides:
+        key, _, value = item.partition("=")
+        key = key.strip().removeprefix("nemo_rl.")
+        if key not in CLUSTER_KEYS or str(get(master, key)) == value.strip():
+            continue
+        judge = get(master, "env.nemo_gym.num_gpu_nodes") or 0
+        policy = master["cluster"]
+        raise UsageError(
+            f"{key}={value.strip()} cannot be honoured: cluster.* is the policy's share of the profile's "
+            f"{ray.nodes} node(s) x {ray.gpus_per_node} GPU(s) (here {policy['num_nodes']} node(s) x "
+            f"{policy['gpus_per_node']} GPU(s) for the policy, {judge} node(s) for the judge)",
+            fix=f"drop {key} and give the job the GPUs in the profile {job.profile_name or ''}: nodes and "
+            "gpus_per_node (a profile may `extends:` another and change only those)".replace("  ", " "),
+        )
 
 
 def job_files(job: Job, ray: RayJob) -> dict[str, str]:

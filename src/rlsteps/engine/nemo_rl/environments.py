@@ -29,7 +29,12 @@ JUDGE_SERVER_DEFAULTS = {  # NeMo-Gym's genrm_model server, as its genrm_compare
 
 
 class NemoRlConfigError(ValueError):
-    """A step config NeMo-RL cannot run as asked; the message names the key and the fix."""
+    """A step config NeMo-RL cannot run as asked; the message names the key, `fix` the keys to set (NeMo-RL's, as
+    `changes`, where the fix is a set of values)."""
+
+    def __init__(self, message: str, fix: str | None = None, changes: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.fix, self.changes = fix, changes or {}
 
 
 def uses_gym(master: dict[str, Any]) -> bool:

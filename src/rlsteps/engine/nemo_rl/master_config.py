@@ -50,8 +50,18 @@ def compile_master_config(cfg: dict[str, Any], cluster: Cluster, run_dir: PurePo
         given = ", ".join(sorted(leaves(passed)))
         notes.append(f"set as given (nemo_rl.*; the paths, the judge block and cluster.* stay rlsteps's): {given}")
         master = deep_merge(master, passed)
-    notes += _finalize(master, cfg, cluster, NemoRlPaths(run_dir))
+    try:
+        notes += _finalize(master, cfg, cluster, NemoRlPaths(run_dir))
+    except NemoRlConfigError as err:
+        if err.changes and cfg["algorithm"] != "nemo_rl_grpo":  # the fix in the recipe's own keys
+            raise NemoRlConfigError(str(err), fix=_in_recipe_keys(err.changes, cfg["algorithm"])) from None
+        raise
     return MasterConfig(config=master, notes=notes)
+
+
+def _in_recipe_keys(changes: dict[str, Any], algorithm: str) -> str:
+    ours = {theirs: mine for mine, theirs in pairs(algorithm)}
+    return " ".join(f"{ours.get(key, 'nemo_rl.' + key)}={value}" for key, value in changes.items())
 
 
 def from_recipe(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -177,6 +187,7 @@ def _finalize(master: dict[str, Any], cfg: dict[str, Any], cluster: Cluster, pat
             master["grpo"]["max_val_samples"] = None  # NeMo-RL's NeMo-Gym driver refuses any other value
             notes.append("grpo.max_val_samples: null (NeMo-RL's NeMo-Gym driver validates on the whole file)")
     notes += place(master, cluster)
+    notes += _megatron_precision(master)
     _sequence_divisor(master)
     return notes + [
         "known only on the cluster, so not checked here: the files at policy.model_name and data.*.data_path (the "
@@ -201,6 +212,22 @@ def _paths(master: dict[str, Any], cfg: dict[str, Any], paths: NemoRlPaths) -> l
         grpo.update(val_period=0, val_at_start=False, val_at_end=False)
         return ["no validation prompts: grpo.val_period 0, val_at_start and val_at_end false"]
     return []
+
+
+def _megatron_precision(master: dict[str, Any]) -> list[str]:
+    """megatron_cfg.optimizer's bf16 and fp16 as policy.precision says (NeMo-RL's Megatron setup asserts they agree:
+    _validate_dtype_config); a note where the config said otherwise."""
+    policy = master["policy"]
+    if not policy["megatron_cfg"].get("enabled"):
+        return []
+    optimizer = policy["megatron_cfg"]["optimizer"]
+    wanted = {"bf16": policy["precision"] == "bfloat16", "fp16": policy["precision"] == "float16"}
+    changed = {key: value for key, value in wanted.items() if optimizer.get(key) != value}
+    optimizer.update(wanted)
+    if not changed:
+        return []
+    given = ", ".join(f"megatron_cfg.optimizer.{key} {str(value).lower()}" for key, value in changed.items())
+    return [f"policy.precision {policy['precision']}: {given} (NeMo-RL's Megatron setup needs them to agree)"]
 
 
 def _sequence_divisor(master: dict[str, Any]) -> None:

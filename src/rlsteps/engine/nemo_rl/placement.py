@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlsteps.dotted import get
+from rlsteps.engine.nemo_rl.batches import repair, split_of
 from rlsteps.engine.nemo_rl.environments import NemoRlConfigError, judge_gpus
 
 
@@ -102,7 +103,8 @@ def _place_reward_model(master: dict[str, Any], cluster: Cluster) -> list[str]:
 
 
 def _check_policy_split(master: dict[str, Any], gpus: int) -> None:
-    """The policy's data-parallel size must divide its global batch, as NeMo-RL's setup asserts."""
+    """The policy's GPUs split into model-parallel groups, and each step's rows over the data-parallel ranks as
+    NeMo-RL's first step asserts (batches)."""
     policy = master["policy"]
     if policy["megatron_cfg"].get("enabled"):
         megatron = policy["megatron_cfg"]
@@ -117,12 +119,16 @@ def _check_policy_split(master: dict[str, Any], gpus: int) -> None:
         raise NemoRlConfigError(
             f"the policy's {gpus} GPU(s) do not split into model-parallel groups of {model_parallel}"
         )
-    data_parallel = gpus // model_parallel
-    batch = policy["train_global_batch_size"]
-    if batch % data_parallel:
+    split = split_of(master, gpus // model_parallel)
+    problems = split.problems()
+    if problems:
+        changes = repair(split)
         raise NemoRlConfigError(
-            f"policy.train_global_batch_size {batch} does not split over the policy's {data_parallel} data-parallel "
-            f"rank(s) ({gpus} GPU(s) / model parallel {model_parallel}): make it a multiple of {data_parallel}"
+            f"NeMo-RL would stop at its first step: {problems[0]}; a step makes {split.prompts} prompts x "
+            f"{split.generations} generations = {split.rows} rows over {split.data_parallel} data-parallel rank(s) "
+            f"({gpus} GPU(s) / model parallel {model_parallel})",
+            fix=" ".join(f"{key}={value}" for key, value in changes.items()),
+            changes=changes,
         )
 
 

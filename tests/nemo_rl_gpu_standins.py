@@ -1,0 +1,84 @@
+"""The GPU work of a NeMo-RL run, stood in where NeMo-RL looks it up, so that its own driver, setup and GRPO step
+run on a CPU (tests/nemo_rl_run.py): vLLM's engine (nemo_rl_standin_vllm), the policy workers' forward and backward
+(nemo_rl_standin_policy), NeMo-Gym's server processes (nemo_rl_standin_gym), the GPU's own answers to torch.cuda's
+queries, and three steps that act on the machine (binding a process to a GPU's NUMA node, patching vLLM's installed
+files, building the workers' uv environments). Ray's processes and GPU bundles are tests/standin_ray.py's.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import torch
+
+from nemo_rl_standin_gym import gym_stand_ins
+from nemo_rl_standin_policy import policy_worker_class
+from nemo_rl_standin_vllm import VLLM, generation_workers
+
+POLICY_WORKERS = {  # the modules NeMo-RL's Policy imports its workers from: (class name, backend)
+    "nemo_rl.models.policy.workers.dtensor_policy_worker": ("DTensorPolicyWorker", "dtensor"),
+    "nemo_rl.models.policy.workers.dtensor_policy_worker_v2": ("DTensorPolicyWorkerV2", "dtensor"),
+    "nemo_rl.models.policy.workers.megatron_policy_worker": ("MegatronPolicyWorker", "megatron"),
+}
+GENERATION_WORKERS = {  # the class names NeMo-RL's VllmGeneration imports, by module
+    "VllmGenerationWorker": "nemo_rl.models.generation.vllm.vllm_worker",
+    "VllmAsyncGenerationWorker": "nemo_rl.models.generation.vllm.vllm_worker_async",
+}
+H100 = types.SimpleNamespace(
+    name="NVIDIA H100 80GB HBM3", major=9, minor=0, total_memory=80 * 1024**3, multi_processor_count=132
+)
+
+
+def report_gpus(gpus_per_node: int) -> None:
+    """torch.cuda's queries answered as a node of H100s would (what NeMo-RL reads: capability, name, memory), and
+    `.cuda()` keeps a tensor where it is (the CPU is this GPU); torch.cuda.is_available() stays False."""
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    cuda = torch.cuda
+    cuda.get_device_capability = lambda device=None: (H100.major, H100.minor)
+    cuda.get_device_name = lambda device=None: H100.name
+    cuda.get_device_properties = lambda device=None: H100
+    cuda.device_count = lambda: gpus_per_node
+    cuda.current_device = lambda: 0
+    cuda.set_device = lambda device: None
+    cuda.mem_get_info = lambda device=None: (H100.total_memory * 3 // 4, H100.total_memory)
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        setattr(cuda, name, lambda device=None: 0)
+    cuda.reset_peak_memory_stats = lambda device=None: None
+    cuda.synchronize = lambda device=None: None
+    cuda.nvtx.range_push = cuda.nvtx.range_pop = lambda *args, **kwargs: None  # profiler markers
+
+
+def replace(module: types.ModuleType, name: str, stand_in: Any) -> None:
+    """module.name replaced, in the module and wherever NeMo-RL's or NeMo-Gym's modules imported it by name."""
+    original = getattr(module, name)
+    for loaded in list(sys.modules.values()):
+        if getattr(loaded, "__name__", "").startswith(("nemo_rl", "nemo_gym")) and vars(loaded).get(name) is original:
+            setattr(loaded, name, stand_in)
+
+
+def install() -> None:
+    """The stand-ins in place (after standin_ray.install, with NeMo-RL importable; report_gpus follows per case)."""
+    import nemo_gym.cli
+    import nemo_gym.rollout_collection
+    import nemo_rl.distributed.numa_utils as numa
+    import nemo_rl.models.generation.vllm.vllm_worker as vllm_worker
+    import nemo_rl.utils.venvs as venvs
+    import ray
+
+    import upstream
+
+    for module_name, names in VLLM.items():
+        vars(sys.modules.setdefault(module_name, upstream.inert_module(module_name))).update(names)
+    replace(numa, "bind_to_gpu_numa", lambda *args, **kwargs: None)
+    replace(vllm_worker, "_apply_vllm_patches", lambda *args, **kwargs: None)
+    replace(venvs, "create_local_venv_on_each_node", lambda py_executable, venv_name: sys.executable)
+    worker = policy_worker_class()
+    for module_name, (class_name, backend) in POLICY_WORKERS.items():
+        module = types.ModuleType(module_name)
+        setattr(module, class_name, ray.remote(type(class_name, (worker,), {"backend": backend})))
+        sys.modules[module_name] = module
+    for class_name, cls in generation_workers().items():
+        setattr(sys.modules[GENERATION_WORKERS[class_name]], class_name, ray.remote(cls))
+    nemo_gym.cli.RunHelper, nemo_gym.rollout_collection.RolloutCollectionHelper = gym_stand_ins()

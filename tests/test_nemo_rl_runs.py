@@ -1,0 +1,189 @@
+"""Every config rlsteps compiles for NeMo-RL runs NeMo-RL v0.7.0's own code: its driver's config handling,
+grpo.setup (cluster and placement arithmetic, the dtype and other checks, tokenizer and data over real prompt rows)
+and a GRPO step's data path (batching, advantages, shard_by_batch_size, the loss function's inputs, the checkpoint
+manager, the logger), with only the GPU work stood in (tests/nemo_rl_run.py). What NeMo-RL would stop on is
+refused when the job compiles, with NeMo-RL's arithmetic and a fix; the fix, applied, runs."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+import upstream
+from rlsteps.catalog import load_catalog
+from rlsteps.engine.nemo_rl.data import write_rows
+from rlsteps.engine.nemo_rl.layout import MASTER_CONFIG_FILE
+from rlsteps.errors import UsageError
+from rlsteps.launch.ray_job import DRIVERS
+from rlsteps.plan.runner import RunRequest, compile_request
+
+pytestmark = pytest.mark.slow  # NeMo-RL's own code, in a process of its own
+
+REPO = Path(__file__).resolve().parent.parent
+SEED = "rl/nemo_rl/rlhf"
+JUDGE = "env.nemo_gym.genrm_model.responses_api_models.vllm_model"
+SEED_INPUTS = ("data.train.data_path=/lustre/p.jsonl", "data.validation.data_path=/lustre/v.jsonl",
+               "policy.model_name=/lustre/sft")  # fmt: skip
+RLHF_INPUTS = ("engine=nemo_rl", "inputs.prompts=/lustre/p.jsonl", "inputs.val_prompts=/lustre/v.jsonl",
+               "inputs.policy=/lustre/sft", "inputs.judge_model=/lustre/judge", "output.dir=/lustre/run")  # fmt: skip
+REINFORCE_INPUTS = ("engine=nemo_rl", "inputs.prompts=/lustre/p.jsonl", "inputs.policy=/lustre/sft",
+                    "inputs.reward_model=/lustre/rm", "output.dir=/lustre/run")  # fmt: skip
+GPU_PROFILES = {
+    "one_node": {
+        "executor": "slurm",
+        "nodes": 1,
+        "gpus_per_node": 8,
+        "container_image": "/images/nemo-rl.sqsh",
+        "job_dir": "/lustre/jobs",
+        "cluster_paths": ["/lustre"],
+    },  # fmt: skip
+    "two_nodes": {"extends": "one_node", "nodes": 2},
+    "four_nodes": {"extends": "one_node", "nodes": 4},
+}
+CASES = {  # name: (step, config, batch profile, overrides): what users compile, each run by NeMo-RL's own code
+    "seed page, Slurm": (SEED, "default", "slurm_rl_nemo_rl_rlhf", ("grpo.max_num_steps=1000",
+                          "data.train.data_path=/lustre/rlhf/train.jsonl",
+                          "data.validation.data_path=/lustre/rlhf/val.jsonl", "policy.model_name=/lustre/sft")),
+    "seed page, Lepton, 16 generations": (SEED, "default", "lepton_rl_nemo_rl_rlhf", (
+        f"{JUDGE}.model=nvidia/Nemotron-Reward-Model", "grpo.num_generations_per_prompt=16",
+        "output.dir=/data/runs/rlhf", "data.train.data_path=/data/p.jsonl", "policy.model_name=/data/sft")),
+    "4 generations": (SEED, "default", "two_nodes", (*SEED_INPUTS, "grpo.num_generations_per_prompt=4")),
+    "tensor parallel 2": (SEED, "default", "two_nodes", (*SEED_INPUTS, "policy.dtensor_cfg.tensor_parallel_size=2")),
+    "megatron, tensor parallel 2": (SEED, "default", "two_nodes", (*SEED_INPUTS, "policy.megatron_cfg.enabled=true",
+                                    "policy.dtensor_cfg.enabled=false",
+                                    "policy.megatron_cfg.tensor_model_parallel_size=2")),
+    "a changed KL": (SEED, "default", "two_nodes", (*SEED_INPUTS, "loss_fn.reference_policy_kl_penalty=0.05")),
+    "a longer sequence": (SEED, "default", "two_nodes", (*SEED_INPUTS, "policy.max_total_sequence_length=1024")),
+    "a judge at a local path": (SEED, "default", "two_nodes", (*SEED_INPUTS, f"{JUDGE}.model=/lustre/judge")),
+    "one node": (SEED, "default", "one_node", SEED_INPUTS),
+    "four nodes": (SEED, "default", "four_nodes", SEED_INPUTS),
+    "tiny on two nodes": (SEED, "tiny", "two_nodes", ("output.dir=/lustre/run",)),
+    "tiny, megatron": (SEED, "tiny", "two_nodes", ("output.dir=/lustre/run", "policy.megatron_cfg.enabled=true",
+                       "policy.dtensor_cfg.enabled=false")),
+    "rl/rlhf on one node": ("rl/rlhf", "default", "one_node", RLHF_INPUTS),
+    "rl/rlhf on two nodes": ("rl/rlhf", "default", "two_nodes", RLHF_INPUTS),
+    "rl/rlhf on four nodes": ("rl/rlhf", "default", "four_nodes", RLHF_INPUTS),
+    "rl/rlhf, megatron": ("rl/rlhf", "default", "two_nodes", (*RLHF_INPUTS, "nemo_rl_job.policy_backend=megatron")),
+    "rl/rlhf, no warmup": ("rl/rlhf", "default", "two_nodes", (*RLHF_INPUTS, "train.warmup_steps=0")),
+    "rl/reinforce on one node": ("rl/reinforce", "default", "one_node", REINFORCE_INPUTS),
+    "rl/reinforce on two nodes": ("rl/reinforce", "default", "two_nodes", REINFORCE_INPUTS),
+    "rl/reinforce on four nodes": ("rl/reinforce", "default", "four_nodes", REINFORCE_INPUTS),
+}  # fmt: skip
+ORACLE_DRIVER = {"examples/nemo_gym/run_grpo_nemo_gym.py": "nemo_gym", "examples/run_grpo.py": "grpo"}
+
+
+def compile_case(step: str, config: str, profile: str, overrides: tuple[str, ...]):
+    request = RunRequest(step, config, batch_profile=profile, dry_run=True, overrides=overrides)
+    return compile_request(load_catalog(), request)
+
+
+def runnable(compiled, tiny_world, folder: Path) -> dict:
+    """The compiled job's master config, moved under `folder` with the files the job's prepare stage would write
+    there (the tiny world's policy and prompts, as NeMo-RL's rows) and the reward model at the tiny world's."""
+    text = compiled.plan.files[MASTER_CONFIG_FILE]
+    master = yaml.safe_load(text)
+    run_dir = master["policy"]["model_name"].removesuffix("/nemo_rl/policy_hf")
+    text = text.replace(run_dir + "/", f"{folder}/").replace("/lustre/rm", str(tiny_world.reward_model))
+    master = yaml.safe_load(text)
+    root = folder / "nemo_rl"
+    (root / "data").mkdir(parents=True)
+    (root / "policy_hf").symlink_to(tiny_world.policy, target_is_directory=True)
+    agent = compiled.job.config.get("nemo_rl_job", {}).get("gym_agent", "genrm_simple_agent")
+    write_rows(str(tiny_world.train_prompts), root / "data" / "train.jsonl", compiled.job.algorithm, agent)
+    if master["data"].get("validation"):
+        write_rows(str(tiny_world.val_prompts), root / "data" / "validation.jsonl", compiled.job.algorithm, agent)
+    path = folder / "master.yaml"
+    path.write_text(yaml.safe_dump(master))
+    settings = compiled.job.launcher_settings
+    return {
+        "config": str(path),
+        "driver": ORACLE_DRIVER[DRIVERS[compiled.job.algorithm]],
+        "nodes": settings["nodes"],
+        "gpus_per_node": settings["gpus_per_node"],
+        "steps": 1,
+    }
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("nemo_rl_runs")
+    shipped = {}
+    for name in ("slurm.yaml", "lepton.yaml"):
+        shipped.update(yaml.safe_load((REPO / "profiles" / name).read_text())["profiles"])
+    (folder / "rlsteps.yaml").write_text(yaml.safe_dump({"profiles": {**shipped, **GPU_PROFILES}}))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def outcomes(project, tiny_world):
+    """Each case compiled; a refused one compiled again with its fix; every compiled one run by NeMo-RL's code."""
+    refused, runs = {}, []
+    for name, (step, config, profile, overrides) in CASES.items():
+        try:
+            compiled = compile_case(step, config, profile, overrides)
+        except UsageError as error:
+            refused[name] = error
+            fixed = (*overrides, *error.fix.split())
+            runs.append((f"{name}, fixed", compile_case(step, config, profile, fixed)))
+        else:
+            runs.append((name, compiled))
+    cases = [{"name": name, **runnable(c, tiny_world, project / f"run{n}")} for n, (name, c) in enumerate(runs)]
+    cases.append(control(cases[0], project / "control"))
+    results = upstream.run_nemo_rl(cases, project)
+    yield refused, results
+    for n in range(len(runs)):
+        shutil.rmtree(project / f"run{n}", ignore_errors=True)
+
+
+CONTROL = "control: 256 rows a step, a global batch of 512"
+
+
+def control(case: dict, folder: Path) -> dict:
+    """The seed command's config as rlsteps compiled it before the global batch followed the rows."""
+    master = yaml.safe_load(Path(case["config"]).read_text())
+    master["policy"]["train_global_batch_size"] = 512
+    folder.mkdir()
+    (folder / "master.yaml").write_text(yaml.safe_dump(master).replace(str(Path(case["config"]).parent), str(folder)))
+    shutil.copytree(Path(case["config"]).parent / "nemo_rl", folder / "nemo_rl", symlinks=True)
+    return {**case, "name": CONTROL, "config": str(folder / "master.yaml")}
+
+
+def test_the_run_check_fails_where_nemo_rl_fails(outcomes):
+    """What the schema accepted and NeMo-RL's first step stopped on, caught where NeMo-RL catches it."""
+    result = outcomes[1][CONTROL]
+    assert not result["ok"]
+    assert result["error"] == "AssertionError: Total batch size (256) is not a multiple of batch_size (512)"
+    assert result["where"].startswith("nemo_rl/distributed/batched_data_dict.py:")
+    assert "lm_policy.py" in result["traceback"] and "in grpo_train" in result["traceback"]
+
+
+def describe(result: dict) -> str:
+    return f"{result.get('error')} at {result.get('where')}\n{result.get('traceback', '')[-3000:]}"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_nemo_rl_runs_a_step_of_what_rlsteps_compiles_or_rlsteps_refuses_it_with_a_fix_that_runs(outcomes, case):
+    refused, results = outcomes
+    name = f"{case}, fixed" if case in refused else case
+    result = results[name]
+    assert result["ok"], describe(result)
+    assert result["steps"] == 1 and Path(result["checkpoint"]).is_dir()
+    if case in refused:
+        error = refused[case]
+        assert "NeMo-RL would stop at its first step" in error.message, error.message
+        assert "data-parallel rank(s)" in error.message and "=" in error.fix
+
+
+# The cases above that rlsteps refuses, and what NeMo-RL says of them: the arithmetic is NeMo-RL's own.
+EXPECTED_REFUSALS = {"one node", "four nodes", "rl/rlhf on one node", "rl/rlhf on four nodes",
+                     "rl/reinforce on one node", "rl/reinforce on four nodes"}  # fmt: skip
+
+
+def test_only_what_nemo_rl_cannot_run_is_refused(outcomes):
+    refused, _ = outcomes
+    assert set(refused) == EXPECTED_REFUSALS, {name: str(error) for name, error in refused.items()}
+    assert refused["one node"].fix == "grpo.num_prompts_per_step=35 policy.train_global_batch_size=280"
+    assert refused["rl/rlhf on one node"].fix.startswith("rollout.prompts_per_step=")
