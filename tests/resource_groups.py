@@ -29,6 +29,7 @@ LONGEST_FIRST = (
     "vllm",
     "slurm",
     "test_runs",
+    "test_nemo_rl_runs",
     "test_records_on_resume",
     "test_pipeline_runs",
     "test_tiny",

@@ -391,11 +391,29 @@ def test_no_credentials_names_the_login(rs, profiles, tmp_path, monkeypatch):
         lepton.LAUNCHER.submit(job, lepton.LAUNCHER.plan(job, tmp_path), tmp_path)
 
 
-def test_without_the_sdk_the_error_names_the_extra(rs, profiles, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "leptonai.api.v2.types.job", None)  # as if absent or older than 0.47
+def test_without_the_sdk_the_plan_is_the_job_the_sdk_posts_and_only_a_submission_needs_it(
+    rs, profiles, tmp_path, monkeypatch
+):
+    job = make_job(rs, profiles)
+    with_sdk = json.loads(lepton.LAUNCHER.plan(job, tmp_path).files[lepton.SPEC_FILE])
+    monkeypatch.setitem(sys.modules, "leptonai", None)  # as if not installed
+    plan = lepton.LAUNCHER.plan(job, tmp_path)
+    without = json.loads(plan.files[lepton.SPEC_FILE])
+    # the SDK fills in its defaults (a finished job's time to live, ...): the job rlsteps builds is the one it posts
+    assert LeptonJob.model_validate(without).model_dump(by_alias=True, exclude_none=True, mode="json") == with_sdk
+    assert set(with_sdk["spec"]) - set(without["spec"]) == {"ttl_seconds_after_finished"}
     with pytest.raises(UsageError) as err:
-        lepton.LAUNCHER.plan(make_job(rs, profiles), tmp_path)
+        lepton.LAUNCHER.submit(job, plan, tmp_path)
     assert shlex.quote("rlsteps[lepton]") in err.value.fix
+
+
+def test_a_dry_run_needs_no_sdk(profiles, tmp_path):
+    hidden = "import sys; sys.modules['leptonai'] = None; from rlsteps.cli import entry; sys.exit(entry())"
+    argv = ["run", "rl/rs", "-c", "default", "-b", "lep", "--dry-run", *INPUTS]
+    env = {**os.environ, "RLSTEPS_PROFILES": str(profiles), "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-c", hidden, *argv], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert lepton.SPEC_FILE in done.stdout and '"resource_shape": "gpu.8xh100-80gb"' in done.stdout
 
 
 def test_rlsteps_run_submits_a_batch_job_and_writes_no_secret(tiny_world, profiles, tmp_path, stub, monkeypatch, capfd):

@@ -196,3 +196,20 @@ def test_tiny_runs_here_end_to_end_on_the_embedded_engine(project, tiny_world):
     artifact = (out / "policy" / "rlsteps_artifact.json").read_text()
     assert '"checkpoint_megatron"' in artifact and STEP in artifact
     shutil.rmtree(out)
+
+
+def test_a_profiles_config_run_stays_out_of_nemo_rls_master_config(project):
+    """slurm_rl_nemo_rl_rlhf extends my_slurm, whose config.run sets the embedded engine's device and dtype."""
+    job = compiled(*CLUSTER_INPUTS, batch="slurm_rl_nemo_rl_rlhf")
+    assert job.job.config["run"] == {"device": "cuda", "dtype": "bfloat16"}
+    text = job.plan.files[MASTER_CONFIG_FILE]
+    assert "run" not in yaml.safe_load(text)
+    assert "run.* (the embedded engine's device and dtype) does not apply" in text
+
+
+@pytest.mark.parametrize("key", ["cluster.num_nodes=4", "cluster.gpus_per_node=4"])
+def test_a_cluster_override_the_profile_overrules_is_refused_with_why(project, key):
+    with pytest.raises(UsageError, match=rf"{key} cannot be honoured: cluster.\* is the policy's share") as refused:
+        master(key)
+    assert "2 node(s) x 8 GPU(s)" in refused.value.message and "nodes and gpus_per_node" in refused.value.fix
+    assert master("cluster.num_nodes=1")["cluster"]["num_nodes"] == 1  # what the profile gives: honoured

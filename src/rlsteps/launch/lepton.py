@@ -35,6 +35,7 @@ from rlsteps.launch.lepton_spec import (
     is_secret_of,
     nemo_rl_files,
     secret_name,
+    spec_body,
     summary,
 )
 
@@ -63,18 +64,22 @@ class LeptonLauncher:
         return profile.nodes, profile.nprocs
 
     def plan(self, job: Job, job_dir: Path) -> LaunchPlan:
-        api.require_sdk()
+        """The job as the SDK will post it (its defaults filled in, validated) where the SDK is installed; without
+        it, as rlsteps builds it, which a dry run shows and a submission (which needs the SDK) validates."""
         profile = LeptonProfile.of(job)
-        lepton_job = build_spec(job, job_dir.name, profile)
-        for env in lepton_job.spec.envs:  # the wheel stays in the job dir; submit puts its chunks back
-            if env.value is not None:
-                env.value = code.elided(env.name, env.value)
-        body = lepton_job.model_dump(by_alias=True, exclude_none=True, mode="json")  # as the SDK's job API sends it
-        plain = {e.name: e.value for e in lepton_job.spec.envs if e.value_from is None}
+        if api.sdk_installed():
+            api.require_sdk()
+            body = build_spec(job, job_dir.name, profile).model_dump(by_alias=True, exclude_none=True, mode="json")
+        else:
+            body = spec_body(job, job_dir.name, profile)
+        for env in body["spec"]["envs"]:  # the wheel stays in the job dir; submit puts its chunks back
+            if "value" in env:
+                env["value"] = code.elided(env["name"], env["value"])
+        plain = {e["name"]: e["value"] for e in body["spec"]["envs"] if "value" in e}
         return LaunchPlan(
             launcher=self.name,
-            summary=summary(job, profile, lepton_job.metadata.id_, len([n for n in plain if code.is_chunk(n)])),
-            command=list(lepton_job.spec.container.command),
+            summary=summary(job, profile, body["metadata"]["id"], len([n for n in plain if code.is_chunk(n)])),
+            command=list(body["spec"]["container"]["command"]),
             env=plain,
             files={SPEC_FILE: json.dumps(body, indent=2)} | nemo_rl_files(job, job_dir.name, profile),
             code=code.wheel_name() if profile.code == "ship" else None,

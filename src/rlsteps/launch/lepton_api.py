@@ -30,6 +30,13 @@ STATES = {
 T = TypeVar("T")
 
 
+def sdk_installed() -> bool:
+    """Whether the leptonai package is there, found without importing it (an import reads the login record)."""
+    import importlib.util
+
+    return importlib.util.find_spec("leptonai") is not None
+
+
 def require_sdk() -> None:
     """The SDK, 0.47 or later; importing it reads the `lep login` record, which can be unreadable."""
     try:

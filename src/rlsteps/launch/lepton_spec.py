@@ -242,14 +242,9 @@ def _ray_node_lines(job: Job, profile: LeptonProfile, config_dir: str) -> list[s
     return [*lines, f"exec {shlex.join(node)} {LEPTON_TRY}"]
 
 
-def build_spec(job: Job, job_dir_name: str, profile: LeptonProfile) -> Any:
-    """The LeptonJob to post; the node group appears by name until submission swaps in its id."""
-    from leptonai.api.v2.job_validation import validate_job_create
-    from leptonai.api.v2.types.affinity import LeptonResourceAffinity
-    from leptonai.api.v2.types.common import LeptonVisibility, Metadata
-    from leptonai.api.v2.types.deployment import EnvValue, EnvVar, LeptonContainer, Mount, ReservationConfig
-    from leptonai.api.v2.types.job import LeptonJob, LeptonJobUserSpec
-
+def spec_body(job: Job, job_dir_name: str, profile: LeptonProfile) -> dict[str, Any]:
+    """The LeptonJob to post, as the JSON the job API takes, built without the SDK (a dry run needs none); the node
+    group appears by name until submission swaps in its id. build_spec validates it with the SDK's own types."""
     name = lepton_job_name(job_dir_name)
     held = held_secrets(job, profile)
     references = {**{k: secret_name(name, k) for k in held}, **profile.secret_refs()}
@@ -257,33 +252,38 @@ def build_spec(job: Job, job_dir_name: str, profile: LeptonProfile) -> Any:
     plain = profile.plain_env(held) | shipped
     script = entry_script(job, job_dir_name, profile, shipped)
     _check_size(job, script, plain)
-    envs = [EnvVar(name=k, value=v) for k, v in plain.items()]
-    envs += [EnvVar(name=k, value_from=EnvValue(secret_name_ref=ref)) for k, ref in sorted(references.items())]
+    envs = [{"name": k, "value": v} for k, v in plain.items()]
+    envs += [{"name": k, "value_from": {"secret_name_ref": ref}} for k, ref in sorted(references.items())]
+    spec: dict[str, Any] = {
+        "resource_shape": profile.resource_shape,
+        "affinity": {"allowed_dedicated_node_groups": [profile.node_group]},
+        "container": {"image": profile.container_image, "command": ["/bin/bash", "-c", script]},
+        "completions": profile.nodes,
+        "parallelism": profile.nodes,
+        "intra_job_communication": True if profile.nodes > 1 else None,
+        "shared_memory_size": profile.shared_memory_size,
+        "envs": envs,
+        "mounts": [dict(m) for m in profile.mounts],
+        "image_pull_secrets": list(profile.image_pull_secrets),
+        "reservation_config": {"reservation_id": profile.node_reservation} if profile.node_reservation else None,
+    }
+    metadata = {
+        "id": name,
+        "name": name,
+        "visibility": "private",
+        "labels": {"rlsteps-step": lepton_job_name(job.step_id)},
+    }
+    return {"metadata": metadata, "spec": {k: v for k, v in spec.items() if v is not None}}
+
+
+def build_spec(job: Job, job_dir_name: str, profile: LeptonProfile) -> Any:
+    """spec_body as the SDK's LeptonJob, validated as the SDK validates a job it creates."""
+    from leptonai.api.v2.job_validation import validate_job_create
+    from leptonai.api.v2.types.job import LeptonJob
+
+    body = spec_body(job, job_dir_name, profile)
     try:
-        spec = LeptonJobUserSpec(
-            resource_shape=profile.resource_shape,
-            affinity=LeptonResourceAffinity(allowed_dedicated_node_groups=[profile.node_group]),
-            container=LeptonContainer(image=profile.container_image, command=["/bin/bash", "-c", script]),
-            completions=profile.nodes,
-            parallelism=profile.nodes,
-            intra_job_communication=True if profile.nodes > 1 else None,
-            shared_memory_size=profile.shared_memory_size,
-            envs=envs,
-            mounts=[Mount.model_validate(m) for m in profile.mounts],
-            image_pull_secrets=profile.image_pull_secrets,
-            reservation_config=ReservationConfig(reservation_id=profile.node_reservation)
-            if profile.node_reservation
-            else None,
-        )
-        lepton_job = LeptonJob(
-            metadata=Metadata(
-                id=name,
-                name=name,
-                visibility=LeptonVisibility.PRIVATE,
-                labels={"rlsteps-step": lepton_job_name(job.step_id)},
-            ),
-            spec=spec,
-        )
+        lepton_job = LeptonJob.model_validate(body)
         validate_job_create(lepton_job)
     except ValidationError as err:
         raise UsageError(

@@ -49,6 +49,7 @@ def to_embedded(cfg: dict[str, Any], base: dict[str, Any], set_keys: list[str]) 
             put(recipe, ours, copy.deepcopy(value))
     recipe["rollout"]["sampling"]["top_k"] = get(cfg, "policy.generation.top_k") or 0
     recipe["output"] = copy.deepcopy(cfg["output"])
+    recipe["run"] = {**recipe["run"], **copy.deepcopy(cfg.get("run") or {})}  # a profile's config.run, if any
     if cfg.get("tiny_world") is not None:
         recipe["tiny_world"] = copy.deepcopy(cfg["tiny_world"])
     _epochs_and_validation(cfg, recipe)

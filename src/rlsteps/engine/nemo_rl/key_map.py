@@ -58,7 +58,11 @@ INPUTS = (  # where rl/nemo_rl/rlhf keeps its inputs, at NeMo-RL's keys
     ("inputs.policy", "policy.model_name"),
     ("inputs.judge_model", f"{JUDGE}.model"),
 )
-RLSTEPS_KEYS = frozenset({"algorithm", "engine", "embedded_config", "nemo_rl_job", "output", "tiny_world", "inputs"})
+# rlsteps's own keys around rl/nemo_rl/rlhf's NeMo-RL config; `run` (device and dtype, from a profile's config.run)
+# is the embedded engine's, never NeMo-RL's (policy.precision says its precision)
+RLSTEPS_KEYS = frozenset(
+    {"algorithm", "engine", "embedded_config", "nemo_rl_job", "output", "tiny_world", "inputs", "run"}
+)
 PAIRINGS = {"circular": "circular", "all": "all_pairs"}  # rlsteps judge.pairing -> genrm_compare comparison_strategy
 
 

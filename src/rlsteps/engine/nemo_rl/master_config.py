@@ -43,6 +43,8 @@ def compile_master_config(cfg: dict[str, Any], cluster: Cluster, run_dir: PurePo
         raise NemoRlConfigError(f"the run directory must be absolute for NeMo-RL, got {run_dir}")
     if cfg["algorithm"] == "nemo_rl_grpo":
         master, notes = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in RLSTEPS_KEYS}, []
+        if cfg.get("run"):
+            notes.append("run.* (the embedded engine's device and dtype) does not apply: policy.precision is NeMo-RL's")
     else:
         master, notes = from_recipe(cfg), differences(cfg)
     passed = cfg.get("nemo_rl") or {}
