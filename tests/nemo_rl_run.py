@@ -11,7 +11,7 @@ examples/...py --config CONFIG`), with grpo.max_num_steps cut to `steps` and a c
 the data path, the loss, the checkpoint manager and the logger all run. NeMo-RL is imported once; each case runs in
 a fork of that process, so no state passes between cases. OUT.json gets {name: {"ok": true, "steps": N,
 "checkpoint": ...} or {"ok": false, "error": "...", "where": "nemo_rl/...py:LINE"}} (where NeMo-RL's code stopped),
-each with the run's printed log. Run it as a process of its own.
+each with the run's printed log and its wall time. Run it as a process of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import json
 import os
 import runpy
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -119,6 +120,7 @@ def run_case(case: dict) -> dict:
 
 
 def run_in_fork(case: dict, result: Path) -> dict:
+    started = time.monotonic()
     pid = os.fork()
     if pid == 0:
         try:
@@ -131,7 +133,7 @@ def run_in_fork(case: dict, result: Path) -> dict:
     _, status = os.waitpid(pid, 0)
     if not result.is_file():
         return {"ok": False, "error": f"harness: the case's process ended with status {status} and no result"}
-    return json.loads(result.read_text())
+    return {**json.loads(result.read_text()), "seconds": round(time.monotonic() - started, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:

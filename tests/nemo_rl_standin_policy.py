@@ -55,13 +55,11 @@ def policy_worker_class():
             self.cfg = config
             env = standin_ray.current_env()
             self.rank = int(env.get("RANK", 0))
-            coords = worker_sharding_annotations.get_worker_coords(self.rank)
             self.dp_size = worker_sharding_annotations.get_axis_size("data_parallel")
-            self.dp_rank = coords["data_parallel"]
             self.tokenizer = tokenizer if tokenizer is not None else get_tokenizer(config["tokenizer"])
             self.enable_seq_packing = config["sequence_packing"]["enabled"]
             if self.backend == "megatron":
-                self.dtype = megatron_checks(config, weights_path, optimizer_path)
+                self.dtype = megatron_checks(config)
             vocab = AutoConfig.from_pretrained(config["model_name"]).vocab_size
             generator_state = torch.random.get_rng_state()
             torch.manual_seed(1234)
@@ -269,7 +267,7 @@ def build_optimizer(config: dict, model: torch.nn.Module):
     return optimizer, torch.optim.lr_scheduler.SequentialLR(optimizer, chained, milestones)
 
 
-def megatron_checks(config: dict, weights_path, optimizer_path) -> torch.dtype:
+def megatron_checks(config: dict) -> torch.dtype:
     """NeMo-RL's Megatron config checks that need no GPU and no Megatron-Bridge model provider (built from the HF
     model by Megatron-Bridge on the GPU node: the MoE, MTP and performance settings read its fields), in the order
     validate_and_set_config and setup_model_config run them, over a model config namespace."""
