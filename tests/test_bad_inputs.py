@@ -251,6 +251,12 @@ CASES = {
         ("unknown config key 'train.lrr'",),
         ("did you mean 'train.lr'",),
     ),
+    "a key named as TRL's trainers name it": Case(
+        ("train.learning_rate=1e-3",),
+        2,
+        ("unknown config key 'train.learning_rate'",),
+        ("did you mean 'train.lr'",),
+    ),
     "override value of the wrong type": Case(
         ("train.lr=abc",),
         2,
@@ -371,6 +377,18 @@ def test_a_dry_run_whose_inputs_are_not_given_yet_exits_0_listing_them(tmp_path,
     assert "the run will need" in result.stdout
     for key in ("inputs.prompts=PATH", "inputs.policy=PATH", "inputs.reward_model=PATH"):
         assert key in result.stdout
+    assert leftover_processes(marker, str(tmp_path)) == [] and files_under(tmp_path) == []
+
+
+def test_a_run_whose_required_keys_are_unset_is_refused_with_exit_2_naming_them(tmp_path, monkeypatch):
+    """What the dry run of `-c default` lists (above), the run refuses with, before anything starts."""
+    marker = marked(monkeypatch)
+    result = rlsteps("run", "rl/rs", "-c", "default", f"output.dir={tmp_path / 'out'}", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines() == [
+        "error: required config keys without a value: inputs.policy, inputs.prompts",
+        "fix: pass inputs.policy=VALUE inputs.prompts=VALUE",
+    ]
     assert leftover_processes(marker, str(tmp_path)) == [] and files_under(tmp_path) == []
 
 

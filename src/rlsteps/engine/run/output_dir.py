@@ -26,10 +26,7 @@ def output_dir_problem(run_dir: Path, need_bytes: int = disk.SLACK_BYTES) -> Rls
     run_dir = Path(run_dir)
     existing = _nearest_existing(run_dir)
     if not existing.is_dir():
-        where = "is a file" if existing == run_dir.absolute() else f"lies under a file, {existing}"
-        return UsageError(
-            f"output.dir {run_dir} {where}, not a directory", fix=f"{ANOTHER_DIR}, or move {existing} away"
-        )
+        return _not_a_directory(run_dir, existing)
     if os.statvfs(existing).f_flag & os.ST_RDONLY:
         return UsageError(
             f"output.dir {run_dir} is on a read-only filesystem ({_mount_point(existing)})",
@@ -60,6 +57,13 @@ def make_output_dir(run_dir: Path) -> None:
         if disk.is_disk_full(error):
             raise disk.disk_full(Path(run_dir), what="the run directory") from None
         raise UsageError(f"output.dir {run_dir} cannot be made: {error.strerror}", fix=ANOTHER_DIR) from None
+
+
+def _not_a_directory(run_dir: Path, existing: Path) -> UsageError:
+    kind = "a file" if existing.is_file() else "not a directory"
+    where = f"is {kind}" if existing == run_dir.absolute() else f"lies under {kind}, {existing}"
+    fix = f"{ANOTHER_DIR}, or move {existing} away" if existing.is_file() else ANOTHER_DIR
+    return UsageError(f"output.dir {run_dir} {where}" + (", not a directory" if existing.is_file() else ""), fix=fix)
 
 
 def _nearest_existing(path: Path) -> Path:
