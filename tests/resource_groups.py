@@ -35,6 +35,7 @@ LONGEST_FIRST = (
     "test_tiny",
     "test_megatron_bridge",
     "test_distributed_runs",
+    "test_run_faults",
     "test_disk_full",
     "test_nemo_rl_oracle",
     "test_ray_job",

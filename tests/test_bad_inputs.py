@@ -4,6 +4,7 @@ directory) where the run is refused before it starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -37,6 +38,9 @@ def bad(tmp_path_factory, request) -> Path:
     (d / "bad_json.jsonl").write_text(good + '{"prompt": \n')
     (d / "neither.jsonl").write_text(good + '{"text": "Describe the dog."}\n')
     (d / "duplicate.jsonl").write_text('{"id": "x", "prompt": "Describe the cat."}\n{"id": "x", "prompt": "Hi."}\n')
+    (d / "empty_prompt.jsonl").write_text(good + '{"prompt": ""}\n')
+    (d / "too_long.jsonl").write_text(good + json.dumps({"prompt": "Describe the cat. " * 40}) + "\n")
+    (d / "a_file").write_text("a file where a run directory would go\n")
     for name, source in (("policy_cut", tiny_world.policy), ("reward_model_cut", tiny_world.reward_model)):
         shutil.copytree(source, d / name)
         assert (d / name / "model.safetensors").stat().st_size > CUT_TO
@@ -199,6 +203,24 @@ CASES = {
         ("input 'prompts'", "{d}/duplicate.jsonl:2:", "duplicate id 'x'", "line 1"),
         LINE_FIX,
     ),
+    "prompt file with an empty prompt": Case(
+        ("inputs.prompts={d}/empty_prompt.jsonl",),
+        3,
+        ("input 'prompts'", "{d}/empty_prompt.jsonl:2:", "the prompt is empty"),
+        LINE_FIX,
+    ),
+    "output.dir that is a file": Case(
+        ("output.dir={d}/a_file",),
+        2,
+        ("output.dir {d}/a_file is a file, not a directory",),
+        ("output.dir=PATH", "move {d}/a_file away"),
+    ),
+    "output.dir under a file": Case(
+        ("output.dir={d}/a_file/run",),
+        2,
+        ("output.dir {d}/a_file/run lies under a file, {d}/a_file, not a directory",),
+        ("output.dir=PATH", "move {d}/a_file away"),
+    ),
     "missing prompt file": Case(
         ("inputs.prompts={d}/absent.jsonl",),
         3,
@@ -227,6 +249,12 @@ CASES = {
         ("train.lrr=0.1",),
         2,
         ("unknown config key 'train.lrr'",),
+        ("did you mean 'train.lr'",),
+    ),
+    "a key named as TRL's trainers name it": Case(
+        ("train.learning_rate=1e-3",),
+        2,
+        ("unknown config key 'train.learning_rate'",),
         ("did you mean 'train.lr'",),
     ),
     "override value of the wrong type": Case(
@@ -282,6 +310,16 @@ DRY_RUNS = {
         ("inputs.policy={d}/policy_cut",),
         {"policy": "malformed"},
         ("{d}/policy_cut/model.safetensors is cut short",),
+    ),
+    "prompt longer than data.max_prompt_tokens": (
+        ("inputs.prompts={d}/too_long.jsonl",),
+        {"prompts": "malformed"},
+        ("{d}/too_long.jsonl:2: the prompt has 200 tokens, more than max_prompt_tokens=64",),
+    ),
+    "prompt file with an empty prompt": (
+        ("inputs.prompts={d}/empty_prompt.jsonl",),
+        {"prompts": "malformed"},
+        ("{d}/empty_prompt.jsonl:2: the prompt is empty",),
     ),
     "missing prompt file": (
         ("inputs.prompts={d}/absent.jsonl",),
@@ -342,6 +380,18 @@ def test_a_dry_run_whose_inputs_are_not_given_yet_exits_0_listing_them(tmp_path,
     assert leftover_processes(marker, str(tmp_path)) == [] and files_under(tmp_path) == []
 
 
+def test_a_run_whose_required_keys_are_unset_is_refused_with_exit_2_naming_them(tmp_path, monkeypatch):
+    """What the dry run of `-c default` lists (above), the run refuses with, before anything starts."""
+    marker = marked(monkeypatch)
+    result = rlsteps("run", "rl/rs", "-c", "default", f"output.dir={tmp_path / 'out'}", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines() == [
+        "error: required config keys without a value: inputs.policy, inputs.prompts",
+        "fix: pass inputs.policy=VALUE inputs.prompts=VALUE",
+    ]
+    assert leftover_processes(marker, str(tmp_path)) == [] and files_under(tmp_path) == []
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # a fault the run meets once started: the reward server does not answer
 
@@ -362,7 +412,7 @@ def test_an_unreachable_reward_server_stops_the_run_with_exit_1_naming_the_url(b
     assert "Traceback" not in shown, shown
     [cause, error] = [line for line in shown.splitlines() if "rewards unavailable" in line]  # the log, the error
     assert f"reward server at {url} unavailable after 2 attempts" in cause and "Connection refused" in cause, cause
-    assert "rlsteps serve rm --model PATH" in cause and "rm.url" in cause, cause
+    assert cause.endswith("; check the reward server at rm.url: is it up, and reachable from here?"), cause
     [job] = (work / ".rlsteps" / "jobs").iterdir()  # every real run writes its job directory
     *_, last_error, fix = result.stderr.rstrip("\n").splitlines()
     assert last_error == error and error.startswith("error: rl/rs failed with exit code 1: rewards unavailable"), shown
@@ -374,3 +424,25 @@ def test_an_unreachable_reward_server_stops_the_run_with_exit_1_naming_the_url(b
     written = files_under(out)
     assert "policy" not in written and not [f for f in written if "step_" in f], written  # no output, no checkpoint
     assert "rewards unavailable at step 1" in (out / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_prompt_the_run_refuses_for_its_length_the_dry_run_refuses_with_the_same_words(bad, tmp_path, monkeypatch):
+    """The run measures with the policy's own tokenizer class (transformers); the dry run with its files alone (no
+    torch): the same count, the same line, the same exit code."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    marker = marked(monkeypatch)
+    given = (f"output.dir={out}", f"inputs.prompts={bad}/too_long.jsonl", *FAST)
+    dry = rlsteps(*TINY, "--dry-run", *given, cwd=work, timeout=120)
+    run = rlsteps(*TINY, *given, cwd=work, timeout=300)
+    assert (dry.returncode, run.returncode) == (3, 3), run.stderr
+    assert "Traceback" not in dry.stderr + run.stderr, run.stderr
+    said = "input 'prompts': {d}/too_long.jsonl:2: the prompt has 200 tokens, more than max_prompt_tokens=64"
+    said = said.format(d=bad)
+    [dry_error] = [line for line in dry.stderr.splitlines() if line.startswith("error:")]
+    [run_error] = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert dry_error.endswith(said), dry_error
+    assert run_error.startswith("error: rl/rs failed with exit code 3: ") and said in run_error, run_error
+    assert leftover_processes(marker, str(tmp_path), grace_s=2) == []
+    assert not [f for f in files_under(out) if "step_" in f or f.startswith("policy")]

@@ -225,3 +225,28 @@ def test_check_prompt_file_parses_every_line_without_a_tokenizer_and_imports_no_
         check_prompt_file(str(bad))
     code = "import sys, rlsteps.engine.inputs.data; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_a_large_file_tells_its_progress_reading_then_measuring(tmp_path, monkeypatch):
+    """A line at most every PROGRESS_S (10 s in a run; every chance here) while the file is read, then measured,
+    and one at the end: 200k prompts take minutes, which must not pass in silence."""
+    from rlsteps.engine.inputs import data
+
+    monkeypatch.setattr(data, "PROGRESS_S", 0.0)
+    count = 3 * data.LENGTH_BATCH
+    path = write_lines(tmp_path, [json.dumps({"prompt": "a b"})] * count)
+    said: list[str] = []
+    assert len(load_prompts(path, word_tokenizer(), max_prompt_tokens=3, say=said.append)) == count
+    assert said[0].startswith(f"prompt file {path}: read 1 lines (0% of the file), ")
+    measured = [line for line in said if ": measured " in line]
+    assert [line.split(": measured ")[1].split(" prompts")[0] for line in measured] == [
+        f"{n * data.LENGTH_BATCH:,} of {count:,}" for n in (1, 2, 3)
+    ]
+    assert (
+        said[-1].startswith(f"prompt file {path}: {count:,} prompts read and checked in ") and "so far" not in said[-1]
+    )
+
+    monkeypatch.setattr(data, "PROGRESS_S", 3600.0)
+    said.clear()
+    load_prompts(path, word_tokenizer(), max_prompt_tokens=3, say=said.append)
+    assert said == []  # a file read in less than PROGRESS_S says nothing

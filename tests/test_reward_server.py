@@ -26,6 +26,7 @@ from rlsteps.engine.rewards.text import reward_input_text
 # a chat template in the fixture tokenizer's terms: each turn "<role>content</s>", then "<assistant>" to generate
 TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool turns') }}{% endif %}"
+    "{% if m['role'] == 'quoting' %}{{ raise_exception('cannot read ' + m['content']) }}{% endif %}"
     "<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 
@@ -368,15 +369,19 @@ def test_conversations_are_read_through_the_reward_models_chat_template(
     assert templated.encode(rendered, responses) == ids
 
     tool_turn = {"conversations": [[{"role": "tool", "content": "{}"}]], "responses": ["x"]}
+    secret_turn = {"role": "quoting", "content": "what the client sent 7f3e"}  # a template that quotes it
     with serving(create_app(templated)) as url:
         with RewardClient(url) as client:
             rewards = client.score_conversations(conversations, responses)
         refused = httpx.post(f"{url}/v1/rewards", json=tool_turn)
+        quoted = httpx.post(f"{url}/v1/rewards", json={"conversations": [[secret_turn]], "responses": ["x"]})
     with serving(create_app(scorer)) as url:  # a tokenizer without a chat template
         untemplated = httpx.post(f"{url}/v1/rewards", json={"conversations": conversations, "responses": responses})
 
     assert rewards == pytest.approx(templated.score_tokens(ids), abs=1e-5)
     assert refused.status_code == 422 and "no tool turns" in refused.json()["detail"]
+    assert quoted.status_code == 422 and "7f3e" not in quoted.text  # the template's words, never what was sent
+    assert "TemplateError: cannot read (text sent)" in quoted.json()["detail"], quoted.text
     assert untemplated.status_code == 422 and "rm.chat_template: policy" in untemplated.json()["detail"]
 
 

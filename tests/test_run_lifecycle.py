@@ -411,7 +411,33 @@ def test_rlsteps_killed_with_sigkill_takes_its_worker_and_server_and_the_job_say
         assert status.state is JobState.FAILED
         assert "exit code 143" in status.detail and "the rlsteps run that started it had ended" in status.detail
         train_log = (here / ".rlsteps" / "runs" / "rl_rs-tiny" / "train.log").read_text()
-        assert re.search(r"(stopped at step \d+ after a checkpoint|terminated) \(SIGTERM\)", train_log)
+        stop = re.compile(r"(stopped at step \d+ after a checkpoint|terminated) \(SIGTERM\)")
+        assert stop.search(train_log)
+        # the terminal is no longer the run's: what the worker said after its rlsteps was gone is in worker.log
+        terminal, worker_log = (here / "cli.log").read_text(), (Path(record.job_dir) / "worker.log").read_text()
+        assert stop.search(worker_log) and not stop.search(terminal), terminal[-2000:]
+    finally:
+        stop_all(cli, worker, server)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_with_sigkill_is_named_as_likely_out_of_memory_with_its_logged_peak(tiny_world, here):
+    """The kernel's out-of-memory killer sends SIGKILL: rlsteps says so, with the peak memory the run logged."""
+    cli = start_run(here)
+    worker = server = None
+    try:
+        worker, server = worker_and_server(cli)
+        os.kill(worker, signal.SIGKILL)
+        assert cli.wait(timeout=60) == 1
+        assert wait_gone(server, 10), "the reward server outlived its killed worker"
+        terminal = (here / "cli.log").read_text()
+        assert "Traceback" not in terminal
+        [error] = [line for line in terminal.splitlines() if line.startswith("error:")]
+        assert error.startswith("error: rl/rs failed with exit code 137: the worker was killed by SIGKILL, likely "
+                                "for lack of memory (the kernel's out-of-memory killer: see dmesg); its peak "
+                                "resident memory (RSS) logged was "), error  # fmt: skip
+        assert re.search(r"was \d+\.\d\d GB, at step \d+ \(perf/peak_rss_gb in metrics.jsonl\)$", error), error
+        assert "\nfix: give the run more memory or make its batches smaller" in terminal, terminal[-1000:]
     finally:
         stop_all(cli, worker, server)
 

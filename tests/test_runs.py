@@ -157,7 +157,7 @@ def test_unreachable_reward_server_fails_fast_with_the_url_and_the_fix(tiny_worl
         timeout=300,
     )
     assert done.returncode == 1
-    assert "http://127.0.0.1:9" in done.stderr and "rlsteps serve rm" in done.stderr
+    assert "http://127.0.0.1:9" in done.stderr and "check the reward server at rm.url" in done.stderr
     assert "Traceback" not in done.stderr
 
 

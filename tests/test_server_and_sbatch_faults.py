@@ -1,7 +1,7 @@
 """Faults users found in the served models and in Slurm jobs, each on the real thing.
 
 - The reward and judge servers, started as a run starts them (LocalServer, the token in an environment variable):
-  without the token only a bare liveness probe answers; a 422 names the field and repeats at most an excerpt.
+  without the token only a bare liveness probe answers; a 422 names the field and repeats nothing that was sent.
 - A URL's password never reaches a dry run, an error message or a job file.
 - #SBATCH values reach sbatch intact: a job dir with a space, quotes and a % gets its log where rlsteps reads it;
   one Slurm cannot take (a backslash) is refused before anything is submitted.
@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -93,23 +94,33 @@ def test_with_a_token_only_a_bare_liveness_probe_answers_without_it(module, mode
     assert docs_with_token == {"/docs": 404, "/redoc": 404, "/openapi.json": 404}  # off: a browser has no token
 
 
-def test_a_422_names_the_field_and_repeats_only_an_excerpt(model, tmp_path):
-    long_text = "x" * 100_000
-    long_key = "k" * 5_000
+SENT = "sent-5f0c2a"  # in every value and key a request sends: an answer holding it repeats what was sent
+
+
+def test_a_422_names_the_field_and_repeats_nothing_that_was_sent(model, tmp_path):
+    long_text = SENT * 10_000
     with started("rlsteps.engine.rewards.rm", model, tmp_path) as (server, pid):
         rewards = f"{server.url}/v1/rewards"
-        wrong_type = httpx.post(rewards, json={"prompts": [long_text], "responses": [7]}, headers=AUTH)
-        unknown = httpx.post(rewards, json={"tokens": [[1]], long_key: long_text}, headers=AUTH)
-        side = httpx.post(rewards, json={"tokens": [[1]], "truncation_side": long_text}, headers=AUTH)
-        not_json = httpx.post(rewards, content=b"{" + long_text.encode(), headers=AUTH)
+        post = functools.partial(httpx.post, rewards, headers=AUTH)
+        answers = {
+            "responses.0": post(json={"prompts": [long_text], "responses": [7]}),
+            "(a key the server does not know)": post(json={"tokens": [[1]], SENT * 500: long_text}),
+            "(a key the server does not know; did you mean 'prompts'?)": post(json={"tokens": [[1]], "prompt": SENT}),
+            "truncation_side": post(json={"tokens": [[1]], "truncation_side": SENT}),
+            "(the body)": post(content=b"{" + long_text.encode()),
+            "tokens": post(json={"tokens": [[1, 5_000_000, 7_000_001]]}),  # ids outside the vocabulary
+        }
     assert process_gone(pid)
-    for answer, field in ((wrong_type, "responses.0"), (unknown, "k" * 40), (side, "truncation_side"), (not_json, "")):
-        assert answer.status_code == 422, answer.text
+    for field, answer in answers.items():
+        assert answer.status_code == 422, (field, answer.text)
+        assert SENT not in answer.text and "5000000" not in answer.text, answer.text[:600]
         assert len(answer.content) < 1500, answer.text[:300]
-        assert "x" * 41 not in answer.text and "k" * 41 not in answer.text
-        assert field in answer.json()["fields"], answer.json()
-    assert answer.json()["fields"] == "(the body)"
-    assert wrong_type.json()["detail"][0]["msg"] == "Input should be a valid string"
+        if field != "tokens":  # refused by the schema: the field named
+            assert field in answer.json()["fields"].split(", "), answer.json()
+    assert answers["responses.0"].json()["detail"][0]["msg"] == "Input should be a valid string"
+    assert answers["responses.0"].json()["detail"][0]["input"] == "a int"
+    assert answers["truncation_side"].json()["detail"][0]["input"] == f"a string of {len(SENT)} characters"
+    assert "has 2 ids outside the reward model's vocabulary" in answers["tokens"].json()["detail"]
 
 
 def test_a_urls_password_is_masked_in_a_dry_run_and_an_error(tmp_path):

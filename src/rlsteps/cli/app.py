@@ -111,9 +111,11 @@ def run_step(
     )
     catalog = _catalog()
     if dry_run:
-        compiled = compile_request(catalog, request)
+        compiled = compile_request(catalog, request, say=render.sayer(err))
         out.print(render.dry_run(compiled))
         sys.stdout.write(render.job_files(compiled))
+        if compiled.output_problem is not None:  # after everything is shown, as the run would stop on it
+            raise compiled.output_problem
         refused = render.refused(compiled)
         if refused:  # after everything is shown: a script that checks with the dry run stops here
             raise ArtifactError(*refused)

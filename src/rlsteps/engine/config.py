@@ -128,6 +128,7 @@ class CheckpointConfig(Section):
     keep_last: PositiveInt = 2
     keep_top_k: NonNegativeInt = 1
     metric: str | None = "val/reward_mean"
+    start_over_if_damaged: bool = False  # no intact checkpoint to resume from: start over (damaged ones kept aside)
 
 
 CheckpointForm = Literal["checkpoint_megatron", "checkpoint_hf"]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlsteps.engine.run.signals import EXIT_FILE_ENV, STOP_WITH_PARENT  # standard library only
+from rlsteps.engine.run.signals import EXIT_FILE_ENV, STOP_WITH_PARENT, TERMINAL_LOG  # standard library only
 from rlsteps.errors import UsageError
 from rlsteps.launch.base import (
     RECORD_FILE,
@@ -45,7 +45,7 @@ from rlsteps.launch.base import (
 from rlsteps.launch.job import Job
 from rlsteps.secrets import is_secret
 
-LOG_FILE = "worker.log"
+LOG_FILE = TERMINAL_LOG  # a detached worker's output, or an attached one's once its rlsteps is gone
 PID_FILE = "worker.pid"
 EXIT_FILE = "exit_code"
 CANCELLED_FILE = "cancelled"

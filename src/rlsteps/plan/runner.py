@@ -20,13 +20,15 @@ from rlsteps.artifacts.inputs import (
 )
 from rlsteps.artifacts.store import SCHEME, resolve_reference
 from rlsteps.catalog import Catalog, Step
-from rlsteps.engine.run.run_lock import EXIT_IN_USE, holder  # standard library only
-from rlsteps.errors import ArtifactError, InputRefusedInJob, Interrupted, RunFailed, Terminated, UsageError
+from rlsteps.engine.run.run_lock import holder  # standard library only
+from rlsteps.errors import ArtifactError, Interrupted, RlstepsError, RunFailed, Terminated, UsageError
 from rlsteps.launch.base import Launcher, LaunchPlan, Submission, get_launcher
 from rlsteps.launch.job import Job, Mode
 from rlsteps.plan.compile import compile_job
 from rlsteps.plan.job_dir import create_job_dir, planned_job_dir, write_job_files
 from rlsteps.plan.profiles import resolve_profile
+from rlsteps.plan.prompt_check import checked_prompt_files, measure_of, refuse_bad_prompt_files
+from rlsteps.plan.worker_exit import worker_failure
 
 
 @dataclass(frozen=True)
@@ -52,12 +54,14 @@ class Compiled:
     inputs: list[ResolvedInput]
     needs: list[str]  # what the run needs that the config does not give yet (key=VALUE lines)
     refused: list[ArtifactError] = field(default_factory=list)  # given inputs the run would refuse (exit 3)
+    output_problem: RlstepsError | None = None  # what stops the run from writing into output.dir (exit 2, or 1)
 
 
-def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
-    """Everything a dry run shows; touches nothing (no job dir, no network, no world build). A dry run also parses
-    every prompt file the run would (a real run does it once its inputs are final), so that `refused` holds every
-    given input the run would stop on."""
+def compile_request(catalog: Catalog, request: RunRequest, say: Callable[[str], None] | None = None) -> Compiled:
+    """Everything a dry run shows; touches nothing (no job dir, no network, no world build). A dry run also reads
+    every prompt file the run would, and measures it with the policy's tokenizer (a real run does it once its inputs
+    are final), so that `refused` holds every given input the run would stop on. say: the progress of a large
+    prompt file, and what could not be measured here."""
     if request.run_profile and request.batch_profile:
         raise UsageError(
             "-r and -b are exclusive", fix="use -r PROFILE to run attached or -b PROFILE to submit a batch job"
@@ -89,8 +93,8 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
     reach = reach_of(launcher, job)
     step = input_step(catalog, step, job)
     inputs = check_inputs(catalog, step, config, dict(request.promised), built_before_run, reach)
-    if request.dry_run and launcher.sees_local_files:  # as execute: the prompt files the job reads from here
-        inputs = [_with_prompt_file_checked(item) for item in inputs]
+    if request.dry_run and launcher.sees_local_files:  # as execute, and measured as the run will measure them
+        inputs = checked_prompt_files(inputs, measure_of(job.config, say), say)
     job = job.model_copy(update={"inputs_in_job": [i.as_dict() for i in inputs_in_job(catalog, inputs)]})
     job_dir = planned_job_dir(job)
     plan = launcher.plan(job, job_dir)
@@ -100,7 +104,10 @@ def compile_request(catalog: Catalog, request: RunRequest) -> Compiled:
 
         needs = [nemo_rl_key(key) + sep + rest for key, sep, rest in (line.partition("=") for line in needs)]
     refused = [error for item in inputs if (error := refusal(catalog, item, reach)) is not None]
-    return Compiled(job=job, plan=plan, job_dir=job_dir, inputs=inputs, needs=needs, refused=refused)
+    output = output_dir_problem(job, reach)
+    return Compiled(
+        job=job, plan=plan, job_dir=job_dir, inputs=inputs, needs=needs, refused=refused, output_problem=output
+    )
 
 
 def input_step(catalog: Catalog, step: Step, job: Job) -> Step:
@@ -172,12 +179,14 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
     launcher.check(job)  # a refusal writes nothing
     if launcher.sees_local_files:
         _refuse_run_directory_in_use(job)  # before anything starts: one run per output.dir
+    if compiled.output_problem is not None:
+        raise compiled.output_problem
     step = input_step(catalog, catalog.find(job.step_id), job)
     if _tiny_world_built_by(job) is not None:
         _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
     inputs = resolve_inputs(catalog, step, job.config, dict(request.promised), reach_of(launcher, job))
     if launcher.sees_local_files:  # the job reads this machine's files: check them before it starts
-        _check_prompt_files(inputs)
+        refuse_bad_prompt_files(inputs)
     job_dir = create_job_dir(job)
     plan = launcher.plan(job, job_dir)
     write_job_files(job_dir, job, plan, inputs)
@@ -192,29 +201,33 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
         raise Interrupted(f"{job.step_id} was interrupted", fix="rerun the same command to resume from its checkpoint")
     if submission.exit_code == Terminated.exit_code:  # SIGTERM or SIGHUP to rlsteps or the worker
         raise Terminated(f"{job.step_id} was terminated", fix="rerun the same command to resume from its checkpoint")
-    if submission.exit_code == EXIT_IN_USE:  # the output.dir in use by another run, or holding another config's run
-        raise UsageError(
-            f"{job.step_id} was refused: its output.dir is in use by another run or holds another config's checkpoints",
-            fix="see the line above",
-        )
     if submission.exit_code not in (None, 0):
-        refused = submission.exit_code == InputRefusedInJob.exit_code  # an input the job checked itself
-        cause = _failure_cause(submission.job_dir or job_dir)
-        raise (InputRefusedInJob if refused else RunFailed)(
-            f"{job.step_id} failed with exit code {submission.exit_code}" + (f": {cause}" if cause else ""),
-            fix=f"see the log above and {job_dir}",
-        )
+        raise worker_failure(job.step_id, submission.exit_code, submission.job_dir or job_dir, _local_run_dir(job))
     return submission
 
 
-def _failure_cause(job_dir: Path) -> str | None:
-    """The cause a failed worker left beside its exit code (its last error line), if it did."""
-    from rlsteps.engine.run.worker import FAILURE_FILE  # torch-free
+def output_dir_problem(job: Job, reach: Reach) -> RlstepsError | None:
+    """What would stop the run from writing into its output.dir, asked on this machine when the job's machines see
+    its files (not under the profile's cluster paths); None when nothing would, or where it cannot be asked."""
+    from rlsteps.engine.checkpoints.disk import first_checkpoint_bytes  # torch-free
+    from rlsteps.engine.checkpoints.resume import CHECKPOINTS_DIR, CheckpointManager
+    from rlsteps.engine.run.output_dir import output_dir_problem as problem_of
 
-    try:
-        return (job_dir / FAILURE_FILE).read_text().strip() or None
-    except OSError:
+    run_dir = _local_run_dir(job)
+    if run_dir is None or not reach.sees_local_files or any(_under(run_dir, p) for p in reach.cluster_paths):
         return None
+    policy = lookup(job.config, "inputs.policy")
+    hint = first_checkpoint_bytes(Path(str(policy))) if policy else None
+    return problem_of(run_dir, CheckpointManager(run_dir / CHECKPOINTS_DIR, size_hint=hint).needed_bytes())
+
+
+def _local_run_dir(job: Job) -> Path | None:
+    run_dir = (job.config.get("output") or {}).get("dir")
+    return Path(str(run_dir)).absolute() if run_dir and "???" not in str(run_dir) else None
+
+
+def _under(path: Path, folder: str) -> bool:
+    return path == Path(folder) or Path(folder) in path.parents
 
 
 def _refuse_run_directory_in_use(job: Job) -> None:
@@ -225,25 +238,6 @@ def _refuse_run_directory_in_use(job: Job) -> None:
     if found is not None:
         problem = f"output.dir {run_dir} is in use by {found.describe()}: one run per output.dir"
         raise UsageError(problem, fix=found.fix())
-
-
-def _check_prompt_files(inputs: list[ResolvedInput]) -> None:
-    """Every line of every prompt file given, parsed now: a bad line (or a byte that is not UTF-8) fails in seconds
-    with exit 3 and its file:line, not after the worker has started its servers and loaded its policy."""
-    for item in inputs:
-        checked = _with_prompt_file_checked(item)
-        if checked.status == "malformed":
-            raise ArtifactError(str(checked.problem), fix=checked.fix)
-
-
-def _with_prompt_file_checked(item: ResolvedInput) -> ResolvedInput:
-    """A prompt file given and found, parsed whole (without the policy's tokenizer): malformed at its first bad line."""
-    from rlsteps.engine.inputs.input_check import prompt_file_problem  # torch-free
-
-    if item.required_type != "prompt_jsonl" or item.status != "ok":
-        return item
-    problem = prompt_file_problem(item.name, str(item.ref))
-    return item if problem is None else item.malformed(problem)
 
 
 def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:

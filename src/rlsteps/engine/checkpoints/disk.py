@@ -38,6 +38,20 @@ def checkpoint_estimate(weight_bytes: int, parameter_bytes: int) -> int:
     return weight_bytes + 2 * parameter_bytes + SLACK_BYTES
 
 
+def first_checkpoint_bytes(policy: Path) -> int | None:
+    """checkpoint_estimate before the policy is loaded, from its files alone: the parameters its safetensors headers
+    list, or (another form: a Megatron checkpoint) three times the size of its files; None when it is not there."""
+    from rlsteps.engine.inputs.weight_files import safetensors_numel
+
+    if not policy.is_dir():
+        return None
+    files = sorted(policy.glob("*.safetensors"))
+    if not files:
+        return 3 * tree_bytes(policy) + SLACK_BYTES
+    parameters = sum(safetensors_numel(file) or 0 for file in files)
+    return checkpoint_estimate(4 * parameters, 4 * parameters)
+
+
 def tree_bytes(directory: Path) -> int:
     return sum(f.stat().st_size for f in Path(directory).rglob("*") if f.is_file())
 

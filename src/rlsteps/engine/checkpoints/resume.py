@@ -266,7 +266,7 @@ class CheckpointManager:
         except Exception as error:
             raise CheckpointError(
                 f"cannot read {state_file}: {type(error).__name__}: {error}. The file is "
-                "missing or corrupt; resume from another checkpoint or delete this one"
+                "missing or corrupt; move this checkpoint aside (damaged_step_N) to resume from the one before it"
             ) from error
         policy_dir = path / STATE_DIR if (path / STATE_DIR).is_dir() else path / POLICY_DIR
         if not policy_dir.is_dir():
@@ -355,7 +355,8 @@ def _read_training_info(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise CheckpointError(
-            f"cannot read {path}: {error}. The checkpoint is damaged; resume from another checkpoint or delete this one"
+            f"cannot read {path}: {error}. The checkpoint is damaged; move it aside (damaged_step_N) to resume from "
+            "the one before it"
         ) from error
 
 

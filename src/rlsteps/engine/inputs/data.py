@@ -12,11 +12,14 @@ messages, or a string as one user message) is the prompt and its prompt_id the i
 from __future__ import annotations
 
 import json
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-import fsspec
+from fsspec.core import url_to_fs
 
 if TYPE_CHECKING:
     from rlsteps.engine.config import RecipeConfig
@@ -56,6 +59,8 @@ class PromptFileError(ValueError):
 
 
 ENCODING_FIX = "save the file as UTF-8 text (e.g. iconv -f LATIN1 -t UTF-8)"
+LENGTH_BATCH = 1024  # prompts measured per call of the tokenizer
+PROGRESS_S = float(os.environ.get("RLSTEPS_PROGRESS_S", "10"))  # a large prompt file's progress: a line this often
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,36 +73,42 @@ def check_prompt_file(path: str) -> int:
     return len(load_prompts(path, tokenizer=None))
 
 
-def load_prompts(path: str, tokenizer: Any | None, max_prompt_tokens: int | None = None) -> list[Prompt]:
+def load_prompts(
+    path: str,
+    tokenizer: Any | None,
+    max_prompt_tokens: int | None = None,
+    say: Callable[[str], None] | None = None,
+) -> list[Prompt]:
     """Read and validate every line of a prompt JSONL file (a local path or an fsspec URL).
 
-    tokenizer None checks the structure only (check_prompt_file): chat messages are not rendered then.
+    tokenizer None checks the structure only (check_prompt_file): chat messages are not rendered then, nor measured.
+    say: where a large file's progress goes, a line every PROGRESS_S seconds (reading, then measuring).
     """
     stem = PurePosixPath(path).stem
-    prompts: list[Prompt] = []
+    numbered: list[tuple[int, Prompt]] = []
     first_line_of: dict[str, int] = {}
     try:
-        with fsspec.open(path, "rb") as f:
+        fs, local = url_to_fs(path)
+        progress = _Progress(path, fs.size(local) or 1, say)
+        with fs.open(local, "rb") as f:
             for line_number, raw in enumerate(f, start=1):
-                prompt = _read_line(path, stem, line_number, raw, tokenizer, max_prompt_tokens, first_line_of)
+                progress.read(len(raw), line_number)
+                prompt = _read_line(path, stem, line_number, raw, tokenizer, first_line_of)
                 if prompt is not None:
                     first_line_of[prompt.id] = line_number
-                    prompts.append(prompt)
+                    numbered.append((line_number, prompt))
     except OSError as error:  # unreadable (permissions, a folder, a remote filesystem's refusal)
         raise PromptFileError(f"{path}: cannot be read: {error}", fix="check the path and its permissions") from None
-    if not prompts:
+    if not numbered:
         raise PromptFileError(f"{path}:1: the file has no prompts; write one JSON object per line")
-    return prompts
+    if tokenizer is not None and max_prompt_tokens is not None:
+        _check_lengths(path, numbered, tokenizer, max_prompt_tokens, progress)
+    progress.done(len(numbered))
+    return [prompt for _, prompt in numbered]
 
 
 def _read_line(
-    path: str,
-    stem: str,
-    line_number: int,
-    raw: bytes,
-    tokenizer: Any,
-    max_prompt_tokens: int | None,
-    first_line_of: dict[str, int],
+    path: str, stem: str, line_number: int, raw: bytes, tokenizer: Any, first_line_of: dict[str, int]
 ) -> Prompt | None:
     """One line of a prompt file as a Prompt (None for a blank line), or PromptFileError naming it."""
     try:
@@ -113,10 +124,57 @@ def _read_line(
         prompt = _parse_line(line, f"{stem}:{line_number}", tokenizer)
         if prompt.id in first_line_of:
             raise ValueError(f"duplicate id {prompt.id!r} (first used on line {first_line_of[prompt.id]})")
-        _check_length(prompt.text, tokenizer, max_prompt_tokens)
     except ValueError as e:
         raise PromptFileError(f"{path}:{line_number}: {e}") from None
     return prompt
+
+
+def _check_lengths(
+    path: str, numbered: list[tuple[int, Prompt]], tokenizer: Any, max_prompt_tokens: int, progress: _Progress
+) -> None:
+    """Every prompt measured as the policy will see it (in batches: one call of a fast tokenizer each), the first
+    one over max_prompt_tokens a PromptFileError naming its line."""
+    for start in range(0, len(numbered), LENGTH_BATCH):
+        batch = numbered[start : start + LENGTH_BATCH]
+        for (line_number, _), length in zip(batch, prompt_lengths([p.text for _, p in batch], tokenizer)):
+            if length > max_prompt_tokens:
+                raise PromptFileError(
+                    f"{path}:{line_number}: the prompt has {length} tokens, more than "
+                    f"max_prompt_tokens={max_prompt_tokens}",
+                    fix="shorten that prompt, or raise data.max_prompt_tokens (rollouts grow with it)",
+                )
+        progress.measured(start + len(batch), len(numbered))
+
+
+class _Progress:
+    """A line every PROGRESS_S seconds while a prompt file is read and measured, and one at the end when it took
+    that long: a large file (200k prompts) takes minutes, which must not pass in silence."""
+
+    def __init__(self, path: str, total_bytes: int, say: Callable[[str], None] | None) -> None:
+        self.path, self.total_bytes, self.say = path, total_bytes, say
+        self.started = self.last = time.monotonic()
+        self.bytes_read = 0
+        self.spoke = False
+
+    def read(self, line_bytes: int, lines: int) -> None:
+        self.bytes_read += line_bytes
+        if self._due():
+            self._tell(f"read {lines:,} lines ({self.bytes_read / self.total_bytes:.0%} of the file)")
+
+    def measured(self, done: int, total: int) -> None:
+        if self._due():
+            self._tell(f"measured {done:,} of {total:,} prompts against max_prompt_tokens ({done / total:.0%})")
+
+    def done(self, prompts: int) -> None:
+        if self.spoke:
+            self._tell(f"{prompts:,} prompts read and checked in {time.monotonic() - self.started:.0f}s", at_end=True)
+
+    def _due(self) -> bool:
+        return self.say is not None and time.monotonic() - self.last >= PROGRESS_S
+
+    def _tell(self, what: str, at_end: bool = False) -> None:
+        self.last, self.spoke = time.monotonic(), True
+        self.say(f"prompt file {self.path}: {what}" + ("" if at_end else f", {self.last - self.started:.0f}s so far"))
 
 
 def _parse_line(line: str, default_id: str, tokenizer: Any) -> Prompt:
@@ -195,17 +253,6 @@ def _render_chat(messages: list[dict[str, str]], tokenizer: Any) -> str:
         raise ValueError(f"the chat template rejected these messages: {e}") from None
 
 
-def _check_length(text: str, tokenizer: Any, max_prompt_tokens: int | None) -> None:
-    if max_prompt_tokens is None:
-        return
-    length = len(encode_prompt_text(text, tokenizer))
-    if length > max_prompt_tokens:
-        raise ValueError(
-            f"the prompt has {length} tokens, more than max_prompt_tokens={max_prompt_tokens}; "
-            "shorten it or raise max_prompt_tokens"
-        )
-
-
 @dataclass(frozen=True)
 class RunPrompts:
     """The prompts a run trains on and the ones it validates on, each file read whole and every prompt measured."""
@@ -214,16 +261,16 @@ class RunPrompts:
     validation: list[Prompt]
 
 
-def load_run_prompts(cfg: RecipeConfig, tokenizer: Any) -> RunPrompts:
+def load_run_prompts(cfg: RecipeConfig, tokenizer: Any, say: Callable[[str], None] | None = None) -> RunPrompts:
     """The run's prompt files rendered with the policy's tokenizer and measured against max_prompt_tokens; a bad
-    line raises PromptFileError naming the input (`input 'prompts': path:line: ...`)."""
+    line raises PromptFileError naming the input (`input 'prompts': path:line: ...`). say: a large file's progress."""
     files = {"prompts": cfg.inputs.prompts}
     if cfg.inputs.val_prompts and cfg.validation.interval:
         files["val_prompts"] = cfg.inputs.val_prompts
     loaded = {}
     for name, path in files.items():
         try:
-            loaded[name] = load_prompts(path, tokenizer, cfg.data.max_prompt_tokens)
+            loaded[name] = load_prompts(path, tokenizer, cfg.data.max_prompt_tokens, say)
         except PromptFileError as error:
             raise PromptFileError(f"input '{name}': {error}", fix=error.fix) from None
     return RunPrompts(loaded["prompts"], loaded.get("val_prompts", [])[: cfg.validation.num_prompts])
@@ -242,15 +289,24 @@ def encode_prompt_text(text: str, tokenizer: Any) -> list[int]:
     model was trained with. Tokenizers that add nothing (GPT-2, Qwen2) get nothing.
     """
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    bos = _bos_to_add(tokenizer)
+    return [bos, *ids] if bos is not None and ids[:1] != [bos] else ids
+
+
+def prompt_lengths(texts: list[str], tokenizer: Any) -> list[int]:
+    """len(encode_prompt_text(text)) of each text, from one call of the tokenizer."""
+    bos = _bos_to_add(tokenizer)
+    rows = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [len(ids) + (bos is not None and ids[:1] != [bos]) for ids in rows]
+
+
+def _bos_to_add(tokenizer: Any) -> int | None:
+    """The BOS id when the tokenizer adds one by default, else None."""
     bos = tokenizer.bos_token_id
-    if bos is not None and _adds_bos(tokenizer) and ids[:1] != [bos]:
-        ids = [bos, *ids]
-    return ids
-
-
-def _adds_bos(tokenizer: Any) -> bool:
+    if bos is None:
+        return None
     probe = tokenizer("a", add_special_tokens=True)["input_ids"]
-    return probe[:1] == [tokenizer.bos_token_id]
+    return bos if probe[:1] == [bos] else None
 
 
 # ---------------------------------------------------------------------------------------------

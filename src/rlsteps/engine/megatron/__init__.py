@@ -12,6 +12,7 @@ import json
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron-LM's pointer to the latest iter_* folder
 DIST_METADATA = "metadata.json"  # written by dist_checkpointing.save: {"sharded_backend": "torch_dist", ...}
+TOKENIZER_DIR = "tokenizer"  # beside the torch_dist files: the Hugging Face tokenizer this package saves with them
 
 
 def iteration_folder(iteration: int) -> str:

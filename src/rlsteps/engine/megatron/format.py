@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rlsteps.engine.megatron import TRACKER_FILE, find_checkpoint_dir, iteration_folder
+from rlsteps.engine.megatron import TOKENIZER_DIR, TRACKER_FILE, find_checkpoint_dir, iteration_folder
 from rlsteps.engine.megatron.compat import import_megatron, in_process_write_results, megatron_runtime
 from rlsteps.engine.megatron.layout import (
     EXTRA_STATE_KEYS,
@@ -45,7 +45,6 @@ BRIDGE_GPT_PROVIDER = "megatron.bridge.models.gpt_provider.GPTModelProvider"
 # Kernel choices Megatron-Bridge's Llama bridge switches on (fused where Transformer Engine is there)
 BRIDGE_FUSIONS = ("bias_activation_fusion", "masked_softmax_fusion", "persist_layer_norm", "bias_dropout_fusion",
                   "apply_rope_fusion")  # fmt: skip
-TOKENIZER_DIR = "tokenizer"
 HF_CONFIG_DIR = "hf_config"
 CHECKPOINT_VERSION = 3.0
 PADDED_VOCAB_KEYS = ("embedding.word_embeddings.weight", "output_layer.weight")  # Megatron may pad the vocab rows

@@ -1,9 +1,10 @@
 """What a served model lets through: bearer tokens read from an environment variable (never argv) and checked in
 constant time; with a token, every request needs it but the bare liveness probe; error answers that never echo
-more than a short excerpt of what was sent."""
+what was sent: a field is named by the server's own name for it, a value by its type and size."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import secrets
 from collections.abc import Callable, Iterable, Sequence
@@ -14,7 +15,8 @@ if TYPE_CHECKING:  # annotations only: the CLI reads this module for every comma
     from starlette.types import ASGIApp, Receive, Scope, Send
 
 LIVENESS_PATH = "/health"  # answers without the token (status only): load balancers and rlsteps poll it
-EXCERPT_CHARS = 40  # the most of a sent value an error answer repeats
+EXCERPT_CHARS = 40  # the most of a server's own text (an error's reason) an answer repeats
+UNKNOWN_KEY = "(a key the server does not know)"
 MAX_ERRORS = 10  # the most validation errors an answer lists
 
 
@@ -68,29 +70,65 @@ class TokenGate:
             await self.refuse()(scope, receive, send)
 
 
-def excerpt(value: Any, chars: int = EXCERPT_CHARS) -> str:
-    """A short description of a sent value: the start of a string or number, the size of a list or object."""
+def excerpt(text: str, chars: int = EXCERPT_CHARS) -> str:
+    """The start of a text of the server's own (an error's reason), with its length when it is cut."""
+    return text if len(text) <= chars else text[:chars] + f"... ({len(text)} characters)"
+
+
+def scrubbed(text: str, sent: Iterable[str], shortest: int = 8) -> str:
+    """`text` (a template's error, say) with every sent text of `shortest` characters or more in it replaced: the
+    template's own words stay, a quoted message does not."""
+    for value in sorted({s for s in sent if isinstance(s, str) and len(s) >= shortest}, key=len, reverse=True):
+        text = text.replace(value, "(text sent)")
+    return text
+
+
+def described(value: Any) -> str:
+    """A sent value by its type and size, never its content."""
     if isinstance(value, dict):
         return f"an object with {len(value)} keys"
     if isinstance(value, list | tuple):
         return f"a list of {len(value)} items"
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= chars else text[:chars] + f"... ({len(text)} characters)"
+    if isinstance(value, str | bytes):
+        return f"a {'string' if isinstance(value, str) else 'byte string'} of {len(value)} characters"
+    return f"a {type(value).__name__}"
 
 
-def validation_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
-    """pydantic's errors with the field each names, why, and at most an excerpt of the value sent (never the whole
-    value, nor pydantic's ctx and url)."""
-    shown = []
+def validation_errors(errors: Sequence[Any], known: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """pydantic's errors with the field each names and why, the value sent described by its type and size (never
+    the value, nor pydantic's ctx and url). known: the server's field names; any other key in a location is the
+    client's and is not repeated (an unknown one named by the known field it is closest to, if any)."""
+    known, shown = set(known), []
     for error in list(errors)[:MAX_ERRORS]:
-        loc = [part if isinstance(part, int) else excerpt(str(part)) for part in error.get("loc", ())]
+        loc = [_location(part, known) for part in error.get("loc", ())]
         item: dict[str, Any] = {"loc": loc, "msg": excerpt(str(error.get("msg", "")), 300), "type": error.get("type")}
         if "input" in error:
-            item["input"] = excerpt(error["input"])
+            item["input"] = described(error["input"])
         shown.append(item)
     if len(errors) > MAX_ERRORS:
         shown.append({"loc": [], "msg": f"and {len(errors) - MAX_ERRORS} more errors", "type": "more"})
     return shown
+
+
+def _location(part: Any, known: set[str]) -> Any:
+    if isinstance(part, int) or part == "body" or part in known:
+        return part
+    close = difflib.get_close_matches(str(part)[:100], known, n=1)
+    return f"{UNKNOWN_KEY[:-1]}; did you mean {close[0]!r}?)" if close else UNKNOWN_KEY
+
+
+def field_names(schema: dict[str, Any]) -> set[str]:
+    """Every property name a JSON schema (a pydantic model's, with its nested models) declares."""
+    names: set[str] = set()
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            names.update(node.get("properties", {}) if isinstance(node.get("properties"), dict) else ())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return names
 
 
 def fields_of(errors: Sequence[dict[str, Any]]) -> str:

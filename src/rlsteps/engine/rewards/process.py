@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import itertools
 import os
 import signal
 import socket
@@ -22,6 +23,8 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
+
+from rlsteps.engine.rewards.waiting import Waiting
 
 LOG_TAIL_CHARS = 4000
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -118,8 +121,12 @@ class LocalServer:
     def _wait_until_healthy(self) -> None:
         assert self.process is not None
         deadline = time.monotonic() + self.startup_timeout_s
-        with httpx.Client(timeout=2.0) as http:
-            while True:
+        what = (
+            f"the {self.module} server this run started to answer {self.url}{self.health_path} (log: {self.log_path})"
+        )
+        with httpx.Client(timeout=2.0) as http, Waiting(what, self.startup_timeout_s) as waiting:
+            for poll in itertools.count(1):
+                waiting.attempt(poll)
                 code = self.process.poll()
                 if code is not None:
                     raise ServerStartError(
@@ -134,18 +141,19 @@ class LocalServer:
                 if time.monotonic() > deadline:
                     raise ServerStartError(
                         f"the {self.module} server did not answer {self.url}{self.health_path} within "
-                        f"{self.startup_timeout_s:.0f}s (raise startup_timeout_s if loading is slow); "
+                        f"{self.startup_timeout_s:.0f}s, the time a run gives a server it starts to load; "
                         f"its log {self.log_path} ends with:\n{log_tail(self.log_path)}"
                     )
                 time.sleep(0.2)
 
     def stop(self) -> None:
-        """SIGTERM to the server's process group, SIGKILL after the grace period. Safe to call twice."""
+        """SIGTERM (and SIGCONT) to the server's process group, SIGKILL after the grace period. Safe to call twice."""
         atexit.unregister(self.stop)
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
         _signal_group(process, signal.SIGTERM)
+        _signal_group(process, signal.SIGCONT)  # a stopped server (SIGSTOP) handles its SIGTERM only once continued
         try:
             process.wait(self.stop_grace_s)
         except subprocess.TimeoutExpired:

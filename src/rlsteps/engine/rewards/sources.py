@@ -322,11 +322,21 @@ def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
     from rlsteps.engine.rewards.rm.client import RewardClient
 
     rm, model = cfg.rm, cfg.inputs.model_extra.get("reward_model")
-    server_args = local_rm_server_args(rm)
-    with _served(RM_SERVER, rm.url, model, run_dir / "rm_server.log", server_args, rm.token) as (url, ready):
-        client = RewardClient(url, **rm.model_dump(include=RM_CLIENT_OPTIONS))
+    server_args, log_path = local_rm_server_args(rm), run_dir / "rm_server.log"
+    with _served(RM_SERVER, rm.url, model, log_path, server_args, rm.token) as (url, ready):
+        fix = unavailable_fix("reward server", "rm.url", rm.url, log_path)
+        client = RewardClient(url, unavailable_fix=fix, **rm.model_dump(include=RM_CLIENT_OPTIONS))
+        log.info("reward model at %s: %s", url, client.patience())
         with contextlib.closing(client):
             yield RewardModelSource(client, ready, rm.chat_template)
+
+
+def unavailable_fix(what: str, url_key: str, given_url: str | None, log_path: Path) -> str:
+    """What to do when a served source stops answering: a server given by URL is the user's to check; one this run
+    started has its log in the run directory, and a rerun starts it afresh."""
+    if given_url:
+        return f"check the {what} at {url_key}: is it up, and reachable from here?"
+    return f"the {what} this run started stopped answering (its log: {log_path}); a rerun starts it afresh"
 
 
 def local_rm_server_args(rm) -> list[str]:
@@ -344,9 +354,12 @@ def _judge_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[JudgeSource]:
 
     j, model = cfg.judge, cfg.inputs.model_extra.get("judge_model")
     model_name = j.model or "judge"
-    naming = ["--model-name", model_name]
-    with _served(JUDGE_SERVER, j.url, model, run_dir / "judge_server.log", naming, j.api_key) as (url, ready):
-        client = JudgeClient(url if j.url else f"{url}/v1", model_name, **j.model_dump(include=JUDGE_CLIENT_OPTIONS))
+    naming, log_path = ["--model-name", model_name], run_dir / "judge_server.log"
+    with _served(JUDGE_SERVER, j.url, model, log_path, naming, j.api_key) as (url, ready):
+        options = j.model_dump(include=JUDGE_CLIENT_OPTIONS)
+        fix = unavailable_fix("judge", "judge.url", j.url, log_path)
+        client = JudgeClient(url if j.url else f"{url}/v1", model_name, unavailable_fix=fix, **options)
+        log.info("judge at %s: %s", client.url, client.patience())
         with contextlib.closing(client):
             yield JudgeSource(
                 client,
@@ -375,6 +388,13 @@ def _served(
     server = LocalServer(module, ["--model", str(model), *args, *token_args], log_path=log_path, env=env or None)
     try:
         server.start(wait=False)
+        log.info(
+            "started %s for %s (log: %s); it has %ss to load and answer",
+            module,
+            model,
+            log_path,
+            f"{server.startup_timeout_s:g}",
+        )
         yield server.url, server.wait_until_ready
     finally:
         server.stop()

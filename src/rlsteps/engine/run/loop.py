@@ -18,6 +18,7 @@ import torch
 
 from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.checkpoints.disk import checkpoint_estimate, disk_full, is_disk_full
+from rlsteps.engine.checkpoints.integrity import DAMAGED_PREFIX, set_aside_damaged
 from rlsteps.engine.checkpoints.resume import (
     CHECKPOINTS_DIR,
     STATE_DIR,
@@ -111,6 +112,7 @@ def _train(
         keep_top_k=cfg.checkpoint.keep_top_k,
         metric=cfg.checkpoint.metric,
     )
+    set_aside_damaged(checkpoints, cfg.checkpoint.start_over_if_damaged, world, log.warning)  # before any is read
     checkpoints.check_room(world)  # room for a checkpoint like the latest: before the policy loads
     initial, tokenizer = load_policy(cfg.inputs.policy, device="cpu", dtype=torch.float32)
     checkpoints.size_hint = _checkpoint_size(initial)
@@ -192,10 +194,19 @@ def _resume(checkpoints, model, optimizer, scheduler, world: World, say: Callabl
     if latest is None:
         return Counters()
     loaded = checkpoints.load(latest)
-    if loaded.policy_dir.name == STATE_DIR:
-        read_train_state(model, optimizer, loaded.policy_dir)
-    else:
-        _read_policy_layout(loaded, model, optimizer, world)
+    try:
+        if loaded.policy_dir.name == STATE_DIR:
+            read_train_state(model, optimizer, loaded.policy_dir)
+        else:
+            _read_policy_layout(loaded, model, optimizer, world)
+    except CheckpointError:
+        raise
+    except (RuntimeError, ValueError, OSError, EOFError) as error:  # damage its sizes do not show (bytes changed)
+        cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise CheckpointError(
+            f"checkpoint {latest} cannot be read ({type(error).__name__}: {cause}) (fix: move it aside, e.g. mv "
+            f"{latest} {latest.with_name(DAMAGED_PREFIX + latest.name)}, and rerun to resume from the one before it)"
+        ) from error
     scheduler.load_state_dict(loaded.trainer_state["scheduler"])
     restore_rng_state(loaded.trainer_state["rng"])
     counters = Counters(**{k: loaded.info[k] for k in ("step", "consumed_samples", "optimizer_steps", "epoch")})

@@ -12,7 +12,9 @@ resumes from that checkpoint. SIGHUP (the terminal or session that ran it went a
 
 A worker started by `rlsteps run` (STOP_WITH_PARENT in its environment) also stops as on SIGTERM when the process
 that started it is gone: the CLI killed outright (kill -9) has the kernel send it SIGTERM (PR_SET_PDEATHSIG, set by
-the launcher), and a watcher thread covers what that does not (torchrun killed under its workers).
+the launcher), and a watcher thread covers what that does not (torchrun killed under its workers). Its terminal is
+then no longer the run's: from that moment what the worker writes there goes to worker.log in its job directory
+instead (train.log has its log lines either way).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ CHECKPOINT_SIGNAL = signal.SIGUSR1
 STOP_WITH_PARENT = "RLSTEPS_STOP_WITH_PARENT"  # set by the local launcher: the worker ends with its starter
 PARENT_POLL_S = 0.5
 EXIT_FILE_ENV = "RLSTEPS_EXIT_FILE"  # set by the local launcher: where the worker writes its exit code
+TERMINAL_LOG = "worker.log"  # beside the exit-code file: what the worker writes to a terminal no one reads
 
 STOP_GRACE_S = float(os.environ.get("RLSTEPS_STOP_GRACE_S", "30"))  # the step in progress may end this long after
 
@@ -38,6 +41,7 @@ _at_step_boundary = threading.Event()  # the loop is in its steps: a stop waits 
 _stop_signal: list[int] = []  # the signal that asked for a stop at the step's end
 _unwound_by: list[int] = []  # the signal that has the worker unwinding at once
 _parent: int | None = None  # the parent the watcher watches
+_left_terminal: list[bool] = []  # stdout and stderr went to worker.log
 
 
 class Terminated(BaseException):  # noqa: N818 - like KeyboardInterrupt: not an error the code should catch
@@ -99,6 +103,7 @@ def watch_parent(poll_s: float = PARENT_POLL_S) -> None:
     def watch() -> None:
         while not parent_gone():
             _stopping.wait(poll_s)
+        leave_the_terminal()
         if not (_stopping.is_set() or _stop_signal):  # the kernel's SIGTERM may have asked already
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -122,7 +127,27 @@ def checkpoint_requested() -> bool:
     return _checkpoint_requested.is_set()
 
 
+def leave_the_terminal() -> None:
+    """Once the process that started this worker is gone: stdout and stderr to worker.log in the job directory (the
+    terminal belongs to whatever the user does next). Once; in a signal handler too (no flush: a write the signal
+    interrupted may hold the buffer's lock, and what is in it goes to the new file)."""
+    if _left_terminal or not parent_gone():
+        return
+    _left_terminal.append(True)
+    exit_file = os.environ.get(EXIT_FILE_ENV)
+    try:
+        fd = os.open(
+            os.path.join(os.path.dirname(exit_file), TERMINAL_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+        )
+    except (OSError, TypeError):  # no job directory (a worker started by hand), or it is gone
+        fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _terminate(signum: int, frame: FrameType | None) -> None:
+    leave_the_terminal()  # the kernel's SIGTERM when the CLI was killed: before a line is written about it
     if _stop_at_step_end(signum):
         return
     _unwind(signum)

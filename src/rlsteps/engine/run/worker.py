@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rlsteps")
 _held: list[Any] = []  # the run directory's lock, held until the process ends
-STEP_LOGGER = "rlsteps.steps"  # the loop's one line per step: train.log only
 
 
 def load_config(path: Path) -> StepConfig:
@@ -51,16 +50,19 @@ def run(config_path: Path, log_level: str = "info") -> int:
     from rlsteps.engine.records.artifact import input_versions
     from rlsteps.engine.records.output import job_record, write_policy_output
     from rlsteps.engine.run import signals
+    from rlsteps.engine.run.output_dir import make_output_dir
+    from rlsteps.engine.run.worker_log import log_to
 
     cfg = load_config(config_path)
     world = world_from_env()  # torchrun's processes; one process when started plainly
     run_dir = Path(cfg.output.dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    log_to(None, log_level, world.rank)  # the terminal alone until the run directory is known to be usable
+    make_output_dir(run_dir)
     if world.is_main and not _claim(run_dir, config_path):  # before a line is written there
         from rlsteps.engine.run.run_lock import EXIT_IN_USE
 
         return EXIT_IN_USE
-    _log_to(run_dir / ("train.log" if world.is_main else f"train.rank{world.rank}.log"), log_level, world.rank)
+    log_to(run_dir / ("train.log" if world.is_main else f"train.rank{world.rank}.log"), log_level, world.rank)
     _refuse_world_size(cfg, world.size)
     job = job_record(config_path)
     for checked in check_inputs_in_job(job.get("inputs_in_job") or []):  # on cluster paths: first, before any load
@@ -117,7 +119,7 @@ def _claim(run_dir: Path, config_path: Path) -> bool:
     try:
         _held.append(RunLock(run_dir, job=job_dir.name, job_dir=str(job_dir)).acquire())
     except RunDirectoryLocked as refused:
-        print(f"ERROR {refused} (fix: {refused.holder.fix()})", file=sys.stderr, flush=True)
+        log.error("%s (fix: %s)", refused, refused.holder.fix())
         return False
     return True
 
@@ -217,7 +219,7 @@ def _measured_prompts(cfg: RecipeConfig) -> Any:
     except (ValueError, OSError) as error:
         raise InputProblem(f"input 'policy': {error}") from None
     try:
-        return load_run_prompts(cfg, tokenizer)
+        return load_run_prompts(cfg, tokenizer, say=log.info)  # a large file tells its progress
     except PromptFileError as error:
         raise InputProblem(str(error)) from None
 
@@ -237,41 +239,6 @@ def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:
         cfg.output.type,
     )
     return model, tokenizer, {}
-
-
-class _CurrentStderrHandler(logging.StreamHandler):
-    """Writes to sys.stderr as it is at each record: while the progress bar is live, rich's proxy, which prints
-    the line above the bar (a handler holding the original stream would glue it to the bar's line)."""
-
-    @property
-    def stream(self):  # noqa: D102
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
-def _log_to(path: Path, level: str = "info", rank: int = 0) -> None:
-    """train.log and the terminal; a process other than the main one writes its own file and tells the terminal
-    its warnings and errors only, marked with its rank."""
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stream = _CurrentStderrHandler()
-    stream.setFormatter(logging.Formatter(f"{f'[rank {rank}] ' if rank else ''}%(levelname)s %(message)s"))
-    stream.addFilter(lambda record: record.name != STEP_LOGGER)  # the terminal has the progress bar instead
-    if rank:
-        stream.setLevel(logging.WARNING)
-    file = logging.FileHandler(path)
-    file.setFormatter(fmt)
-    from rlsteps.secrets import MaskingFilter  # after the preflight: parses on the Pythons it runs on only
-
-    for handler in (stream, file, _last_error):
-        handler.addFilter(MaskingFilter())  # a URL's password (rm.url=http://user:pw@host) never reaches a log
-    root = logging.getLogger()
-    root.setLevel(level.upper())
-    root.handlers[:] = [stream, file, _last_error]
-    for noisy in ("httpx", "httpcore", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -309,14 +276,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = _run_to_an_exit_code(args, signals)
     except BaseException:
-        _record_exit_code(1)  # a traceback follows; the job has ended all the same
+        from rlsteps.engine.run.worker_log import record_exit_code
+
+        record_exit_code(1)  # a traceback follows; the job has ended all the same
         raise
     end_process(code)
 
 
 def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
+    from rlsteps.engine.checkpoints.resume import CheckpointError
     from rlsteps.engine.inputs.input_check import EXIT_INPUT, InputProblem
-    from rlsteps.errors import DiskFull
+    from rlsteps.errors import RlstepsError
 
     try:
         code = run(args.config, args.log_level)
@@ -334,12 +304,15 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
     except signals.Terminated:
         log.error("terminated (SIGTERM): servers stopped; the last checkpoint is intact; rerun to resume")
         return signals.EXIT_TERMINATED
+    except RlstepsError as error:  # output.dir unusable, a full disk: said with its exit code
+        log.error("%s", error)
+        return error.exit_code
     except (
         ValueError,
         FileNotFoundError,
         ImportError,
-        DiskFull,
-    ) as error:  # bad data, paths, a missing extra or a full disk: say what, no traceback
+        CheckpointError,
+    ) as error:  # bad data, paths, a missing extra, a damaged checkpoint: say what, no traceback
         log.error("%s", error)
         return 1
     except Exception as error:
@@ -378,58 +351,15 @@ def end_process(code: int) -> None:
     The distributed tests' torchrun scripts end through here too."""
     import atexit
 
+    from rlsteps.engine.run.worker_log import record_exit_code, record_failure
+
     atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    _record_failure(code)
-    _record_exit_code(code)
+    record_failure(code)
+    record_exit_code(code)
     os._exit(code)
-
-
-class _LastError(logging.Handler):
-    """The last error the run logged: the cause `rlsteps run` names when the worker fails."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.message: str | None = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.message = record.getMessage().splitlines()[0] if record.getMessage() else None
-
-
-_last_error = _LastError()
-FAILURE_FILE = "failure"  # beside the exit-code file: the cause of a failed run, one line
-
-
-def _record_failure(code: int) -> None:
-    """A failed run's cause (its last error line) beside its exit-code file, for the CLI's one-line error."""
-    from rlsteps.engine.run import signals
-
-    path = os.environ.get(signals.EXIT_FILE_ENV)
-    if code in (0, signals.EXIT_CHECKPOINTED) or not path or not _last_error.message:
-        return
-    if os.environ.get("RANK", "0") != "0":
-        return
-    with contextlib.suppress(OSError):  # the job directory is gone: nobody is left to read it
-        Path(path).with_name(FAILURE_FILE).write_text(_last_error.message + "\n")
-
-
-def _record_exit_code(code: int) -> None:
-    """Where the launcher asks for it (EXIT_FILE_ENV), the exit code in a file, renamed into place: the run's state
-    once it has ended, whether or not the rlsteps that started it is still there to see it end."""
-    from rlsteps.engine.run import signals
-
-    path = os.environ.get(signals.EXIT_FILE_ENV)
-    if not path or os.environ.get("RANK", "0") != "0":
-        return
-    note = "the rlsteps run that started it had ended\n" if signals.parent_gone() else ""
-    try:
-        staging = f"{path}.{os.getpid()}.tmp"
-        Path(staging).write_text(f"{code}\n{note}")
-        os.replace(staging, path)
-    except OSError:
-        pass  # the job directory is gone: nobody is left to read it
 
 
 if __name__ == "__main__":

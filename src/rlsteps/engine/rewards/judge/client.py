@@ -19,8 +19,12 @@ from rlsteps.engine.rewards.judge.protocol import (
     judge_messages,
 )
 from rlsteps.engine.rewards.judge.scoring import group_rewards
+from rlsteps.engine.rewards.waiting import Waiting, minutes
 
 NO_RETRY_STATUS = {400, 401, 403, 404, 405, 422}  # the request itself is wrong: retrying cannot help
+START_ONE = (
+    "start the judge server (rlsteps serve judge --model PATH, or vLLM) or fix the judge URL, model name and API key"
+)
 
 
 class JudgeUnavailable(RuntimeError):
@@ -90,6 +94,7 @@ class JudgeClient:
         principle: str | None = None,
         structured_output: str = "json_schema",
         extra_body: dict | None = None,
+        unavailable_fix: str = START_ONE,
     ):
         comparison_pairs(2, pairing)  # fail early on an unknown pairing
         if structured_output not in RESPONSE_FORMATS:
@@ -98,8 +103,8 @@ class JudgeClient:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.concurrency = max(1, concurrency)
-        self.max_retries = max_retries
-        self.retry_sleep_s = retry_sleep_s
+        self.max_retries, self.retry_sleep_s, self.timeout_s = max_retries, retry_sleep_s, timeout_s
+        self.unavailable_fix = unavailable_fix
         response_format = RESPONSE_FORMATS[structured_output]
         # extra_body is merged last, as the OpenAI client does: server-specific keys (guided decoding, chat
         # template arguments) and overrides of the ones before it
@@ -118,6 +123,18 @@ class JudgeClient:
     def close(self) -> None:
         self._poster.close()
 
+    def patience_s(self) -> float:
+        """The longest a comparison waits before it fails: every attempt taking its whole timeout, and the pauses."""
+        return (1 + self.max_retries) * self.timeout_s + self.max_retries * self.retry_sleep_s
+
+    def patience(self) -> str:
+        """The patience in words, as the run states it where it starts."""
+        return (
+            f"each comparison waits up to {self.timeout_s:g}s and is tried {1 + self.max_retries} times "
+            f"(judge.timeout_s, judge.max_retries): a judge that stops answering stops the run within "
+            f"{minutes(self.patience_s())}"
+        )
+
     def __enter__(self) -> JudgeClient:
         return self
 
@@ -135,13 +152,13 @@ class JudgeClient:
         """
         pairs = [comparison_pairs(len(responses), self.pairing) for _, responses in groups]
         jobs = [(g, pair) for g, group_pairs in enumerate(pairs) for pair in group_pairs]
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            outcomes = list(pool.map(lambda job: self._compare(groups[job[0]], job[1]), jobs))
+        waiting = Waiting(f"the judge at {self.url}", self.patience_s(), 1 + self.max_retries)
+        with waiting, ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            outcomes = list(pool.map(lambda job: self._compare(groups[job[0]], job[1], waiting), jobs))
         if outcomes and all(o.failure == "transport" for o in outcomes):
             raise JudgeUnavailable(
                 f"the judge at {self.url} failed all {len(outcomes)} comparisons after "
-                f"{1 + self.max_retries} attempts each (last error: {outcomes[-1].error}); start the judge "
-                "server (rlsteps serve judge --model PATH, or vLLM) or fix the judge URL, model name and API key"
+                f"{1 + self.max_retries} attempts each (last error: {outcomes[-1].error}); {self.unavailable_fix}"
             )
         by_group: list[list[Judgement | None]] = [[] for _ in groups]
         for (g, _), outcome in zip(jobs, outcomes):
@@ -152,7 +169,7 @@ class JudgeClient:
             rewards=[r for r, _ in scored], valid=[v for _, v in scored], stats=_stats(outcomes), answers=answers
         )
 
-    def _compare(self, group: tuple[str, list[str]], pair: tuple[int, int]) -> _Outcome:
+    def _compare(self, group: tuple[str, list[str]], pair: tuple[int, int], waiting: Waiting) -> _Outcome:
         """One comparison with retries on transport errors and unparseable answers."""
         conversation, responses = group
         messages = judge_messages(conversation, responses[pair[0]], responses[pair[1]], self.principle)
@@ -160,6 +177,7 @@ class JudgeClient:
         latencies: list[float] = []
         failure, error, content = "transport", "", None
         for attempt in range(1 + self.max_retries):
+            waiting.attempt(attempt + 1)
             if attempt:
                 time.sleep(self.retry_sleep_s)
             try:

@@ -318,7 +318,7 @@ def create_app(
         try:
             judge_request, structured = _read_request(body)
         except ValueError as err:
-            return _error(400, excerpt(str(err), MESSAGE_CHARS))  # a bad message is quoted in the reason
+            return _error(400, excerpt(str(err), MESSAGE_CHARS))  # the protocol's own reason: it quotes nothing sent
         if batcher.full:
             batcher.rejected += 1
             refused = _error(

@@ -36,9 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rlsteps.engine.rewards.auth import (
-    excerpt,
-)
+from rlsteps.engine.rewards.auth import excerpt, scrubbed
 from rlsteps.engine.rewards.rm.protocol import RewardsRequest
 from rlsteps.engine.rewards.text import TruncationSide, truncate
 
@@ -102,6 +100,14 @@ class _Job:
             conversations = [[m.model_dump() for m in c] for c in r.conversations[start:stop]]
             return scorer.encode_conversations(conversations, r.responses[start:stop], **options)
         return scorer.encode(r.prompts[start:stop], r.responses[start:stop], **options)
+
+    def sent_texts(self, start: int, stop: int) -> list[str]:
+        """The texts the client sent for pairs [start, stop): what an error answer must not repeat."""
+        r = self.request
+        texts = [*(r.prompts or [])[start:stop], *(r.responses or [])[start:stop]]
+        for conversation in (r.conversations or [])[start:stop]:
+            texts += [text for m in conversation for text in (m.role, m.content)]
+        return texts
 
 
 @dataclass
@@ -313,7 +319,7 @@ class FairBatcher:
             try:
                 ids = s.job.encode(self.scorer, s.start, s.stop)
             except Exception as error:  # noqa: BLE001 - e.g. a chat template that refuses the messages
-                why = excerpt(str(error), 200)  # a template's message may quote the input
+                why = excerpt(scrubbed(str(error), s.job.sent_texts(s.start, s.stop)), 200)  # the template's words
                 spans.append(InputError(f"the reward model could not read the input: {type(error).__name__}: {why}"))
                 continue
             spans.append((len(rows), len(rows) + len(ids)))

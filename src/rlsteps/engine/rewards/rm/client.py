@@ -22,7 +22,13 @@ from typing import Any, Literal
 
 import httpx
 
+from rlsteps.engine.rewards.waiting import Waiting, minutes
+
 MAX_DELAY_S = 30.0  # cap on one wait between attempts, Retry-After included
+CONNECT_TIMEOUT_S = 10.0  # the most an attempt waits to connect (a server that is not there refuses at once)
+START_ONE = (
+    "start one with `rlsteps serve rm --model PATH` and point rm.url at it, or set rm.url to a server that is running"
+)
 RETRY_AFTER_JITTER_S = 1.0  # a Retry-After of s seconds is waited as s to s + this
 INVALID_ANSWER_RETRIES = 2  # a server that answers garbage is usually the wrong server: give up soon
 RETRIED_STATUS = {429, 500, 502, 503, 504}
@@ -65,8 +71,11 @@ class RewardClient:
         concurrency: int = 4,
         max_length: int | None = None,
         truncation_side: Literal["left", "right"] | None = None,
+        unavailable_fix: str = START_ONE,
     ) -> None:
-        """max_length and truncation_side go with every request (the server's own options when None)."""
+        """max_length and truncation_side go with every request (the server's own options when None).
+        unavailable_fix: what the error says to do when the server stays unreachable (a server this run started:
+        rerun; one given by URL: check it)."""
         if batch_size < 1 or concurrency < 1 or max_retries < 0 or (max_length is not None and max_length < 1):
             raise ValueError(
                 f"need batch_size >= 1, concurrency >= 1, max_retries >= 0, max_length >= 1 or None; "
@@ -77,16 +86,38 @@ class RewardClient:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"reward server url {url!r} needs a scheme: write http://{url}")
         self.url = url.rstrip("/")
-        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self.max_retries, self.backoff_s, self.timeout_s = max_retries, backoff_s, timeout_s
+        self.unavailable_fix = unavailable_fix
         self.batch_size, self.concurrency = batch_size, concurrency
         options = {"max_length": max_length, "truncation_side": truncation_side}
         self.request_options = {k: v for k, v in options.items() if v is not None}
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
             headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+            timeout=httpx.Timeout(timeout_s, connect=self._connect_s),
             limits=httpx.Limits(max_connections=concurrency),
         )
+
+    @property
+    def _connect_s(self) -> float:
+        return min(self.timeout_s, CONNECT_TIMEOUT_S)
+
+    def patience_s(self) -> float:
+        """The longest a call waits before it gives up: every attempt taking its whole timeout (to connect, then to
+        answer), and the longest wait between attempts."""
+        waits = sum(min(self.backoff_s * 2**a * 1.5, MAX_DELAY_S) for a in range(self.max_retries))
+        return (self.max_retries + 1) * (self.timeout_s + self._connect_s) + waits
+
+    def patience(self) -> str:
+        """The patience in words, as the run states it where it starts."""
+        return (
+            f"each request waits up to {self.timeout_s:g}s and is tried {self.max_retries + 1} times "
+            f"(rm.timeout_s, rm.max_retries): a server that stops answering stops the run within "
+            f"{minutes(self.patience_s())}"
+        )
+
+    def _waiting(self) -> Waiting:
+        return Waiting(f"the reward server at {self.url}", self.patience_s(), self.max_retries + 1)
 
     def __enter__(self) -> RewardClient:
         return self
@@ -129,17 +160,22 @@ class RewardClient:
                 raise _Retry.invalid(f"/health answered {response.text[:200]!r}, not a JSON object")
             return answer
 
-        return self._with_retries(lambda: self._http.get(f"{self.url}/health"), check, threading.Event())
+        with self._waiting() as waiting:
+            return self._with_retries(lambda: self._http.get(f"{self.url}/health"), check, threading.Event(), waiting)
 
     def _score_bodies(self, bodies: list[dict[str, Any]]) -> list[float]:
         """Send the batches concurrently; on the first failure stop the others and raise it."""
         if not bodies:
             return []
+        with self._waiting() as waiting:
+            return self._score_waiting(bodies, waiting)
+
+    def _score_waiting(self, bodies: list[dict[str, Any]], waiting: Waiting) -> list[float]:
         abort = threading.Event()
         if len(bodies) == 1:  # no pool (a thread per call) for one request
-            return self._score_one(bodies[0], abort)
+            return self._score_one(bodies[0], abort, waiting)
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies))) as pool:
-            futures = [pool.submit(self._score_one, body, abort) for body in bodies]
+            futures = [pool.submit(self._score_one, body, abort, waiting) for body in bodies]
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = next((f for f in done if f.exception() is not None), None)
             if failed is not None:
@@ -149,16 +185,21 @@ class RewardClient:
                 raise failed.exception()  # type: ignore[misc]
         return [reward for f in futures for reward in f.result()]
 
-    def _score_one(self, body: dict[str, Any], abort: threading.Event) -> list[float]:
+    def _score_one(self, body: dict[str, Any], abort: threading.Event, waiting: Waiting) -> list[float]:
         expected = len(body["tokens"] if "tokens" in body else body["responses"])
         return self._with_retries(
             lambda: self._http.post(f"{self.url}/v1/rewards", json=body),
             lambda response: _rewards_of(response, expected),
             abort,
+            waiting,
         )
 
     def _with_retries(
-        self, send: Callable[[], httpx.Response], parse: Callable[[httpx.Response], Any], abort: threading.Event
+        self,
+        send: Callable[[], httpx.Response],
+        parse: Callable[[httpx.Response], Any],
+        abort: threading.Event,
+        waiting: Waiting,
     ) -> Any:
         """Transport errors, timeouts, 429/5xx and invalid answers are retried (see the module's docstring for
         the waits); other 4xx answers raise at once."""
@@ -166,6 +207,7 @@ class RewardClient:
         attempts = invalid_answers = 0
         while True:
             attempts += 1
+            waiting.attempt(attempts)
             try:
                 return parse(_checked(send(), self.url))
             except httpx.TimeoutException as error:
@@ -193,9 +235,7 @@ class RewardClient:
         tried = f"{attempts} attempt{'s' * (attempts != 1)} over {elapsed_s:.1f}s"
         if retry.unavailable:
             return RewardServerUnavailable(
-                f"reward server at {self.url} unavailable after {tried}; last error: {retry}. "
-                "Start one with `rlsteps serve rm --model PATH` and point rm.url at it, "
-                "or set rm.url to a server that is running"
+                f"reward server at {self.url} unavailable after {tried}; last error: {retry}; {self.unavailable_fix}"
             )
         return RewardServerError(f"reward server at {self.url} failed after {tried}: {retry}")
 

@@ -30,7 +30,7 @@ from rlsteps.engine.rewards.auth import (
     TokenGate,
     bearer_matches,
     docs_urls,
-    excerpt,
+    field_names,
     fields_of,
     validation_errors,
 )
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 BATCH_TOKENS_PER_PAIR = 4  # the default max_batch_tokens: max_batch pairs of max_length / this tokens
 DOOR_WAIT_S = 1.0  # the longest a request waits for room before 503: a Retry-After's worth
+REQUEST_FIELDS = field_names(RewardsRequest.model_json_schema())  # what an error answer may name of a request
 
 
 def create_app(
@@ -110,7 +111,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = validation_errors(error.errors())
+        errors = validation_errors(error.errors(), REQUEST_FIELDS)
         return JSONResponse(status_code=422, content={"detail": errors, "fields": fields_of(errors)})
 
     @app.post("/v1/rewards", response_model=RewardsResponse)
@@ -217,8 +218,7 @@ def check_token_ids(rows: list[list[int]], vocab_size: int) -> None:
     if bad:
         raise HTTPException(
             status_code=422,
-            detail=f'"tokens" has ids outside the reward model\'s vocabulary [0, {vocab_size}): '
-            + excerpt(str(bad[:5])),
+            detail=f'"tokens" has {len(bad)} ids outside the reward model\'s vocabulary [0, {vocab_size})',
         )
 
 

@@ -1,0 +1,96 @@
+"""The worker's logs and what it leaves beside its exit code: train.log (train.rank<N>.log for the other processes)
+and the terminal, the exit code in a file, and a failed run's cause in one line for the CLI's error.
+
+Imported once the preflight has passed (the worker's top imports only what parses on older Pythons).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+from rlsteps.engine.checkpoints.rewind import STEP_LOGGER  # the loop's one line per step: train.log only
+from rlsteps.engine.run import signals
+from rlsteps.secrets import MaskingFilter
+
+FAILURE_FILE = "failure"  # beside the exit-code file: the cause of a failed run, one line
+
+
+class CurrentStderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is at each record: while the progress bar is live, rich's proxy, which prints
+    the line above the bar (a handler holding the original stream would glue it to the bar's line)."""
+
+    @property
+    def stream(self):  # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def log_to(path: Path | None, level: str = "info", rank: int = 0) -> None:
+    """train.log and the terminal; a process other than the main one writes its own file and tells the terminal
+    its warnings and errors only, marked with its rank. path None: the terminal alone (the run directory is not
+    known to be usable yet)."""
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stream = CurrentStderrHandler()
+    stream.setFormatter(logging.Formatter(f"{f'[rank {rank}] ' if rank else ''}%(levelname)s %(message)s"))
+    if rank:
+        stream.setLevel(logging.WARNING)
+    handlers: list[logging.Handler] = [stream, last_error]
+    if path is not None:
+        file = logging.FileHandler(path)
+        file.setFormatter(fmt)
+        handlers.insert(1, file)
+    for handler in handlers:
+        handler.filters = [MaskingFilter()]  # a URL's password (rm.url=http://user:pw@host) never reaches a log
+    stream.addFilter(lambda record: record.name != STEP_LOGGER)  # the terminal has the progress bar instead
+    root = logging.getLogger()
+    root.setLevel(level.upper())
+    root.handlers[:] = handlers
+    for noisy in ("httpx", "httpcore", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class LastError(logging.Handler):
+    """The last error the run logged: the cause `rlsteps run` names when the worker fails."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.message: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.message = record.getMessage().splitlines()[0] if record.getMessage() else None
+
+
+last_error = LastError()
+
+
+def record_failure(code: int) -> None:
+    """A failed run's cause (its last error line) beside its exit-code file, for the CLI's one-line error."""
+    path = os.environ.get(signals.EXIT_FILE_ENV)
+    if code in (0, signals.EXIT_CHECKPOINTED) or not path or not last_error.message:
+        return
+    if os.environ.get("RANK", "0") != "0":
+        return
+    with contextlib.suppress(OSError):  # the job directory is gone: nobody is left to read it
+        Path(path).with_name(FAILURE_FILE).write_text(last_error.message + "\n")
+
+
+def record_exit_code(code: int) -> None:
+    """Where the launcher asks for it (EXIT_FILE_ENV), the exit code in a file, renamed into place: the run's state
+    once it has ended, whether or not the rlsteps that started it is still there to see it end."""
+    path = os.environ.get(signals.EXIT_FILE_ENV)
+    if not path or os.environ.get("RANK", "0") != "0":
+        return
+    note = "the rlsteps run that started it had ended\n" if signals.parent_gone() else ""
+    try:
+        staging = f"{path}.{os.getpid()}.tmp"
+        Path(staging).write_text(f"{code}\n{note}")
+        os.replace(staging, path)
+    except OSError:
+        pass  # the job directory is gone: nobody is left to read it
