@@ -62,12 +62,13 @@ CASES = {  # name: (step, config, batch profile, overrides): what users compile,
     "tiny, megatron": (SEED, "tiny", "two_nodes", ("output.dir=/lustre/run", "policy.megatron_cfg.enabled=true",
                        "policy.dtensor_cfg.enabled=false")),
     "rl/rlhf on one node": ("rl/rlhf", "default", "one_node", RLHF_INPUTS),
-    "rl/rlhf on two nodes": ("rl/rlhf", "default", "two_nodes", RLHF_INPUTS),
+    "rl/rlhf on the Slurm example profile": ("rl/rlhf", "default", "my_slurm_nemo_rl", RLHF_INPUTS),
     "rl/rlhf on four nodes": ("rl/rlhf", "default", "four_nodes", RLHF_INPUTS),
     "rl/rlhf, megatron": ("rl/rlhf", "default", "two_nodes", (*RLHF_INPUTS, "nemo_rl_job.policy_backend=megatron")),
     "rl/rlhf, no warmup": ("rl/rlhf", "default", "two_nodes", (*RLHF_INPUTS, "train.warmup_steps=0")),
     "rl/reinforce on one node": ("rl/reinforce", "default", "one_node", REINFORCE_INPUTS),
-    "rl/reinforce on two nodes": ("rl/reinforce", "default", "two_nodes", REINFORCE_INPUTS),
+    "rl/reinforce on the Lepton example profile": ("rl/reinforce", "default", "my_lepton_nemo_rl", tuple(
+        item.replace("/lustre/", "/data/") for item in REINFORCE_INPUTS)),
     "rl/reinforce on four nodes": ("rl/reinforce", "default", "four_nodes", REINFORCE_INPUTS),
 }  # fmt: skip
 ORACLE_DRIVER = {"examples/nemo_gym/run_grpo_nemo_gym.py": "nemo_gym", "examples/run_grpo.py": "grpo"}
@@ -84,7 +85,9 @@ def runnable(compiled, tiny_world, folder: Path) -> dict:
     text = compiled.plan.files[MASTER_CONFIG_FILE]
     master = yaml.safe_load(text)
     run_dir = master["policy"]["model_name"].removesuffix("/nemo_rl/policy_hf")
-    text = text.replace(run_dir + "/", f"{folder}/").replace("/lustre/rm", str(tiny_world.reward_model))
+    text = text.replace(run_dir + "/", f"{folder}/")
+    for reward_model in ("/lustre/rm", "/data/rm"):
+        text = text.replace(reward_model, str(tiny_world.reward_model))
     master = yaml.safe_load(text)
     root = folder / "nemo_rl"
     (root / "data").mkdir(parents=True)
