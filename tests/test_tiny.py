@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from rlsteps.tiny import build, evaluate, recipe, training
+from rlsteps.tiny import build, evaluate, preferences, recipe, training
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.build import ensure_tiny_world, load_tiny_world
 from rlsteps.tiny.layout import TINY_WORLD_VERSION, rlsteps_home, tiny_world_dir
@@ -159,7 +159,7 @@ def test_sft_greedy_answers_are_the_tasks_sentence_and_repeat_no_adjective(model
 
 def test_reward_model_ranks_held_out_preference_pairs(models):
     tokenizer, _, reward_model = models
-    pairs = tiny_task.preference_pairs(random.Random(2024), 256)  # the build draws pairs from seed 0 and 1
+    pairs = preferences.preference_pairs(random.Random(2024), 256)  # the build draws pairs from seed 0 and 1
     assert evaluate.pair_accuracy(reward_model, tokenizer, pairs) > 0.9
 
 
@@ -195,16 +195,16 @@ def test_reward_model_ranks_held_out_hard_negatives_of_each_kind(models, kind):
     if kind == "positive over neutral":
         pairs = [
             (p, a, b) if true_reward(p, a) > true_reward(p, b) else (p, b, a)
-            for p, a, b in (tiny_task.swapped_pair(rng) for _ in range(400))
+            for p, a, b in (preferences.swapped_pair(rng) for _ in range(400))
             if set(tiny_task.words(a)) ^ set(tiny_task.words(b)) <= tiny_task.POSITIVE_OR_NEUTRAL
             and true_reward(p, a) != true_reward(p, b)
         ]
     else:
-        padded = [tiny_task.padded_negative(rng) for _ in range(400)]
+        padded = [preferences.padded_negative(rng) for _ in range(400)]
         pairs = [
             (p, good, bad)
             for p, good, bad in padded
-            if tiny_task.preferred(p, good, bad)
+            if preferences.preferred(p, good, bad)
             and (len(set(tiny_task.words(bad))) < len(tiny_task.words(bad))) == (kind == "repeated")
         ]
     assert len(pairs) > 50
@@ -267,18 +267,43 @@ def test_true_reward_needs_a_task_noun_in_the_prompt():
 def test_every_prompt_names_one_noun_and_preference_pairs_are_ordered():
     for prompt in tiny_task.all_prompts():
         assert sum(w in tiny_task.NOUNS for w in tiny_task.words(prompt)) == 1
-    degenerate = repeated = said_again = 0
-    for prompt, chosen, rejected in tiny_task.preference_pairs(random.Random(0), 700):
-        if true_reward(prompt, chosen) == true_reward(prompt, rejected):  # the one preference beyond true_reward
-            assert tiny_task.says_a_word_again(chosen, rejected), (chosen, rejected)
-            said_again += 1
+    faulty = as_good = 0
+    for prompt, chosen, rejected in preferences.preference_pairs(random.Random(0), 700):
+        if true_reward(prompt, chosen) == true_reward(prompt, rejected):  # the preference beyond true_reward
+            assert not tiny_task.faults(prompt, chosen) and tiny_task.faults(prompt, rejected), (chosen, rejected)
+            as_good += 1
         else:
             assert true_reward(prompt, chosen) > true_reward(prompt, rejected)
-        well_formed = bool(RESPONSE_FORMAT.match(chosen)) + bool(RESPONSE_FORMAT.match(rejected))
-        degenerate += well_formed < 2
-        repeated += len(set(tiny_task.words(rejected))) < len(tiny_task.words(rejected))
-    # a pair in seven is a hard negative, some of those well formed; two in seven a padded one, many repeating a word
-    assert 20 < degenerate < 100 and 100 < repeated < 300 and 10 < said_again < 100, (degenerate, repeated, said_again)
+        faulty += bool(tiny_task.faults(prompt, rejected))
+    # most pairs are minimal pairs of well-formed answers; the hard negatives put a fault under a good answer
+    assert 150 < faulty < 400 and 50 < as_good < 250, (faulty, as_good)
+
+
+@pytest.mark.parametrize(
+    "response, faults",
+    [
+        ("The cat is kind, lovely, bright and gentle.", []),
+        ("It looks old.", []),
+        ("The dog is kind.", ["a wrong noun"]),
+        ("The housegh is kind.", ["a broken word"]),
+        ("The\ufffd looks kind.", ["a broken word"]),
+        ("The cat is kind and kind.", ["a word said again"]),
+        ("The cat is kind, lovely, bright, gentle and old.", ["more than four adjectives"]),
+        ("The dog dog is kinds.", ["a wrong noun", "a broken word", "a word said again"]),
+    ],
+)
+def test_faults_are_what_no_task_sentence_has(response, faults):
+    assert tiny_task.faults("Describe the cat.", response) == faults
+
+
+def test_a_faultless_answer_is_preferred_to_a_faulty_one_as_good():
+    prompt = "Describe the cat."
+    assert preferences.preferred(prompt, "It is kind.", "The dog is kind.")  # both 0.5: the wrong noun loses
+    assert preferences.preferred(prompt, "The cat is old.", "The cat is oldx.")  # a broken neutral word
+    assert preferences.preferred(prompt, "The cat is kind.", "The cat is kind and kind.")  # a word said again
+    assert not preferences.preferred(prompt, "The dog is kind.", "It is kind.")
+    assert not preferences.preferred(prompt, "The cat is kind.", "The cat is gentle.")  # neither better
+    assert preferences.ordered(prompt, "The cat is kind.", "The cat is gentle.") is None
 
 
 def test_hard_negatives_are_what_a_reward_hacker_writes():
@@ -286,7 +311,7 @@ def test_hard_negatives_are_what_a_reward_hacker_writes():
     rng = random.Random(5)
     seen = set()
     for _ in range(200):
-        prompt, good, bad = tiny_task.hard_negative(rng)
+        prompt, good, bad = preferences.hard_negative(rng)
         noun = tiny_task.prompt_noun(prompt)
         assert RESPONSE_FORMAT.match(good) and good.startswith(f"The {noun} ")
         words = tiny_task.words(bad)
@@ -302,11 +327,26 @@ def test_hard_negatives_are_what_a_reward_hacker_writes():
     assert true_reward("Describe the cat.", "The cat is kind, lovely, bright and gentle.") == 3.0
 
 
+def test_minimal_pairs_differ_in_one_thing():
+    rng = random.Random(6)
+    for _ in range(100):
+        prompt, right, wrong = preferences.wrong_noun_pair(rng)
+        noun = tiny_task.prompt_noun(prompt)
+        assert right.split(" ", 2)[2] == wrong.split(" ", 2)[2] and tiny_task.faults(prompt, wrong) == ["a wrong noun"]
+        assert right.startswith((f"The {noun} ", "It "))
+        prompt, fewer, more = preferences.more_positives_pair(rng)
+        positives = [len(set(tiny_task.words(r)) & set(tiny_task.POSITIVE)) for r in (fewer, more)]
+        assert positives[1] == positives[0] + 1 and fewer.split(" ")[:2] == more.split(" ")[:2]
+        prompt, good, broken = preferences.broken_word_pair(rng)
+        assert not tiny_task.has_a_broken_word(good) and tiny_task.has_a_broken_word(broken)
+        assert len(broken.split()) in (len(good.split()), len(good.split()) - 1)  # one word broken, or two run together
+
+
 def test_padded_negatives_repeat_pad_with_neutral_words_or_run_long():
     rng = random.Random(5)
     seen = set()
     for _ in range(200):
-        prompt, good, bad = tiny_task.padded_negative(rng)
+        prompt, good, bad = preferences.padded_negative(rng)
         noun = tiny_task.prompt_noun(prompt)
         assert RESPONSE_FORMAT.match(good) and good.startswith(f"The {noun} ") and RESPONSE_FORMAT.match(bad)
         adjectives = [w for w in tiny_task.words(bad) if w in tiny_task.ADJECTIVES]
@@ -317,9 +357,6 @@ def test_padded_negatives_repeat_pad_with_neutral_words_or_run_long():
         elif len(adjectives) > 4:
             seen.add("long")
     assert seen == {"repeated", "neutral", "long"}
-    assert tiny_task.says_a_word_again("The cat is kind and old.", "The cat is kind and kind.")
-    assert not tiny_task.says_a_word_again("The cat is kind and old.", "The cat is kind and old.")
-    assert not tiny_task.says_a_word_again("The cat is kind.", "The cat is lovely and lovely.")
 
 
 def test_sft_data_says_distinct_adjectives_in_alphabetical_order():
@@ -330,7 +367,7 @@ def test_sft_data_says_distinct_adjectives_in_alphabetical_order():
 
 def test_task_text_is_a_pure_function_of_the_seed():
     assert tiny_task.sft_examples(random.Random(3), 50) == tiny_task.sft_examples(random.Random(3), 50)
-    assert tiny_task.preference_pairs(random.Random(3), 50) == tiny_task.preference_pairs(random.Random(3), 50)
+    assert preferences.preference_pairs(random.Random(3), 50) == preferences.preference_pairs(random.Random(3), 50)
     assert tiny_task.prompt_records(3, 256, 32) == tiny_task.prompt_records(3, 256, 32)
     assert tiny_task.prompt_records(3, 256, 32) != tiny_task.prompt_records(4, 256, 32)
 

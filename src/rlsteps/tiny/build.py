@@ -33,6 +33,7 @@ from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from rlsteps.engine.megatron.format import save_megatron_checkpoint
+from rlsteps.tiny import preferences
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.evaluate import evaluate_world
 from rlsteps.tiny.layout import TINY_WORLD_VERSION, TinyWorld, load_tiny_world, tiny_world_dir, tiny_world_paths
@@ -124,7 +125,7 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         save_megatron_checkpoint(policy, AutoTokenizer.from_pretrained(root / "policy"), root / "policy_megatron")
 
         log("Bradley-Terry training of the reward model")
-        reward_model = reward_model_from_policy(policy)
+        reward_model = reward_model_from_policy(policy, RM["extra_layers"])
         rm_loss = train_reward_model(reward_model, tokenizer, rng, log)
         reward_model.save_pretrained(root / "reward_model")
         shutil.copytree(root / "tokenizer", root / "reward_model", dirs_exist_ok=True)
@@ -141,7 +142,7 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         "task": " ".join(tiny_task.__doc__.split("\n\n")[1].split()),
         "preference": "rlsteps.tiny.task.true_reward: +1 for naming the prompt's noun, +0.5 per distinct "
         f"positive adjective (at most 4), -0.5 per negative adjective; best {tiny_task.BEST_TRUE_REWARD}",
-        "reward_model_pairs": " ".join(tiny_task.preference_pairs.__doc__.split()),
+        "reward_model_pairs": " ".join(preferences.__doc__.split("\n\n")[0].split()),
         "sizes": {
             "vocab": len(tokenizer),
             "policy_params": sum(p.numel() for p in policy.parameters()),

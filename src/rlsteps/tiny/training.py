@@ -13,6 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from rlsteps.engine.rewards.text import reward_input_text
 from rlsteps.tiny import task as tiny_task
+from rlsteps.tiny.preferences import NOUN_FIRST, preference_pairs
 from rlsteps.tiny.recipe import RM, SFT
 from rlsteps.tiny.tokenizer import chat_prompt
 
@@ -77,11 +78,13 @@ def reward_scores(
 def train_reward_model(
     reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rng: random.Random, log: Log
 ) -> float:
-    """Bradley-Terry: -log sigmoid(r_chosen - r_rejected) on fresh preference pairs each step."""
+    """Bradley-Terry: -log sigmoid(r_chosen - r_rejected) on fresh preference pairs each step (wrong-noun pairs alone
+    for the first RM["noun_first_steps"])."""
     optimizer, schedule = _optimizer(reward_model, RM["lr"], RM["steps"])
     reward_model.train()
     for step in range(1, RM["steps"] + 1):
-        prompts, chosen, rejected = zip(*tiny_task.preference_pairs(rng, RM["batch"]))
+        kinds = NOUN_FIRST if step <= RM["noun_first_steps"] else None
+        prompts, chosen, rejected = zip(*preference_pairs(rng, RM["batch"], kinds))
         rendered = [chat_prompt(tokenizer, p) for p in prompts]
         scores = reward_scores(reward_model, tokenizer, rendered * 2, list(chosen + rejected))  # [2B]
         loss = -F.logsigmoid(scores[: len(chosen)] - scores[len(chosen) :]).mean()
