@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from rlsteps.plan.runner import Compiled
 
 
+SCRIPT_MARK = "\n"  # a command word of several lines is a script: shown by itself, verbatim
+SCRIPT_WORD = "SCRIPT"
 STATUS_WORDS = {
     "ok": ("ok", "green"),
     "absent": ("not set", ""),
@@ -146,7 +148,10 @@ def dry_run(compiled: Compiled, width: int) -> list[Text]:
         if item.ref:
             lines += fit.wrap(item.ref, width, 4)
     lines += fit.heading("command", width)
-    lines += fit.shell_lines(mask_argv(plan.command), width, 2)
+    command = mask_argv(plan.command)
+    lines += fit.shell_lines([SCRIPT_WORD if SCRIPT_MARK in word else word for word in command], width, 2)
+    if any(SCRIPT_MARK in word for word in command):
+        lines += fit.wrap(f"({SCRIPT_WORD} is the script printed at the end, verbatim)", width, 4, 2)
     if plan.env:
         lines += fit.heading("environment", width)
         for key, value in plan.env.items():
@@ -172,9 +177,12 @@ def refused(compiled: Compiled) -> tuple[str, str] | None:
 
 
 def job_files(compiled: Compiled) -> str:
-    """The files the job directory will hold, verbatim between header lines: no wrapping, no frame, so a script
-    can be copied from a terminal or a pipe as it is."""
-    blocks = [
+    """The command's script (a word of several lines: Lepton's bash -c) and the files the job directory will hold,
+    verbatim between header lines: no wrapping, no frame, so a script can be copied from a terminal or a pipe as it
+    is."""
+    scripts = [word for word in mask_argv(compiled.plan.command) if SCRIPT_MARK in word]
+    blocks = [f"----- {SCRIPT_WORD}: the command's script -----\n{script.rstrip()}\n" for script in scripts]
+    blocks += [
         f"----- {name} (written into the job dir) -----\n{content.rstrip()}\n"
         for name, content in compiled.plan.files.items()
     ]

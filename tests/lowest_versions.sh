@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The fast tests against the lowest versions pyproject.toml allows for rlsteps's direct dependencies (the core and
+# the engine, megatron and lepton extras; their own dependencies at the newest that fit): uv's
+# `--resolution lowest-direct`, in .venv-lowest, rebuilt each time. CI runs it beside README's test command.
+#
+# torch is the exception: only torch==2.13.0 (the CPU build, from pip's configured sources) is installed here, so
+# its lower bound in pyproject.toml is what the code needs, read from the APIs it uses, not a run (docs/development.md).
+# The switches that make a missing counterpart a failure (RLSTEPS_REQUIRE_*) are the main suite's: off here. The tiny
+# world is built with these versions, in a home of its own.
+#   bash tests/lowest_versions.sh [pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for name in $(env | grep -o '^RLSTEPS_REQUIRE_[A-Z]*'); do unset "$name"; done
+export RLSTEPS_HOME="$PWD/.rlsteps-home-lowest"
+rm -rf .venv-lowest
+python3 -m venv .venv-lowest
+.venv-lowest/bin/pip install -q --no-deps torch==2.13.0
+.venv-lowest/bin/pip install -q uv==0.13.9
+test_tools=$(grep -i '^\(pytest\|pytest-xdist\|pytest-timeout\|jsonschema\)==' constraints.txt)
+mapfile -t test_tools <<< "$test_tools"
+.venv-lowest/bin/uv pip install -q --python .venv-lowest/bin/python --resolution lowest-direct \
+    -e '.[engine,megatron,lepton]' "${test_tools[@]}"
+.venv-lowest/bin/uv pip freeze --python .venv-lowest/bin/python \
+    | grep -i '^\(typer\|omegaconf\|pydantic\|fsspec\|rich\|httpx\|torch\|transformers\|tokenizers\|safetensors\|numpy\|fastapi\|uvicorn\|matplotlib\|megatron-core\|psutil\|leptonai\)=='
+.venv-lowest/bin/python -m pytest -m "not slow" -p no:cacheprovider "$@"
