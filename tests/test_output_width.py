@@ -2,19 +2,21 @@
 long for the line stands whole on a line of its own), and no line ends in spaces. `--help` shows flags as flags.
 
 Each command runs through the command line's own main(), errors included, at each width (COLUMNS, as a terminal
-sets it). The files a dry run prints after its `----- NAME (written into the job dir) -----` lines are those files
-verbatim (a script must run as it is pasted), and so is the script a command runs (Lepton's bash -c): their lines
-are held to no trailing spaces only.
+sets it; errors are wrapped at a terminal only, so stderr is one here). The files a dry run prints after its
+`----- NAME (written into the job dir) -----` lines are those files verbatim (a script must run as it is pasted),
+and so is the script a command runs (Lepton's bash -c): their lines are held to no trailing spaces only.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import click
 import pytest
 import typer
+from rich.console import Console
 
 from rlsteps.cli.app import app, main
 from seed_commands import SEED_COMMANDS
@@ -33,7 +35,11 @@ def project(tmp_path, monkeypatch, tiny_world):
 
 
 def printed(argv: list[str], width: int, capsys, monkeypatch) -> tuple[int, list[str]]:
+    """What the command prints at a terminal of `width` columns (errors are wrapped at a terminal only)."""
     monkeypatch.setenv("COLUMNS", str(width))
+    monkeypatch.setattr(
+        sys.modules["rlsteps.cli.app"], "err", Console(stderr=True, force_terminal=True, color_system=None, width=width)
+    )
     capsys.readouterr()
     code = main(argv)
     captured = capsys.readouterr()
@@ -74,7 +80,7 @@ DRY_RUNS = [
     ["run", "rl/rs", "-c", "default", "--dry-run"],
     ["run", "rl/rs", "-c", "tiny", "-b", "my_slurm", "train.micro_batch_size=2", "--dry-run"],
     ["run", "rl/rlhf", "-c", "default", "-b", "my_lepton", "inputs.prompts=/data/train.jsonl", "--dry-run"],
-    *SEED_COMMANDS,
+    SEED_COMMANDS[2],  # rl/nemo_rl/rlhf on Slurm: the longest keys and paths
     ["pipeline", "run", str(REPO / "examples" / "pipelines" / "tiny.yaml"), "--dry-run"],
 ]
 
@@ -141,3 +147,10 @@ def test_help_shows_flags_as_flags_and_fits(capsys, monkeypatch):
             shown = ", ".join(sorted(flag.opts, key=len))
             assert re.search(rf"^  {re.escape(shown)}\s{{2,}}\S", text, flags=re.MULTILINE), (shown, text)
         assert_fits(lines, 80)
+
+
+def test_an_error_is_one_line_and_its_fix_another_where_stderr_is_no_terminal(project, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")
+    code = main(["run", "rl/rs", "-c", "tiny", "-b", "my_slurm", "--dry-run"])
+    error, fix = capsys.readouterr().err.splitlines()
+    assert code == 2 and error.startswith("error: ") and fix.startswith("fix: ") and len(error) > 60

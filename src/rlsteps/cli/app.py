@@ -173,8 +173,10 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def error_lines(error: RlstepsError, width: int) -> list[Text]:
-    """`error: ...` and `fix: ...`, each wrapped under itself."""
+def error_lines(error: RlstepsError, width: int | None) -> list[Text]:
+    """`error: ...` and `fix: ...`: at a terminal each wrapped under itself; elsewhere (a log, a pipe) one line each,
+    whole for grep."""
+    width = width or sys.maxsize
     lines = fit.wrap(Text.assemble(("error:", "bold red"), " ", error.message), width, 7, 0)
     return lines + (fit.wrap(Text.assemble(("fix:", "bold"), " ", error.fix), width, 5, 0) if error.fix else [])
 
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         returned = app(args=args, obj={"passthrough": passthrough, "argv": ["rlsteps", *argv]}, standalone_mode=False)
     except RlstepsError as error:
-        fit.print_lines(err, error_lines(error, err.width))
+        fit.print_lines(err, error_lines(error, err.width if err.is_terminal else None))
         return error.exit_code
     except typer.Exit as done:
         return done.exit_code
