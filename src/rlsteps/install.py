@@ -21,9 +21,9 @@ ROOT_ENV = "RLSTEPS_ROOT"  # read the shipped catalog from this folder instead (
 
 
 def version() -> str:
-    from rlsteps import __version__
+    import rlsteps
 
-    return __version__
+    return rlsteps.__version__
 
 
 def git_state(directory: Path) -> dict[str, Any] | None:
