@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ def _git(directory: Path, *args: str) -> str | None:
 def source() -> dict[str, Any]:
     """Where this rlsteps's code came from: {"git": sha, "dirty": bool, "from": "wheel" | "checkout"}, or
     {"from": "unknown"}. A built package answers from its _source.json; a checkout's package from git."""
-    built = PACKAGE_DIR / SOURCE_FILE
+    built = resources.files("rlsteps").joinpath(SOURCE_FILE)  # a wheel on PYTHONPATH is a zip archive: no Path
     if built.is_file():
         return {**json.loads(built.read_text()), "from": "wheel"}
     state = git_state(PACKAGE_DIR)
@@ -57,9 +58,10 @@ def source() -> dict[str, Any]:
     return {"from": "unknown"}
 
 
-def describe() -> str:
-    """`rlsteps 0.1.0 (git 6e717fa, a wheel)`: the version and its source in words, as --version and the logs say it."""
-    found = source()
+def describe(found: dict[str, Any] | None = None) -> str:
+    """`rlsteps 0.1.0 (git 6e717fa, a wheel)`: the version and its source (source() by default) in words, as --version
+    and the logs say it."""
+    found = source() if found is None else found
     if "git" not in found:
         return f"rlsteps {version()} (source unknown)"
     changes = ", with uncommitted changes" if found.get("dirty") else ""
