@@ -27,7 +27,7 @@ from omegaconf.errors import (
 )
 from pydantic import ValidationError
 
-from rlsteps.catalog import Step, project_root
+from rlsteps.catalog import Step, load_catalog
 from rlsteps.engine.config import NEMO_RL_SECTIONS  # torch-free
 from rlsteps.errors import UsageError
 from rlsteps.launch.job import Job, Mode, sanitise_name
@@ -227,7 +227,7 @@ def _nemo_rl_step(
     if engine == "nemo_rl":
         derived = {key: validated[key] for key in ("inputs", "nemo_rl_job")}
         return {**cfg, **derived, "engine": "nemo_rl"}, step.algorithm, []
-    base = project_root() / "steps" / EMBEDDED_STEP / f"{validated['embedded_config']}.yaml"
+    base = load_catalog().find(EMBEDDED_STEP).config_path(validated["embedded_config"])
     if not base.is_file():
         raise UsageError(f"embedded_config '{validated['embedded_config']}': {EMBEDDED_STEP} has no such config")
     recipe, notes = to_embedded(

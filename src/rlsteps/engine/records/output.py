@@ -32,6 +32,7 @@ def write_policy_output(
     """<output.dir>/policy in cfg.output.type, written whole or not at all (engine.artifact.write_artifact)."""
     from rlsteps.engine.policy.model import save_policy
     from rlsteps.engine.records.artifact import config_hash, write_artifact
+    from rlsteps.install import source, version
 
     form = cfg.output.type
     metadata = {
@@ -41,6 +42,7 @@ def write_policy_output(
             "job": job.get("job", {}).get("name"),
             "algorithm": cfg.algorithm,
             "engine": engine,
+            "rlsteps": {"version": version(), "source": source()},
         },
         "config_hash": config_hash(cfg.model_dump(mode="json")),
         "inputs": {name: ref for name, ref in cfg.inputs.model_dump().items() if ref},
