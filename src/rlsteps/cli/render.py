@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.markup import escape
 from rich.text import Text
 
 from rlsteps.catalog import Step
@@ -190,9 +189,11 @@ def job_files(compiled: Compiled) -> str:
 
 
 def sayer(console: Console):
-    """How the CLI says a progress line: one line, never wrapped (an id or path stays whole when piped)."""
+    """How the CLI says a progress line: broken at spaces at a terminal, one line in a log or a pipe (whole for
+    grep), as errors are."""
 
     def say(line: str) -> None:
-        console.print(f"[bold]rlsteps[/] {escape(line)}", highlight=False, soft_wrap=True)
+        text = Text.assemble(("rlsteps", "bold"), " ", line)
+        fit.print_lines(console, fit.wrap(text, console.width, 8, 0) if console.is_terminal else [text])
 
     return say
