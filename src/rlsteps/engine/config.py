@@ -178,6 +178,7 @@ class JudgeConfig(Section):
     model: str | None = None
     api_key: str | None = None
     pairing: Literal["circular", "all"] = "circular"
+    both_orders: bool = True  # each pair shown both ways round and its two verdicts averaged: position cannot decide
     principle: str | None = None
     concurrency: PositiveInt = 16
     timeout_s: PositiveFloat = 60

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from rlsteps.engine.config import RecipeConfig, RewardEntry
 from rlsteps.engine.rewards.functions import FunctionScorer
+from rlsteps.engine.rewards.judge.scoring import DEFAULT_SCORE
 from rlsteps.engine.rewards.process import LocalServer
 
 if TYPE_CHECKING:  # torch is imported where a score is made: a worker starts its server before it imports torch
@@ -37,8 +38,8 @@ RM_CLIENT_OPTIONS = {
     "token", "timeout_s", "max_retries", "backoff_s", "batch_size", "concurrency", "max_length", "truncation_side",
 }  # fmt: skip
 JUDGE_CLIENT_OPTIONS = {
-    "api_key", "concurrency", "timeout_s", "max_retries", "temperature", "top_p", "max_tokens", "pairing", "principle",
-    "structured_output", "extra_body",
+    "api_key", "concurrency", "timeout_s", "max_retries", "temperature", "top_p", "max_tokens", "pairing",
+    "both_orders", "principle", "structured_output", "extra_body",
 }  # fmt: skip
 
 
@@ -165,14 +166,29 @@ class JudgeSource:
 
     def score_alone(self, batch: RolloutBatch) -> Scores:
         """One response per prompt, each compared with the response to the same prompt at the first greedy
-        validation (kept in the run folder, so a resumed run meets the same ones): a judge compares, and a single
-        response has nothing else to meet. At the first validation each meets itself."""
+        validation, the initial policy's (kept in the run folder, so a resumed run meets the same ones): a judge
+        compares, and a single response has nothing else to meet. A response identical to its reference is not
+        compared (a judge shown one text twice answers by position alone) and has no judge figure."""
+        import torch
+
         references = self._references(batch)
-        rows = [i for i in range(len(batch)) for _ in range(2)]
-        paired = batch.select(rows)
-        texts = [t for i in range(len(batch)) for t in (batch.response_texts[i], references[batch.prompt_ids[i]])]
-        scores = self.score(dataclasses.replace(paired, response_texts=texts))
-        return scores.select(list(range(0, len(rows), 2)))
+        changed = [i for i in range(len(batch)) if batch.response_texts[i] != references[batch.prompt_ids[i]]]
+        scores = Scores(
+            rewards=torch.full((len(batch),), DEFAULT_SCORE),
+            valid=torch.zeros(len(batch), dtype=torch.bool),
+            details=[{"judge": []} for _ in range(len(batch))],
+        )
+        if not changed:
+            return scores
+        rows = [i for i in changed for _ in range(2)]  # each changed response beside its reference, one group each
+        texts = [t for i in changed for t in (batch.response_texts[i], references[batch.prompt_ids[i]])]
+        judged = self.score(dataclasses.replace(batch.select(rows), response_texts=texts))
+        judged = judged.select(list(range(0, len(rows), 2)))
+        scores.rewards[changed], scores.valid[changed] = judged.rewards, judged.valid
+        for i, detail in zip(changed, judged.details):
+            scores.details[i] = detail
+        scores.metrics = judged.metrics
+        return scores
 
     def _references(self, batch: RolloutBatch) -> dict[str, str]:
         known = (
