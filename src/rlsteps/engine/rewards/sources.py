@@ -36,6 +36,7 @@ RM_SERVER, JUDGE_SERVER = "rlsteps.engine.rewards.rm", "rlsteps.engine.rewards.j
 # config keys passed to the clients as they are (the sections name them as the clients do)
 RM_CLIENT_OPTIONS = {
     "token", "timeout_s", "max_retries", "backoff_s", "batch_size", "concurrency", "max_length", "truncation_side",
+    "api", "model",
 }  # fmt: skip
 JUDGE_CLIENT_OPTIONS = {
     "api_key", "concurrency", "timeout_s", "max_retries", "temperature", "top_p", "max_tokens", "pairing",
@@ -73,24 +74,35 @@ def _nothing_to_wait_for() -> None:
 
 
 class RewardModelSource:
-    """A scalar reward model behind `rlsteps serve rm` (or any server of the same protocol).
+    """A scalar reward model behind `rlsteps serve rm`, vLLM's pooling server or NeMo-Aligner's reward server.
 
     chat_template "policy" sends each prompt as the policy saw it (rendered with the policy's chat template);
     "reward_model" sends the conversation's messages, for the server to render with the reward model's own
-    template (a reward model trained on another template than the policy's reads its own)."""
+    template (a reward model trained on another template than the policy's reads its own). policy_tokens sends the
+    policy's own token ids of each prompt and response instead, as NeMo-Aligner's actors do (rm.api=triton)."""
 
-    def __init__(self, client, ready: Callable[[], None] = _nothing_to_wait_for, chat_template: str = "policy") -> None:
+    def __init__(
+        self,
+        client,
+        ready: Callable[[], None] = _nothing_to_wait_for,
+        chat_template: str = "policy",
+        policy_tokens: bool = False,
+    ) -> None:
         if chat_template not in ("policy", "reward_model"):
             raise ValueError(f"chat_template must be policy or reward_model, got {chat_template!r}")
         self.client = client
         self.ready = ready  # returns once the server answers (a local server still loading)
         self.chat_template = chat_template
+        self.policy_tokens = policy_tokens
 
     def score(self, batch: RolloutBatch) -> Scores:
         import torch
 
         self.ready()
-        if self.chat_template == "reward_model":
+        if self.policy_tokens:
+            lengths = batch.sequence_lengths.tolist()
+            rewards = self.client.score_tokens([row[:n] for row, n in zip(batch.tokens.tolist(), lengths)])
+        elif self.chat_template == "reward_model":
             conversations = [batch.conversation(i) for i in range(len(batch))]
             rewards = self.client.score_conversations(conversations, batch.response_texts)
         else:
@@ -342,7 +354,7 @@ def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
     with _served(RM_SERVER, rm.url, model, run_dir / "rm_server.log", server_args, rm.token) as (url, ready):
         client = RewardClient(url, **rm.model_dump(include=RM_CLIENT_OPTIONS))
         with contextlib.closing(client):
-            yield RewardModelSource(client, ready, rm.chat_template)
+            yield RewardModelSource(client, ready, rm.chat_template, policy_tokens=rm.api == "triton")
 
 
 def local_rm_server_args(rm) -> list[str]:
