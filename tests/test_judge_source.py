@@ -9,7 +9,7 @@ from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.records.metrics import MetricsWriter
 from rlsteps.engine.records.run_end import summarise
 from rlsteps.engine.rewards.judge.client import JudgeAnswer, JudgeAnswersUnusable, JudgeResult
-from rlsteps.engine.rewards.sources import JudgeSource
+from rlsteps.engine.rewards.judge.source import JudgeSource
 
 
 def batch_of_two_groups() -> RolloutBatch:

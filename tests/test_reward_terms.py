@@ -15,7 +15,8 @@ from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import RSConfig
 from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionError, RewardFunctionFailed
 from rlsteps.engine.rewards.judge.client import JudgeAnswer, JudgeResult, JudgeUnavailable
-from rlsteps.engine.rewards.sources import CombinedSource, FunctionSource, JudgeSource, RewardTerm
+from rlsteps.engine.rewards.judge.source import JudgeSource
+from rlsteps.engine.rewards.sources import CombinedSource, FunctionSource, RewardTerm
 
 HERE = "test_reward_terms"
 
