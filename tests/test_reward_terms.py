@@ -181,12 +181,14 @@ def test_greedy_validation_meets_the_first_validations_responses_and_never_itsel
     first.prompt_ids = ["p", "q"]
     scores = source.score_alone(first)
     assert judge.requests == []  # each would meet itself
-    assert scores.valid.tolist() == [False, False] and scores.details == [{"judge": []}, {"judge": []}]
+    assert scores.valid.tolist() == [False, False]
+    assert scores.details == [{"judge": [], "same_as_reference": True}] * 2  # what the sample records say
     later = qa_batch(["a1", "b0"], [None, None])
     later.prompt_ids = ["p", "q"]
     scores = JudgeSource(judge, reference_path=tmp_path / "refs.json").score_alone(later)  # a resumed run reads it
     assert [r for _, r in judge.requests] == [["a1", "a0"]]  # b0 is still the reference's text
     assert scores.rewards[0] == 6.0 and scores.valid.tolist() == [True, False]
+    assert "same_as_reference" not in scores.details[0] and scores.details[1]["same_as_reference"]
 
 
 def rs_config(**rewards) -> dict:

@@ -78,7 +78,7 @@ class JudgeSource:
         scores = Scores(
             rewards=torch.full((len(batch),), DEFAULT_SCORE),
             valid=torch.zeros(len(batch), dtype=torch.bool),
-            details=[{"judge": []} for _ in range(len(batch))],
+            details=[{"judge": [], "same_as_reference": True} for _ in range(len(batch))],
         )
         if not changed:
             return scores
