@@ -86,6 +86,6 @@ def test_the_end_summary_warns_when_the_judge_is_no_better_than_its_position(tmp
     assert "gave 96% of its verdicts over the run to the response shown first (judge/first_position_rate" in text
     assert "preferred different responses in 42% of its verdicts over the run (judge/contradiction_rate)" in text
     (tmp_path / "fair").mkdir()
-    assert summary_of(tmp_path / "fair", [0.5, 0.625, 0.4], [0.0, 0.1, 0.0], caplog) == ""
+    assert summary_of(tmp_path / "fair", [0.5, 0.625, 0.4], [0.0, 0.1, 0.0], caplog) == ""  # 0.51 over the run
     (tmp_path / "second").mkdir()  # a judge that favours the second position is as blind
-    assert "gave 21% of its verdicts" in summary_of(tmp_path / "second", [0.25, 0.125, 0.25], [0.0] * 3, caplog)
+    assert "gave 33% of its verdicts" in summary_of(tmp_path / "second", [0.375, 0.25, 0.375], [0.0] * 3, caplog)

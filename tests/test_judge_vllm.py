@@ -53,6 +53,7 @@ def test_structured_output_makes_every_answer_parse_and_the_run_completes(judge_
     run = run_dir(tmp_path, "rl_rlhf")
     assert series(run, "judge/comparisons") == [4.0, 4.0, 4.0]  # two pairs, each shown both ways round
     assert series(run, "judge/parse_failures") == [0.0, 0.0, 0.0]
+    assert len(series(run, "judge/first_position_rate")) == 3 and len(series(run, "judge/contradiction_rate")) == 3
     assert series(run, "train/steps_without_update") == [0, 0, 0]
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     answers = [a for s in samples for a in s["judge"]]

@@ -12,8 +12,10 @@ log = logging.getLogger("rlsteps")
 PLOTTED = ["train/reward", "val/reward_mean", "train/loss", "train/response_length"]  # and val/<reward function>
 SUMMARISED = ["train/reward", "val/reward_mean"]  # first -> last at the end of a run, and val/<reward function>
 # a judge whose verdicts go to the first-shown response this far from half the time, over the run, or whose scores
-# and ranking disagree in this share of its verdicts, is no better than its position: the end summary says so
-POSITION_BIAS_LIMIT = 0.25
+# and ranking disagree in this share of its verdicts, is no better than its position: the end summary says so. Shown
+# both ways round, a judge that reads the responses wins exactly half from each position; 0.65 means the same
+# position won both orders of a pair in (net) three pairs of ten.
+POSITION_BIAS_LIMIT = 0.15
 CONTRADICTION_LIMIT = 0.25
 
 
@@ -52,7 +54,7 @@ def _warn_of_judge_bias(records: list[dict]) -> None:
         log.warning(
             "the judge's scores and ranking preferred different responses in %.0f%% of its verdicts over the run "
             "(judge/contradiction_rate): the rewards follow its scores, which its own ranking contradicts that "
-            "often. Use a stronger judge, or ask for structured output (judge.structured_output=json_schema)",
+            "often. Use a stronger judge",
             100 * sum(contradicting) / len(contradicting),
         )
 
