@@ -179,6 +179,22 @@ def test_group_rewards_mean_over_successful_comparisons():
     assert group_rewards(3, pairs, judgements) == ([3.5, 2.0, 5.0], [True, True, True])
 
 
+def test_a_pair_shown_both_ways_round_is_one_pair_its_two_verdicts_combined():
+    pairs = [(0, 1), (1, 0), (1, 2), (2, 1), (2, 0), (0, 2)]
+    judgements = [Judgement(4, 2, 2), Judgement(3, 3, 2), None, Judgement(1, 5, 6), Judgement(2, 4, 5), None]
+    # pair 0-1: response 0 scores 4, then 1.5 (shown second, a tie ranked 2); response 1: 2, then 4.5
+    # pair 1-2, shown once of twice: 5 and 1; pair 2-0: 2 and 4
+    rewards, valid = group_rewards(3, pairs, judgements)
+    assert rewards == [(2.75 + 4) / 2, (3.25 + 5) / 2, (1 + 2) / 2] and valid == [True, True, True]
+    # a judge that scores each response on its own (as `rlsteps serve judge` does): response 0 scores 1.0 beside
+    # response 1 and 2.1 beside response 2. Its rewards shown both ways round are those shown once, to the bit, where
+    # a mean over the four verdicts would give 1.5499999999999998 for 1.55
+    once = [Judgement(1.0, 3.0, 5), Judgement(3.0, 4.0, 5), Judgement(4.0, 2.1, 2)]
+    both = [v for j in once for v in (j, Judgement(j.score_2, j.score_1, 7 - j.ranking))]
+    shown_once = group_rewards(3, comparison_pairs(3, "circular"), once)
+    assert shown_once[0][0] == 1.55 and group_rewards(3, comparison_pairs(3, "circular", True), both) == shown_once
+
+
 def test_group_rewards_response_without_a_successful_comparison_is_masked():
     pairs = [(0, 1), (1, 2), (2, 0)]
     rewards, valid = group_rewards(3, pairs, [Judgement(5, 1, 1), None, None])

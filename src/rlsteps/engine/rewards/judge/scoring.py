@@ -50,16 +50,21 @@ def verdict_stats(judgements: list[Judgement]) -> dict[str, float]:
 def group_rewards(
     n: int, pairs: list[tuple[int, int]], judgements: list[Judgement | None]
 ) -> tuple[list[float], list[bool]]:
-    """Each response's mean score over its successful comparisons (None = failed) and whether it had one; a pair
-    shown in both orders is two comparisons, so its two verdicts are averaged."""
+    """Each response's mean score over the pairs it met in a successful comparison (None = failed), and whether it
+    met one. A pair shown both ways round is one pair: the two verdicts are combined first, a response's score in it
+    the mean of its scores in the verdicts that succeeded (so a judge that scores each response on its own gives the
+    rewards it gives shown once, to the bit)."""
     if len(pairs) != len(judgements):
         raise ValueError(f"{len(pairs)} pairs but {len(judgements)} judgements: pass one judgement (or None) per pair")
-    totals, counts = [0.0] * n, [0] * n
+    verdicts: dict[tuple[int, int], list[tuple[float, float]]] = {}  # (i, j), i < j -> (score of i, score of j) each
     for (i, j), judgement in zip(pairs, judgements):
-        if judgement is None:
-            continue
-        s_i, s_j = pair_scores(judgement)
-        totals[i], totals[j] = totals[i] + s_i, totals[j] + s_j
+        if judgement is not None:
+            s_i, s_j = pair_scores(judgement)
+            verdicts.setdefault((min(i, j), max(i, j)), []).append((s_i, s_j) if i < j else (s_j, s_i))
+    totals, counts = [0.0] * n, [0] * n
+    for (i, j), scores in verdicts.items():
+        totals[i] += sum(s_i for s_i, _ in scores) / len(scores)
+        totals[j] += sum(s_j for _, s_j in scores) / len(scores)
         counts[i], counts[j] = counts[i] + 1, counts[j] + 1
     rewards = [total / count if count else DEFAULT_SCORE for total, count in zip(totals, counts)]
     return rewards, [count > 0 for count in counts]
