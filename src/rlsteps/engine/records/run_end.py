@@ -45,8 +45,9 @@ def _warn_of_judge_bias(records: list[dict]) -> None:
     if first and abs(sum(first) / len(first) - 0.5) >= POSITION_BIAS_LIMIT:
         log.warning(
             "the judge gave %.0f%% of its verdicts over the run to the response shown first "
-            "(judge/first_position_rate; a judge that reads the responses gives about 50%%): its rewards follow "
-            "position, not content. Keep judge.both_orders=true and use a stronger judge",
+            "(judge/first_position_rate; a judge that reads the responses gives about 50%%): its verdicts follow "
+            "position, not content, and its rewards say little of the responses. Keep judge.both_orders=true "
+            "(position then cancels out) and use a stronger judge",
             100 * sum(first) / len(first),
         )
     _, contradicting = metrics.metric_series(records, "judge/contradiction_rate")
