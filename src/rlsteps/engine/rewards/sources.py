@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # torch is imported where a score is made: a worker starts it
 
     from rlsteps.engine.batch import RolloutBatch
 
+log = logging.getLogger(__name__)
 TOKEN_ENV = "RLSTEPS_LOCAL_SERVER_TOKEN"
 RM_SERVER, JUDGE_SERVER = "rlsteps.engine.rewards.rm", "rlsteps.engine.rewards.judge"  # what `python -m` starts
 # config keys passed to the clients as they are (the sections name them as the clients do)

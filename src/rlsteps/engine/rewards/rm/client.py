@@ -94,7 +94,9 @@ class RewardClient:
         self.batch_size, self.concurrency = batch_size, concurrency
         self.api = APIS[api](model, max_length, truncation_side)
         start = self.api.start_hint
-        self.unavailable_fix = unavailable_fix or f"{start[0].upper()}{start[1:]}, or set rm.url to a server that is running"
+        self.unavailable_fix = (
+            unavailable_fix or f"{start[0].upper()}{start[1:]}, or set rm.url to a server that is running"
+        )
         self._eos: str | None = None  # the EOS text the server names, asked once (vLLM's texts end with it)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
