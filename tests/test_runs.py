@@ -91,7 +91,7 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     job = OmegaConf.to_container(OmegaConf.load(job_dir / "job.yaml"))
     assert job["job"]["step"] == step and job["argv"][:3] == ["rlsteps", "run", step]
     assert {i["name"]: i["status"] for i in job["inputs"]}["policy"] == "ok"
-    assert "torch" in job["versions"] and job["git"]["rlsteps"] is not None
+    assert "torch" in job["versions"] and job["rlsteps"]["source"]["git"] is not None  # tests run from a checkout
     assert job["config"]["output"]["dir"] == f".rlsteps/runs/{slug}-tiny"
 
 
