@@ -18,6 +18,7 @@ import contextlib
 import importlib.util
 import shutil
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,8 +48,9 @@ def apply_lora(model: nn.Module, settings: LoraConfig, seed: int) -> nn.Module:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    with torch.random.fork_rng(devices=[]):  # the run's own random state does not move
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():  # the run's own random state does not move
         torch.manual_seed(seed)
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # peft asks transformers
         try:
             return get_peft_model(model, peft_config)
         except ValueError as error:
