@@ -155,3 +155,29 @@ def test_the_output_is_the_merged_policy_and_peft_reads_the_adapter_folder_besid
     with_adapter = PeftModel.from_pretrained(fixed_model(), tmp_path / "adapter")
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
     assert torch.equal(batched_token_logprobs(with_adapter, batch, 8), expected)
+
+
+def test_the_built_in_sampler_samples_the_adapted_policy_through_its_base_models_own_arguments():
+    """Through a peft model the sampler passes the cache under the base model's name for it and asks for the last
+    logits only: the same tokens and log-probs as the merged model, and no deprecated argument."""
+    import warnings
+
+    from rlsteps.engine.generation.backend import SamplingParams
+    from rlsteps.engine.generation.builtin import _accepts_logits_to_keep, cache_keyword, generate
+
+    model = adapted()
+    train(trainer(model), 2)
+    plain = fixed_model()
+    plain.load_state_dict(dict(merged_parameters(model)), strict=False)
+    assert (cache_keyword(model), _accepts_logits_to_keep(model)) == (cache_keyword(plain), True)
+    prompts, params = [[5, 6, 7], [9, 10]], SamplingParams(max_new_tokens=6, temperature=1.0)
+    sample = dict(eos_token_id=1, pad_token_id=0, seeds=[3, 4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        with torch.no_grad():
+            adapted_sample = generate(model.eval(), prompts, params, **sample)
+    with torch.no_grad():
+        merged_sample = generate(plain.eval(), prompts, params, **sample)
+    assert adapted_sample.response_ids == merged_sample.response_ids
+    for a, b in zip(adapted_sample.logprobs, merged_sample.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=0, atol=2e-5)

@@ -44,7 +44,14 @@ def test_a_tiny_run_with_lora_learns_through_its_adapters_and_writes_the_merged_
 
 
 def test_a_lora_run_killed_after_a_checkpoint_resumes_to_the_same_bits(tiny_world, tmp_path):
-    short = [*LORA, "train.max_steps=4", "checkpoint.interval=2", "validation.interval=0", *FAST]
+    short = [
+        *LORA,
+        "rollout.prompts_per_step=8",
+        "train.max_steps=4",
+        "checkpoint.interval=2",
+        "validation.interval=0",
+        *FAST,
+    ]
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     straight.mkdir(), interrupted.mkdir()
     assert rlsteps("run", "rl/rlhf", "-c", "tiny", *short, cwd=straight).returncode == 0
