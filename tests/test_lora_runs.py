@@ -67,3 +67,12 @@ def test_a_lora_run_killed_after_a_checkpoint_resumes_to_the_same_bits(tiny_worl
         assert one.keys() == other.keys()
         assert all(torch.equal(one[k], other[k]) for k in one), [k for k in one if not torch.equal(one[k], other[k])]
     assert series(a, "train/reward") == series(b, "train/reward")
+
+
+def test_target_modules_that_match_no_layer_stop_the_run_in_one_line_with_the_layers_there_are(tiny_world, tmp_path):
+    done = rlsteps("run", "rl/rs", "-c", "tiny", "train.lora.enabled=true", "train.lora.target_modules=[query]",
+                   *FAST, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "train.lora.target_modules ['query'] matches no layer of the policy (fix: name some of" in done.stderr
+    assert "'q_proj'" in done.stderr and "Traceback" not in done.stderr
+    assert not (run_dir(tmp_path, "rl_rs") / "checkpoints").exists()

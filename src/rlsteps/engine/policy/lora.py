@@ -57,8 +57,8 @@ def apply_lora(model: nn.Module, settings: LoraConfig, seed: int) -> nn.Module:
             if "not found in the base model" not in str(error) and "Target modules" not in str(error):
                 raise
             raise UsageError(
-                f"train.lora.target_modules {list(settings.target_modules)} matches no layer of the policy (fix: "
-                f"name some of its linear layers, e.g. {linear_layer_names(model)[:8]}, or leave the list empty)"
+                f"train.lora.target_modules {list(settings.target_modules)} matches no layer of the policy",
+                fix=f"name some of its linear layers, e.g. {linear_layer_names(model)[:8]}, or leave the list empty",
             ) from None
 
 
