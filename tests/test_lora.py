@@ -21,8 +21,6 @@ from rlsteps.engine.policy.optim import build_optimizer, build_scheduler  # noqa
 from rlsteps.engine.run.update import PolicyUpdate  # noqa: E402
 from rlsteps.errors import UsageError  # noqa: E402
 
-pytest.importorskip("peft")
-
 LORA = LoraConfig(enabled=True, dim=4, alpha=8)
 
 

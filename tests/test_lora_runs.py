@@ -10,7 +10,6 @@ from safetensors.torch import load_file
 from run_helpers import FAST, artifact_metadata, kill_group, rlsteps, run_dir, series, start_rlsteps, wait_for, weights
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("peft")
 
 # the adapters learn at a larger rate than the whole policy (the tiny configs' 1e-3); the same 16 steps otherwise
 LORA = ["train.lora.enabled=true", "train.lr=3e-3"]
