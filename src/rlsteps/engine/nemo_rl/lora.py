@@ -66,7 +66,9 @@ def lora_notes(cfg: dict[str, Any]) -> list[str]:
         return []
     return [
         "train.lora: NeMo-RL draws the adapters' A with lora_A_init (xavier), peft Kaiming-uniform; B starts at zero "
-        "in both, so both start from the base policy"
+        "in both, so both start from the base policy",
+        "train.lora: the output is NeMo-RL's last checkpoint as its DTensor converter exports it (nemo_rl_job.export); "
+        "that a LoRA checkpoint exports as the merged policy is not checked off a GPU (Automodel writes it)",
     ]
 
 
