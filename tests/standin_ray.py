@@ -5,9 +5,9 @@ It stands in for Ray's processes and GPU bundles only, so that NeMo-RL's own cod
 groups, data sharding and collection) runs unchanged on a CPU in one process:
 - an actor is an object of its class, made at `.remote()`; its methods run when called, in order, and their result
   (or exception) waits in an ObjectRef for `ray.get`; coroutines run on one event loop thread of their own;
-- placement groups reserve bundles on the logical nodes by strategy (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD) and
-  an actor takes its GPUs from its bundle: a request no node or bundle can hold is refused at once (where Ray would
-  wait forever), with the arithmetic;
+- placement groups reserve bundles on the logical nodes by strategy and an actor takes its GPUs from its bundle
+  (standin_ray_cluster): a request no node or bundle can hold is refused at once (where Ray would wait forever),
+  with the arithmetic;
 - anything NeMo-RL asks of Ray that is not here raises AttributeError: a gap shows, it is never papered over.
 
     standin_ray.install(node_count=2, gpus_per_node=8)   # before NeMo-RL is imported
@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import itertools
 import queue
 import socket
 import sys
 import threading
 import types
-from dataclasses import dataclass, field
 from typing import Any
+
+import standin_ray_cluster as cluster
 
 CPUS_PER_NODE = 128
 
@@ -42,32 +42,7 @@ class RayActorError(RuntimeError):
     pass
 
 
-class Unschedulable(RuntimeError):
-    """What real Ray would wait on forever: the cluster cannot hold the request."""
-
-
-@dataclass
-class Node:
-    node_id: str
-    gpus: float
-    cpus: float
-    free_gpus: float = 0.0
-    free_cpus: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.free_gpus, self.free_cpus = self.gpus, self.cpus
-
-
-@dataclass
-class Bundle:
-    node: Node
-    gpus: float
-    cpus: float
-    gpus_used: float = 0.0
-    gpu_ids: list[int] = field(default_factory=list)
-
-
-_STATE: dict[str, Any] = {"nodes": [], "initialized": False, "actors": {}, "loop": None}
+_STATE: dict[str, Any] = {"initialized": False, "actors": {}, "loop": None}
 _CURRENT = threading.local()  # the actor whose method runs now (its node, its GPUs)
 
 
@@ -159,7 +134,7 @@ class ActorMethod:
 
 
 class ActorHandle:
-    def __init__(self, instance: Any, placement: Bundle | None, options: dict[str, Any]) -> None:
+    def __init__(self, instance: Any, placement: cluster.Bundle | None, options: dict[str, Any]) -> None:
         self._instance, self._placement, self._options = instance, placement, options
         self._alive = True
 
@@ -191,7 +166,7 @@ class _Options:
 
 class RemoteClass(_Options):
     def remote(self, *args, **kwargs) -> ActorHandle:
-        bundle = _bundle_for(self._options)
+        bundle = cluster.bundle_for(self._options)
         handle = ActorHandle(None, bundle, self._options)
         with handle._as_current():
             args = [_unwrap(a) for a in args]
@@ -203,7 +178,7 @@ class RemoteClass(_Options):
 
 class RemoteFunction(_Options):
     def remote(self, *args, **kwargs) -> ObjectRef:
-        bundle = _bundle_for(self._options)
+        bundle = cluster.bundle_for(self._options)
         handle = ActorHandle(None, bundle, self._options)
         with handle._as_current():
             return _call(self._target, *args, **kwargs)
@@ -230,138 +205,6 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Placement groups and scheduling
-# ---------------------------------------------------------------------------------------------------------------
-
-
-class PlacementGroup:
-    _ids = itertools.count()
-
-    def __init__(self, bundles: list[Bundle], specs: list[dict], strategy: str, name: str) -> None:
-        self.bundles, self.bundle_specs, self.strategy, self.name = bundles, specs, strategy, name
-        self.id = f"pg-{next(self._ids)}"
-
-    @property
-    def bundle_count(self) -> int:
-        return len(self.bundle_specs)
-
-    def ready(self) -> ObjectRef:
-        return ObjectRef(self)
-
-
-@dataclass
-class PlacementGroupSchedulingStrategy:
-    placement_group: PlacementGroup
-    placement_group_bundle_index: int = -1
-    placement_group_capture_child_tasks: bool | None = None
-
-
-@dataclass
-class NodeAffinitySchedulingStrategy:
-    node_id: str
-    soft: bool = False
-
-
-def _fits(node: Node, spec: dict) -> bool:
-    return node.free_gpus >= spec.get("GPU", 0) and node.free_cpus >= spec.get("CPU", 0)
-
-
-def _place(specs: list[dict], strategy: str) -> list[Node]:
-    """The node of each bundle, as Ray's strategies choose; Unschedulable when the cluster cannot hold them."""
-    nodes: list[Node] = _STATE["nodes"]
-    free = {n.node_id: [n.free_gpus, n.free_cpus] for n in nodes}
-
-    def take(node: Node, spec: dict) -> bool:
-        room = free[node.node_id]
-        if room[0] >= spec.get("GPU", 0) and room[1] >= spec.get("CPU", 0):
-            room[0] -= spec.get("GPU", 0)
-            room[1] -= spec.get("CPU", 0)
-            return True
-        return False
-
-    chosen: list[Node] = []
-    if strategy in ("STRICT_PACK", "PACK"):
-        for node in nodes:  # STRICT_PACK: one node holds all; PACK: as few nodes as it can
-            trial = dict((k, list(v)) for k, v in free.items())
-            if all(take(node, spec) for spec in specs):
-                return [node] * len(specs)
-            free.clear()
-            free.update(trial)
-        if strategy == "STRICT_PACK":
-            raise Unschedulable(f"no node can hold all {len(specs)} bundles {specs} (STRICT_PACK)")
-    order = itertools.cycle(nodes) if strategy in ("SPREAD", "STRICT_SPREAD") else None
-    used: set[str] = set()
-    for spec in specs:
-        candidates = [next(order) for _ in nodes] if order else nodes
-        node = next(
-            (n for n in candidates if not (strategy == "STRICT_SPREAD" and n.node_id in used) and take(n, spec)), None
-        )
-        if node is None:
-            raise Unschedulable(
-                f"the cluster ({len(nodes)} node(s) x {nodes[0].gpus:g} GPU(s)) cannot hold bundle {spec} after "
-                f"{len(chosen)} of {len(specs)} bundles ({strategy})"
-            )
-        used.add(node.node_id)
-        chosen.append(node)
-    return chosen
-
-
-def placement_group(bundles: list[dict], strategy: str = "PACK", name: str = "", **_) -> PlacementGroup:
-    nodes = _place(bundles, strategy)
-    placed = []
-    for node, spec in zip(nodes, bundles):
-        node.free_gpus -= spec.get("GPU", 0)
-        node.free_cpus -= spec.get("CPU", 0)
-        placed.append(Bundle(node, spec.get("GPU", 0), spec.get("CPU", 0)))
-    for node in {b.node.node_id: b.node for b in placed}.values():  # the node's GPU ids, as Ray numbers them
-        taken = {i for pg in _STATE.setdefault("groups", []) for b in pg.bundles if b.node is node for i in b.gpu_ids}
-        ids = (i for i in range(int(node.gpus)) if i not in taken)
-        for bundle in (b for b in placed if b.node is node):
-            bundle.gpu_ids = [next(ids) for _ in range(int(bundle.gpus))]
-    group = PlacementGroup(placed, [dict(b) for b in bundles], strategy, name)
-    _STATE["groups"].append(group)
-    return group
-
-
-def remove_placement_group(group: PlacementGroup) -> None:
-    for bundle in group.bundles:
-        bundle.node.free_gpus += bundle.gpus
-        bundle.node.free_cpus += bundle.cpus
-    group.bundles = []
-    _STATE["groups"].remove(group)
-
-
-def placement_group_table(group: PlacementGroup) -> dict[str, Any]:
-    return {
-        "placement_group_id": group.id,
-        "name": group.name,
-        "strategy": group.strategy,
-        "state": "CREATED",
-        "bundles": dict(enumerate(group.bundle_specs)),
-        "bundles_to_node_id": {i: b.node.node_id for i, b in enumerate(group.bundles)},
-    }
-
-
-def _bundle_for(options: dict[str, Any]) -> Bundle | None:
-    """The bundle an actor or task runs in; its GPU request taken from it (Unschedulable if it cannot)."""
-    strategy = options.get("scheduling_strategy")
-    if not isinstance(strategy, PlacementGroupSchedulingStrategy):
-        return None
-    group, index = strategy.placement_group, strategy.placement_group_bundle_index
-    if not group.bundles:
-        raise Unschedulable(f"placement group {group.name!r} was removed")
-    bundle = group.bundles[max(index, 0)]
-    wanted = float(options.get("num_gpus") or 0)
-    if bundle.gpus_used + wanted > bundle.gpus + 1e-9:
-        raise Unschedulable(
-            f"bundle {index} of {group.name!r} has {bundle.gpus - bundle.gpus_used:g} of {bundle.gpus:g} GPU(s) "
-            f"left; an actor asks for {wanted:g}"
-        )
-    bundle.gpus_used += wanted
-    return bundle
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # The cluster
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -379,30 +222,6 @@ def shutdown(*_, **__) -> None:
     _STATE["initialized"] = False
 
 
-def cluster_resources() -> dict[str, float]:
-    nodes = _STATE["nodes"]
-    return {"GPU": sum(n.gpus for n in nodes), "CPU": sum(n.cpus for n in nodes)}
-
-
-def available_resources() -> dict[str, float]:
-    nodes = _STATE["nodes"]
-    return {"GPU": sum(n.free_gpus for n in nodes), "CPU": sum(n.free_cpus for n in nodes)}
-
-
-def nodes() -> list[dict[str, Any]]:
-    return [
-        {
-            "NodeID": n.node_id,
-            "Alive": True,
-            "NodeManagerAddress": "127.0.0.1",
-            "NodeName": f"node{i}",
-            "Resources": {"GPU": n.gpus, "CPU": n.cpus, f"node:127.0.0.{i + 1}": 1.0},
-            "Labels": {},
-        }
-        for i, n in enumerate(_STATE["nodes"])
-    ]
-
-
 class _RuntimeContext:
     gcs_address = "127.0.0.1:6379"
     namespace = "standin"
@@ -414,7 +233,7 @@ class _RuntimeContext:
         actor = self._actor()
         if actor is not None and actor._placement is not None:
             return actor._placement.node.node_id
-        return _STATE["nodes"][0].node_id
+        return cluster.CLUSTER["nodes"][0].node_id
 
     def get_actor_id(self) -> str:
         return str(id(self._actor()))
@@ -477,12 +296,6 @@ class Queue:
         return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The modules
 # ---------------------------------------------------------------------------------------------------------------
@@ -507,12 +320,8 @@ def _module(name: str, **attrs) -> types.ModuleType:
 
 def install(node_count: int, gpus_per_node: int, cpus_per_node: int = CPUS_PER_NODE) -> None:
     """The in-process Ray as `ray` (and the submodules NeMo-RL imports), over `node_count` logical nodes."""
-    _STATE.update(
-        nodes=[Node(f"node{i:02d}" + "0" * 52, gpus_per_node, cpus_per_node) for i in range(node_count)],
-        initialized=False,
-        actors={},
-        groups=[],
-    )
+    cluster.reset(node_count, gpus_per_node, cpus_per_node)
+    _STATE.update(initialized=False, actors={}, loop=None)
     actor = _module("ray.actor", ActorHandle=ActorHandle, ActorClass=RemoteClass)
     exceptions = _module(
         "ray.exceptions",
@@ -522,29 +331,24 @@ def install(node_count: int, gpus_per_node: int, cpus_per_node: int = CPUS_PER_N
         ActorDiedError=RayActorError,
         RayError=RuntimeError,
     )
-    pg_module = _module(
-        "ray.util.placement_group",
-        PlacementGroup=PlacementGroup,
-        placement_group=placement_group,
-        remove_placement_group=remove_placement_group,
-        placement_group_table=placement_group_table,
-        get_current_placement_group=lambda: None,
-    )
+    groups = {
+        "placement_group": cluster.placement_group,
+        "remove_placement_group": cluster.remove_placement_group,
+        "placement_group_table": cluster.placement_group_table,
+    }
+    _module("ray.util.placement_group", PlacementGroup=cluster.PlacementGroup, **groups)
     strategies = _module(
         "ray.util.scheduling_strategies",
-        PlacementGroupSchedulingStrategy=PlacementGroupSchedulingStrategy,
-        NodeAffinitySchedulingStrategy=NodeAffinitySchedulingStrategy,
+        PlacementGroupSchedulingStrategy=cluster.PlacementGroupSchedulingStrategy,
+        NodeAffinitySchedulingStrategy=cluster.NodeAffinitySchedulingStrategy,
     )
-    util = _module(
+    util = _module(  # ray.util.placement_group: the function here, the submodule when imported as one
         "ray.util",
-        placement_group=placement_group,
-        remove_placement_group=remove_placement_group,
-        placement_group_table=placement_group_table,
+        **groups,
         get_node_ip_address=get_node_ip_address,
         scheduling_strategies=strategies,
         queue=_module("ray.util.queue", Queue=Queue, Empty=queue.Empty, Full=queue.Full),
     )
-    util.__dict__["placement_group"] = placement_group  # the function; the submodule is reached by import
     services = _module("ray._private.services", get_node_ip_address=get_node_ip_address)
     private = _module("ray._private", services=services)
     _module("ray.scripts")
@@ -561,9 +365,9 @@ def install(node_count: int, gpus_per_node: int, cpus_per_node: int = CPUS_PER_N
         init=init,
         is_initialized=is_initialized,
         shutdown=shutdown,
-        cluster_resources=cluster_resources,
-        available_resources=available_resources,
-        nodes=nodes,
+        cluster_resources=cluster.cluster_resources,
+        available_resources=cluster.available_resources,
+        nodes=cluster.nodes,
         get_runtime_context=get_runtime_context,
         get_gpu_ids=get_gpu_ids,
         ObjectRef=ObjectRef,
@@ -573,8 +377,9 @@ def install(node_count: int, gpus_per_node: int, cpus_per_node: int = CPUS_PER_N
         util=util,
         _private=private,
     )
-    del pg_module
 
 
 def free_port() -> int:
-    return _free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

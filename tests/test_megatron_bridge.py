@@ -23,19 +23,10 @@ from model_fixtures import build_tokenizer  # noqa: E402
 from rlsteps.engine.megatron.format import read_hf_config, save_megatron_checkpoint  # noqa: E402
 from rlsteps.engine.megatron.gpt_model import megatron_gpt  # noqa: E402
 from rlsteps.engine.policy.model import load_policy  # noqa: E402
-from test_megatron_format import hf_logits, randomized, tiny_model  # noqa: E402
+from test_megatron_format import MEGATRON_CORE_WARNINGS, hf_logits, randomized, tiny_model  # noqa: E402
 
 # Slow (runs Megatron-Bridge's own code in a process of its own): the fast tier, -m 'not slow', leaves it out
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.filterwarnings(
-        "ignore:.*ShardedTensor:FutureWarning",
-        "ignore:`load_state_dict` is deprecated:FutureWarning",
-        "ignore:.*tp_group is None:DeprecationWarning",
-        "ignore:MLP requires ffn_hidden_size:DeprecationWarning",
-        "ignore:full scope is deprecated:UserWarning",
-    ),
-]
+pytestmark = [pytest.mark.slow, MEGATRON_CORE_WARNINGS]
 
 # Fields Bridge's provider holds that the checkpoint does not decide: where Bridge read the HF model from.
 NOT_FROM_THE_CHECKPOINT = {"hf_model_id"}

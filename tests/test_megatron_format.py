@@ -20,13 +20,14 @@ import torch
 import required
 
 required.importorskip("megatron.core", switch="MEGATRON")
-pytestmark = pytest.mark.filterwarnings(  # megatron-core's own deprecations, not ours
+MEGATRON_CORE_WARNINGS = pytest.mark.filterwarnings(  # megatron-core's own deprecations, not ours
     "ignore:.*ShardedTensor:FutureWarning",
     "ignore:`load_state_dict` is deprecated:FutureWarning",
     "ignore:.*tp_group is None:DeprecationWarning",
     "ignore:MLP requires ffn_hidden_size:DeprecationWarning",
     "ignore:full scope is deprecated:UserWarning",
 )
+pytestmark = MEGATRON_CORE_WARNINGS
 
 from omegaconf import OmegaConf
 from transformers import (
@@ -39,6 +40,7 @@ from transformers import (
 )
 
 from model_fixtures import build_tokenizer, decoder_shape
+from random_weights import randomized
 from rlsteps.engine.megatron.compat import gpt_model_runtime
 from rlsteps.engine.megatron.format import (
     load_megatron_checkpoint,
@@ -67,18 +69,6 @@ ITERATION = 7  # the llama_tied checkpoint's iteration, to see it in the folder 
 
 # ---------------------------------------------------------------------------------------------
 # Tiny models
-
-
-def randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Every weight random and of order one (norm scales around 1, biases nonzero), so a misplaced tensor shows."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:  # RMSNorm scales in [0.5, 1.5)
-                param.copy_(0.5 + torch.rand(param.shape, generator=generator))
-            else:
-                param.copy_(0.2 * torch.randn(param.shape, generator=generator))
-    return model.eval()
 
 
 def tiny_model(kind: str, tokenizer, seed: int = 0, dtype: torch.dtype = torch.float32,

@@ -184,6 +184,11 @@ class RewardServerConfig(Section):
 
 class RewardModelClientConfig(Section):
     url: str | None = None
+    # the server's protocol: rlsteps (`rlsteps serve rm`, POST /v1/rewards), vllm (vLLM's pooling server, POST
+    # /classify, raw scores) or triton (NeMo-Aligner's PyTriton reward server: the policy's token ids over Triton's
+    # inference protocol)
+    api: Literal["rlsteps", "vllm", "triton"] = "rlsteps"
+    model: str | None = None  # the served model's name: vLLM's (None: the one it serves); Triton's (reward_model)
     token: str | None = None
     timeout_s: PositiveFloat = 60
     max_retries: NonNegativeInt = 5
@@ -197,12 +202,27 @@ class RewardModelClientConfig(Section):
     chat_template: Literal["policy", "reward_model"] = "policy"
     server: RewardServerConfig = RewardServerConfig()
 
+    @model_validator(mode="after")
+    def _a_server_of_another_kind_is_the_users(self) -> RewardModelClientConfig:
+        if self.api != "rlsteps" and not self.url:
+            raise ValueError(
+                f"rm.api={self.api} scores through a server you run (rlsteps starts only its own): set rm.url to it, "
+                "or rm.api=rlsteps"
+            )
+        if self.api == "triton" and self.chat_template == "reward_model":
+            raise ValueError(
+                "rm.api=triton sends the policy's token ids, as NeMo-Aligner's actors do; rm.chat_template="
+                "reward_model needs a server that renders conversations: rm.api=rlsteps or rm.api=vllm"
+            )
+        return self
+
 
 class JudgeConfig(Section):
     url: str | None = None
     model: str | None = None
     api_key: str | None = None
     pairing: Literal["circular", "all"] = "circular"
+    both_orders: bool = True  # each pair shown both ways round and its two verdicts averaged: position cannot decide
     principle: str | None = None
     concurrency: PositiveInt = 16
     timeout_s: PositiveFloat = 60

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from rlsteps.engine.megatron import TOKENIZER_DIR, TRACKER_FILE, find_checkpoint_dir, iteration_folder
+from rlsteps.engine.megatron.common_state import load_in_this_process
 from rlsteps.engine.megatron.compat import import_megatron, in_process_write_results, megatron_runtime
 from rlsteps.engine.megatron.layout import (
     EXTRA_STATE_KEYS,
@@ -340,17 +341,13 @@ def load_megatron_tensors(checkpoint_dir: Path, shape: GPTShape) -> dict[str, to
     Megatron sharded keys at their global shapes, so torch reads it alone: the same tensors, bit for bit, as
     megatron.core.dist_checkpointing.load, without its import (4-5 s) or a process group. DCP assembles a
     tensor saved in shards (tensor parallelism) whole."""
-    import warnings
-
-    from torch.distributed.checkpoint import FileSystemReader, TensorStorageMetadata, load
+    from torch.distributed.checkpoint import FileSystemReader, TensorStorageMetadata
 
     stored = FileSystemReader(str(checkpoint_dir)).read_metadata().state_dict_metadata
     available = {key: item for key, item in stored.items() if isinstance(item, TensorStorageMetadata)}
     wanted = _checked_shapes(checkpoint_dir, shape, {key: tuple(item.size) for key, item in available.items()})
     loaded = {key: torch.empty(size, dtype=available[key].properties.dtype) for key, size in wanted.items()}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-        load(loaded, storage_reader=FileSystemReader(str(checkpoint_dir)), no_dist=True)
+    load_in_this_process(loaded, checkpoint_dir)
     return {key: tensor[: shape.vocab_size] if key in PADDED_VOCAB_KEYS else tensor for key, tensor in loaded.items()}
 
 

@@ -2,7 +2,8 @@
 
 This is the proof that a checkpoint written here is a Megatron checkpoint and not only a file format:
 GPTModel is built from the checkpoint's run_config.yaml, reads the weights through its own
-sharded_state_dict, and must give the logits of the Hugging Face model the engine loads.
+sharded_state_dict, and must give the logits of the Hugging Face model the engine loads. It reads a
+checkpoint Megatron-Bridge saved in the same way (on a later megatron-core, without common.pt: common_state.py).
 
     python -m rlsteps.engine.megatron.gpt_model CHECKPOINT [--device cuda] [--dtype bfloat16] [--spec te]
 
@@ -15,14 +16,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlsteps.engine.megatron.common_state import common_load_strategy
 from rlsteps.engine.megatron.compat import gpt_model_runtime, import_megatron
 from rlsteps.engine.megatron.format import RUN_CONFIG_FILE, activation_name, read_model_section, resolve_checkpoint_dir
+from rlsteps.errors import ArtifactError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 Logits = Callable[[torch.Tensor], torch.Tensor]  # tokens [B, T] -> logits [B, T, V] (fp32, on the CPU)
@@ -57,6 +61,17 @@ def megatron_gpt(
     ref: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, spec: str = "local"
 ) -> Iterator[Logits]:
     """Yields logits(tokens) of a GPTModel that loaded the checkpoint through its own sharded_state_dict."""
+    with loaded_gpt_model(ref, device, dtype, spec) as model:
+        yield lambda tokens: _logits(model, tokens.to(device))
+
+
+@contextlib.contextmanager
+def loaded_gpt_model(
+    ref: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, spec: str = "local"
+) -> Iterator[Any]:
+    """Yields megatron-core's GPTModel, built from the checkpoint's run_config.yaml, with the weights it read through
+    its own sharded_state_dict (dist_checkpointing.load; the common state from common.pt or, as later megatron-core
+    releases and Megatron-Bridge write it, from inside the checkpoint), in eval mode on `device`."""
     checkpoint_dir = resolve_checkpoint_dir(ref)
     model_cfg = read_model_section(checkpoint_dir / RUN_CONFIG_FILE)
     dist_checkpointing = import_megatron()
@@ -69,10 +84,12 @@ def megatron_gpt(
             rope_scaling_factor=model_cfg.get("rope_scaling_factor", 8.0),
             share_embeddings_and_output_weights=model_cfg["share_embeddings_and_output_weights"],
         )  # fmt: skip
-        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(checkpoint_dir))
+        state = dist_checkpointing.load(
+            {"model": model.sharded_state_dict()}, str(checkpoint_dir), common_strategy=common_load_strategy()
+        )
         model.load_state_dict(state["model"])
         model.to(device).eval()
-        yield lambda tokens: _logits(model, tokens.to(device))
+        yield model
 
 
 @torch.no_grad()
@@ -119,14 +136,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m rlsteps.engine.megatron.gpt_model", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("checkpoint", help="a checkpoint_megatron folder")
+    parser.add_argument("checkpoint", help="a checkpoint_megatron folder, or a torch_dist one Megatron-Bridge saved")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument(
         "--spec", default="local", choices=["local", "te"], help="layer spec (te needs transformer-engine)"
     )
     args = parser.parse_args(argv)
-    print(json.dumps(compare_with_engine(args.checkpoint, args.device, args.dtype, args.spec), indent=2))
+    try:
+        report = compare_with_engine(args.checkpoint, args.device, args.dtype, args.spec)
+    except ValueError as error:  # not a checkpoint it can read (LayoutError, CommonStateMissing): said in one line
+        print(f"{parser.prog}: {error}", file=sys.stderr)
+        raise SystemExit(ArtifactError.exit_code) from None
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,12 @@ def _rlhf(cfg: dict[str, Any]) -> list[str]:
         "judge.max_parse_failure_rate",
         "judge.structured_output, extra_body, concurrency and timeout_s: NeMo-Gym's judge server sets its own",
     ]
+    if cfg["judge"]["both_orders"]:
+        notes.append(
+            "judge.both_orders: NeMo-Gym's genrm_compare shows each pair in one order (num_judges_per_comparison "
+            "repeats it), so a judge's position bias reaches the rewards; judge/first_position_rate and "
+            "judge/contradiction_rate are rlsteps's alone"
+        )
     if cfg["judge"]["length_penalty"]:
         notes.append("judge.length_penalty: NeMo-Gym's group_answer_length_penalty_coeff (zero-centred in the group)")
     return notes

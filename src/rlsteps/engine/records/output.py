@@ -34,6 +34,7 @@ def write_policy_output(
     from rlsteps.engine.policy.lora import ADAPTER_DIR, has_adapters, merged_model, save_adapter
     from rlsteps.engine.policy.model import save_policy
     from rlsteps.engine.records.artifact import config_hash, write_artifact
+    from rlsteps.install import source, version
 
     form = cfg.output.type
     metadata = {
@@ -43,6 +44,7 @@ def write_policy_output(
             "job": job.get("job", {}).get("name"),
             "algorithm": cfg.algorithm,
             "engine": engine,
+            "rlsteps": {"version": version(), "source": source()},
         },
         "config_hash": config_hash(cfg.model_dump(mode="json")),
         "inputs": {name: ref for name, ref in cfg.inputs.model_dump().items() if ref},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -309,9 +310,13 @@ class StepRun:
         rewards = scores.rewards[scores.valid]
         records = self._write_samples(self.counters.step, "val", batch, scores, extra)
         show_samples(records[: self.cfg.validation.show_samples], self.say)
-        return {
+        figures = {
             "val/reward_mean": rewards.mean().item() if len(rewards) else float("nan"),
             **{f"val/{k}": v for k, v in scores.metrics.items() if k.startswith("reward/")},
+        }
+        return {
+            # a figure no row has is left out (greedy validation's judge meets only the initial policy's answers)
+            **{k: v for k, v in figures.items() if not math.isnan(v)},
             "val/response_length": batch.response_lengths.float().mean().item(),
             "val/fraction_ended": batch.is_end.float().mean().item(),
             **{name: _mean_of_scored(values) for name, values in extra.items()},

@@ -193,7 +193,9 @@ def _prepare_torch(cfg: StepConfig) -> None:
         from rlsteps.engine.policy.lora import require_peft
 
         require_peft()  # before the policy loads
-    log.info("code: rlsteps %s from %s", rlsteps.__version__, Path(rlsteps.__file__).parent)
+    from rlsteps.install import describe
+
+    log.info("code: %s from %s", describe(), Path(rlsteps.__file__).parent)
 
 
 def _train(cfg: RecipeConfig, run_dir: Path, rewards: Any, world: Any) -> tuple[Any, Any, dict[str, int]]:
