@@ -13,10 +13,11 @@ NO_END = 1_000_000  # "no limit" for NeMo-RL's integer limits (its own default f
 
 def differences(cfg: dict[str, Any]) -> list[str]:
     """The differences that apply to this validated rl/rlhf (grpo) or rl/reinforce config."""
+    from rlsteps.engine.nemo_rl.lora import lora_notes
     from rlsteps.engine.nemo_rl.schedule import notes as schedule_notes
 
     recipe = _rlhf(cfg) if cfg["algorithm"] == "grpo" else _reinforce(cfg)
-    return _common(cfg) + recipe + schedule_notes(cfg)
+    return _common(cfg) + recipe + schedule_notes(cfg) + lora_notes(cfg)
 
 
 def _common(cfg: dict[str, Any]) -> list[str]:
