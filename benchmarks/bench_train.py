@@ -16,6 +16,12 @@ Configurations, built afresh and run one after the other in this process on the 
     pure-bf16      parameters in bf16 (the old behaviour), with --pure-bf16
     + ckpt         the same with activation checkpointing (HF, non-reentrant), with --activation-checkpointing
     + compile      the same with torch.compile(model), with --compile
+    + lora         the same with LoRA adapters (train.lora: peft on every linear layer but the output layer, rank
+                   --lora-dim): only the adapters train and sit in the optimizer, with --lora
+
+With --reference each step first runs the reference policy's log-prob pass over the batch, as a REINFORCE or GRPO
+step's prepare does, and the configuration holds that reference as a run does: a frozen copy of the policy in the
+compute dtype, or under LoRA the policy itself with its adapters switched off (no copy).
 
 A row's ratios compare it with its reference: a precision with the first configuration (the baseline), a
 checkpointing or compile variant with the same precision without it. MFU needs the device's peak
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import ctypes
 import gc
 import inspect
@@ -76,10 +83,12 @@ class Variant:
     precision: str  # a key of PRECISIONS
     checkpointing: bool = False
     compiled: bool = False
+    lora: bool = False
 
     @property
     def name(self) -> str:
-        return self.precision + (" + ckpt" if self.checkpointing else "") + (" + compile" if self.compiled else "")
+        options = (" + ckpt", self.checkpointing), (" + compile", self.compiled), (" + lora", self.lora)
+        return self.precision + "".join(text for text, on in options if on)
 
 
 @dataclass
@@ -111,6 +120,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--pure-bf16", action="store_true", help="add parameters-in-bf16 as the baseline")
     parser.add_argument("--activation-checkpointing", action="store_true", help="add each precision with it on")
     parser.add_argument("--compile", action="store_true", help="add each precision with torch.compile(model)")
+    parser.add_argument("--lora", action="store_true", help="add each precision with LoRA adapters (train.lora)")
+    parser.add_argument("--lora-dim", type=int, default=8, help="the adapters' rank (train.lora.dim)")
+    parser.add_argument("--reference", action="store_true", help="hold the reference and run its log-prob pass")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=1, help="configurations take turns this many times")
@@ -147,7 +159,11 @@ def variants(args: argparse.Namespace) -> list[tuple[Variant, Variant]]:
     ]
     plain = [Variant(p) for p in dict.fromkeys(precisions)]
     pairs = [(variant, plain[0]) for variant in plain]
-    for option, on in (("checkpointing", args.activation_checkpointing), ("compiled", args.compile)):
+    for option, on in (
+        ("checkpointing", args.activation_checkpointing),
+        ("compiled", args.compile),
+        ("lora", args.lora),
+    ):
         if on:
             pairs += [(replace(variant, **{option: True}), variant) for variant in plain]
     return pairs
@@ -186,14 +202,38 @@ def micro_loss(model: torch.nn.Module, micro: RolloutBatch, normaliser: float, l
     return clipped_policy_loss(logprobs, logprobs.detach(), advantages, mask, normaliser)[0]
 
 
-def build(variant: Variant, config: Qwen2Config, device: str) -> torch.nn.Module:
+def build(variant: Variant, config: Qwen2Config, args: argparse.Namespace) -> torch.nn.Module:
     torch.manual_seed(0)
     dtype = torch.bfloat16 if variant.precision == "pure-bf16" else torch.float32
-    with torch.device(device):  # initialised where it runs
+    with torch.device(args.device):  # initialised where it runs
         model = Qwen2ForCausalLM(config).to(dtype=dtype).train()
+    if variant.lora:
+        from rlsteps.engine.config import LoraConfig
+        from rlsteps.engine.policy.lora import apply_lora
+
+        model = apply_lora(model, LoraConfig(enabled=True, dim=args.lora_dim, alpha=4 * args.lora_dim), seed=0)
     if variant.checkpointing:
         checkpoint_activations(model)
     return model
+
+
+def reference_pass(variant: Variant, args: argparse.Namespace, model: torch.nn.Module):
+    """The reference policy's log-prob pass as a run holds the reference (None without --reference): a frozen copy
+    in the compute dtype, made now, or under LoRA the policy with its adapters off."""
+    if not args.reference:
+        return None
+    if variant.lora:
+        from rlsteps.engine.policy.lora import adapters_off
+
+        frozen, switch = model, lambda: adapters_off(model)
+    else:
+        frozen, switch = copy.deepcopy(model).requires_grad_(False).eval().to(PRECISIONS[variant.precision]), None
+
+    def logprobs(micro: RolloutBatch) -> None:
+        with torch.no_grad(), switch() if switch else contextlib.nullcontext():
+            token_logprobs(frozen, micro.tokens, micro.attention_mask())
+
+    return logprobs
 
 
 def checkpoint_activations(model: Qwen2ForCausalLM) -> None:
@@ -224,7 +264,8 @@ def run(
     """
     release_memory(args.device)
     reset_peak_memory(args.device)
-    model = build(variant, config, args.device)
+    model = build(variant, config, args)
+    reference = reference_pass(variant, args, model)
     torch.compiler.reset()  # no graphs compiled for an earlier configuration (another dtype, autocast state)
     forward = torch.compile(model) if variant.compiled else model
     optimizer = build_optimizer(model, lr=1e-6, weight_decay=0.01)
@@ -236,6 +277,9 @@ def run(
     for step in range(args.warmup + args.steps):
         synchronize(args.device)
         start = time.perf_counter()
+        for micro in batch.micro_batches(args.micro_batch) if reference else []:
+            with torch.autocast(torch.device(args.device).type, dtype=precision, enabled=autocast):
+                reference(micro)
         for micro in batch.micro_batches(args.micro_batch):
             with torch.autocast(torch.device(args.device).type, dtype=precision, enabled=autocast):
                 loss = micro_loss(forward, micro, normaliser, args.loss)

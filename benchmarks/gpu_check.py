@@ -5,7 +5,8 @@
     bash benchmarks/gpu_check.sh --cpu-smoke          # the same harness on a CPU: the rows a CPU can run, few steps
 
 Every row runs as subprocesses with a timeout (a crash or a hang fails that row, the table goes on); the driver
-itself imports no torch. Rows (benchmarks/README.md describes each):
+itself imports no torch and nothing of rlsteps (it reads a run's metrics through the rows' own interpreter), so it runs
+the same from a bare GPU machine's python as from the repository's venv. Rows (benchmarks/README.md describes each):
 
     tiny rl/{rs,reinforce,rlhf} {fp32,bf16}  `rlsteps run rl/<step> -c tiny run.device=cuda [run.dtype=bfloat16]`:
                                    exit 0, the output policy written, val/true_reward higher at the end
@@ -191,11 +192,22 @@ def run_folder(cwd: Path, step: str) -> Path:
     return cwd / ".rlsteps" / "runs" / f"{step.replace('/', '_')}-tiny"
 
 
-def series(run: Path, key: str) -> list[float]:
-    from rlsteps.engine.records.metrics import metric_series, read_metrics
+SERIES = (
+    "import json, sys; from rlsteps.engine.records.metrics import metric_series, read_metrics; "
+    "print(json.dumps(metric_series(read_metrics(sys.argv[1]), sys.argv[2])[1]))"
+)
 
+
+def series(ctx: Context, run: Path, key: str) -> list[float]:
+    """A metric of a run, read by the rlsteps the rows run (their interpreter and environment): the driver itself
+    needs nothing of rlsteps, so it judges the same from a bare GPU machine as from the repository's venv."""
     path = run / "metrics.jsonl"
-    return metric_series(read_metrics(path), key)[1] if path.is_file() else []
+    if not path.is_file():
+        return []
+    done = subprocess.run([sys.executable, "-c", SERIES, str(path), key], env=ctx.env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    expect_success(done, f"reading {key} from {path}")
+    return json.loads(done.stdout)
 
 
 def smoke_options(ctx: Context) -> list[str]:
@@ -212,14 +224,14 @@ def judge_tiny_run(ctx: Context, done: subprocess.CompletedProcess, run: Path) -
     expect_success(done, "the run")
     if not (run / "policy" / "rlsteps_artifact.json").is_file():
         raise Failed(f"no output policy at {run / 'policy'}")
-    true = series(run, "val/true_reward")
+    true = series(ctx, run, "val/true_reward")
     if len(true) < 2:
         raise Failed(f"val/true_reward logged {len(true)} times: no trend to judge")
-    steps = len(series(run, "timers/step"))
+    steps = len(series(ctx, run, "timers/step"))
     figures = [f"{steps} steps", f"true reward {true[0]:.2f} -> {true[-1]:.2f}"]
     if not ctx.smoke and true[-1] <= true[0]:
         raise Failed(f"the true reward did not rise: {true[0]:.2f} -> {true[-1]:.2f}")
-    step_s = series(run, "timers/step")[1:]
+    step_s = series(ctx, run, "timers/step")[1:]
     if step_s:
         figures.append(f"step {statistics.median(step_s):.2f} s")
     return figures
@@ -313,8 +325,8 @@ def vllm_rollouts(ctx: Context) -> str:
     figures = judge_tiny_run(ctx, done, run)
     if "rollouts: vLLM in process" not in done.stderr:
         raise Failed("the run did not sample with vLLM (no 'rollouts: vLLM in process' line)")
-    steps, syncs = len(series(run, "timers/step")), len(series(run, "timers/weight_sync"))
-    agreement = series(run, "train/token_mult_prob_error")
+    steps, syncs = len(series(ctx, run, "timers/step")), len(series(ctx, run, "timers/weight_sync"))
+    agreement = series(ctx, run, "train/token_mult_prob_error")
     log = done.stdout + done.stderr + "".join(path.read_text(errors="replace") for path in cwd.rglob("*.log"))
     sleeps, wakes = log.count("to fall asleep"), log.count("to wake up")
     figures += [f"{syncs} syncs", f"{sleeps} sleeps / {wakes} wakes"]
@@ -390,7 +402,7 @@ def grpo_step(ctx: Context) -> str:
         raise Failed(f"no output policy at {run / 'policy'}")
 
     def median(key: str) -> float | None:
-        values = series(run, key)
+        values = series(ctx, run, key)
         values = values[1:] or values  # the first step compiles and warms up
         return statistics.median(values) if values else None
 

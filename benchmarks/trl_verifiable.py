@@ -3,6 +3,7 @@ RLOOTrainer and GRPOTrainer, on the same policy, prompts, reward function, group
 
     python benchmarks/trl_verifiable.py [--steps 8] [--systems rlsteps-reinforce rlsteps-grpo trl-rloo trl-grpo]
                                         [--policy PATH] [--out benchmarks/results/verifiable] [--plot PNG]
+                                        [--lora [--lora-dim 8 --lora-alpha 32 --lora-lr 1e-4]]
 
 Each system trains SmolLM2-135M-Instruct (`${examples:smollm2_135m_instruct}`, or --policy) on
 rlsteps/examples/verifiable's train.jsonl for --steps steps with the sizes of the shipped rl/rlhf verifiable config
@@ -19,6 +20,10 @@ val/reward/exact_match. TRL's validation is a callback here that generates with 
 Seconds per step: rlsteps's timers/step (rollouts, rewards, update); TRL's, the time of its training step
 (on_step_begin to on_step_end, generation included). Results go to OUT/<system>.json, a table on stdout and the
 curve to --plot.
+
+With --lora every system trains LoRA adapters with the same peft config instead of the whole policy: rank
+--lora-dim, alpha --lora-alpha, no dropout, every linear layer but the output layer (rlsteps's train.lora, TRL's
+peft_config with target_modules "all-linear"), at --lora-lr; the systems are named <system>-lora.
 """
 
 from __future__ import annotations
@@ -67,8 +72,8 @@ def load_avg() -> str:
 # rlsteps: the shipped configs, run as a user runs them
 
 
-def run_rlsteps(system: str, policy: Path, steps: int, out: Path, threads: int | None) -> dict:
-    run_dir = out / f"{system}-run"
+def run_rlsteps(system: str, policy: Path, steps: int, out: Path, threads: int | None, lora: dict | None) -> dict:
+    run_dir = out / f"{named(system, lora)}-run"
     command = [
         sys.executable,
         "-m",
@@ -81,10 +86,12 @@ def run_rlsteps(system: str, policy: Path, steps: int, out: Path, threads: int |
         f"train.max_steps={steps}",
         f"output.dir={run_dir}",
         *([f"run.num_threads={threads}"] if threads else []),
-    ]
+        *(["train.lora.enabled=true", f"train.lora.dim={lora['r']}", f"train.lora.alpha={lora['lora_alpha']}",
+           f"train.lr={lora['lr']}"] if lora else []),
+    ]  # fmt: skip
     started = time.time()
     subprocess.run(command, check=True, cwd=out)
-    result = rlsteps_result(system, run_dir)
+    result = rlsteps_result(named(system, lora), run_dir)
     result["wall_s"] = time.time() - started
     return result
 
@@ -154,7 +161,13 @@ def greedy_validation(model, tokenizer, rows: list[dict]) -> dict[str, float]:
 
 
 def run_trl(
-    system: str, policy: Path, steps: int, out: Path, threads: int | None, first_validation: bool = True
+    system: str,
+    policy: Path,
+    steps: int,
+    out: Path,
+    threads: int | None,
+    lora: dict | None,
+    first_validation: bool = True,
 ) -> dict:
     import torch
     from datasets import Dataset
@@ -170,14 +183,14 @@ def run_trl(
     train = Dataset.from_list([{"prompt": r["messages"], "answer": _as_list(r["answer"])} for r in rows])
     val = load_rows("val")
     common = dict(
-        output_dir=str(out / f"{system}-run"),
+        output_dir=str(out / f"{named(system, lora)}-run"),
         max_steps=steps,
         per_device_train_batch_size=PROMPTS_PER_STEP * GROUP,  # completions per optimizer step
         gradient_accumulation_steps=1,
         num_generations=GROUP,
         max_completion_length=MAX_NEW_TOKENS,
         temperature=1.0,
-        learning_rate=LR,
+        learning_rate=lora["lr"] if lora else LR,
         lr_scheduler_type="constant",  # rlsteps's warmup_steps=1 is the full rate from the first update; HF's
         warmup_steps=0,  # constant_with_warmup with 1 step would make TRL's first update one of rate 0
         weight_decay=0.0,
@@ -231,16 +244,32 @@ def run_trl(
         train_dataset=train,
         processing_class=tokenizer,
         callbacks=[Measure()],
+        peft_config=peft_config(lora),
     )
     started = time.time()
     trainer.train()
     return {
-        "system": system,
+        "system": named(system, lora),
         "accuracy": accuracy,
         "one_word": one_word,
         "step_seconds": step_seconds,
         "wall_s": time.time() - started,
     }
+
+
+def peft_config(lora: dict | None):
+    """TRL's peft_config for the adapters rlsteps's train.lora makes (every linear layer but the output layer)."""
+    if not lora:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora["r"], lora_alpha=lora["lora_alpha"], lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+
+
+def named(system: str, lora: dict | None) -> str:
+    return f"{system}-lora" if lora else system
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -301,7 +330,12 @@ def main() -> None:
         help="TRL: no validation before the first step (the policy's figure then is the same for every system)",
     )
     parser.add_argument("--plot", type=Path, default=REPO / "benchmarks" / "trl_verifiable.png")
+    parser.add_argument("--lora", action="store_true", help="train LoRA adapters (the same peft config for each)")
+    parser.add_argument("--lora-dim", type=int, default=8)
+    parser.add_argument("--lora-alpha", type=int, default=32)
+    parser.add_argument("--lora-lr", type=float, default=1e-4)
     options = parser.parse_args()
+    lora = dict(r=options.lora_dim, lora_alpha=options.lora_alpha, lr=options.lora_lr) if options.lora else None
     if options.policy is None:
         from rlsteps.examples.smollm2 import ensure_smollm2
 
@@ -311,14 +345,14 @@ def main() -> None:
     for system, run_dir in options.from_run:
         (options.out / f"{system}.json").write_text(json.dumps(rlsteps_result(system, Path(run_dir)), indent=1))
     for system in options.systems if not options.from_run else []:
-        arguments = (system, options.policy.resolve(), options.steps, options.out.resolve(), options.threads)
+        arguments = (system, options.policy.resolve(), options.steps, options.out.resolve(), options.threads, lora)
         if system in RLSTEPS_STEP:
             result = run_rlsteps(*arguments)
         else:
             result = run_trl(*arguments, first_validation=not options.no_first_validation)
         result["load_avg_end"] = load_avg()
-        (options.out / f"{system}.json").write_text(json.dumps(result, indent=1))
-    results = [json.loads(p.read_text()) for s in SYSTEMS if (p := options.out / f"{s}.json").is_file()]
+        (options.out / f"{named(system, lora)}.json").write_text(json.dumps(result, indent=1))
+    results = [json.loads(p.read_text()) for s in SYSTEMS if (p := options.out / f"{named(s, lora)}.json").is_file()]
     print(report(results))
     plot(results, options.plot)
     print(f"load average at end: {load_avg()}; curve: {options.plot}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Rewrite constraints.txt and constraints-vllm.txt from the environments README's test command built (.venv and
-# .venv-vllm): the exact versions CI installs, so a release made after them changes nothing until this is rerun
-# and the tests pass with it. torch is left out (installed first, by its exact version); rlsteps itself too.
+# Rewrite constraints.txt, constraints-vllm.txt and constraints-triton.txt from the environments README's test command
+# built (.venv, .venv-vllm and .venv-triton): the exact versions CI installs, so a release made after them changes
+# nothing until this is rerun and the tests pass with it. torch is left out (installed first, by its exact version); rlsteps itself too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 freeze() {
@@ -10,3 +10,4 @@ freeze() {
 }
 freeze .venv "README's test command" > constraints.txt
 freeze .venv-vllm "the vLLM environment (tests/make_vllm_env.sh)" > constraints-vllm.txt
+freeze .venv-triton "PyTriton's environment (tests/make_triton_env.sh)" > constraints-triton.txt

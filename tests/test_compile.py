@@ -136,6 +136,28 @@ def test_an_unknown_key_from_trl_or_nemo_rl_is_pointed_to_its_name_here(override
     assert refused.value.fix == f"did you mean '{hint}'?"
 
 
+@pytest.mark.parametrize(
+    ("override", "hint"),
+    [
+        ("pretrained_checkpoint.restore_from_path=/ckpt/sft.nemo", "inputs.policy"),
+        ("model.rs.num_rollouts_per_prompt=8", "rollout.num_rollouts_per_prompt"),
+        ("model.rs.top_n_rollouts=2", "rollout.top_n_rollouts"),
+        ("remote_rm.host=rm-node", "rm.url"),
+        ("remote_rm.port=5555", "rm.url"),
+        ("remote_rm.reward_model.name=reward_model", "rm.model"),
+        ("trainer.rs.max_steps=10", "train.max_steps"),
+        ("trainer.rs.val_check_interval=5", "validation.interval"),
+        ("trainer.rs.gradient_clip_val=0.5", "train.max_grad_norm"),  # by spelling alone: train.max_steps
+        ("trainer.rs.save_interval=5", "checkpoint.interval"),
+    ],
+)
+def test_nemo_aligners_override_names_are_pointed_to_their_names_here(rs, override, hint):
+    with pytest.raises(UsageError) as refused:
+        compile_job(rs, "tiny", overrides=[override])
+    url = " (host and port are one URL here: rm.url=http://HOST:PORT)" if hint == "rm.url" else ""
+    assert refused.value.fix == f"did you mean '{hint}'?{url}"
+
+
 def test_an_unknown_key_suggests_adding_it_only_where_the_schema_takes_new_keys(rs):
     with pytest.raises(UsageError) as section:
         compile_job(rs, "tiny", overrides=["train.lrr=1"])

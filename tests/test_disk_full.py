@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-import required
 from rlsteps.engine.checkpoints.disk import free_bytes
 from rlsteps.engine.checkpoints.resume import CheckpointManager
 from rlsteps.engine.records.metrics import append_whole, open_records
 from rlsteps.errors import DiskFull
 from run_helpers import FAST, kill_group, rlsteps, wait_for
+from tmpfs import tmpfs_mounts
 
 STOPPABLE = ["train.max_steps=3", "checkpoint.interval=1", "validation.interval=1", *FAST]
 
@@ -28,22 +28,8 @@ STOPPABLE = ["train.max_steps=3", "checkpoint.interval=1", "validation.interval=
 @pytest.fixture
 def small_disk(tmp_path):
     """Mount a tmpfs of the given size (MB) under tmp_path; unmounted after the test."""
-    mounted = []
-
-    def mount(megabytes: float) -> Path:
-        where = tmp_path / f"disk{len(mounted)}"
-        where.mkdir()
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={int(megabytes * 1024)}k", "tmpfs", str(where)], capture_output=True
-        )
-        if done.returncode != 0:
-            required.unavailable(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}", switch="TMPFS")
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in mounted:
-        subprocess.run(["umount", "-l", str(where)], check=False)
+    with tmpfs_mounts(tmp_path) as mount:
+        yield lambda megabytes: mount(f"size={int(megabytes * 1024)}k")
 
 
 def fill(disk: Path) -> Path:

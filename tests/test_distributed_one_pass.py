@@ -34,7 +34,9 @@ def test_two_processes_take_the_log_probs_from_the_update_like_the_two_pass_step
     assert stats["optimizer_steps"] == two_pass_stats["optimizer_steps"] == 1
     assert stats.keys() == two_pass_stats.keys()
     assert stats == pytest.approx(two_pass_stats, rel=1e-5, abs=1e-7)
-    assert_same_weights(weights, two_pass_weights, tolerance=1e-6)
+    # Adam's first step moves each weight by lr * g / (|g| + eps), lr 1e-3: where |g| is near eps a rounding apart in g
+    # moves the weight by up to a few 1e-6 (CPUs with other vector units round the sums differently); 1% of a step
+    assert_same_weights(weights, two_pass_weights, tolerance=1e-5)
 
     alone_stats, alone_weights = one_run(algorithm, False, SINGLE, torch.device("cpu"))
     del stats["train/reward_std"], alone_stats["train/reward_std"]  # the loop's is the whole step's, from the scores

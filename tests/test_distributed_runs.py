@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from policy_speech import against_sft, validation_prompts
 from run_helpers import FAST, kill_group, rlsteps, run_dir, series, start_rlsteps, wait_for, weights
@@ -69,3 +70,29 @@ def test_a_two_process_run_killed_mid_run_resumes_on_one_process_to_the_same_wei
     assert_close_weights(
         weights(run_dir(straight, "rl_rs") / "policy"), weights(run_dir(interrupted, "rl_rs") / "policy"), atol=1e-5
     )
+
+
+def test_a_lora_run_on_two_processes_resumes_on_one_and_ends_where_two_processes_end(tiny_world, tmp_path):
+    """FSDP2 over a policy with LoRA adapters: sampled from gathered, its reference the base with the adapters off,
+    its checkpoint the adapters' shards (read back by one process), its output gathered, merged and saved."""
+    lora = ["train.lora.enabled=true", "train.lr=3e-3", "rollout.prompts_per_step=8"]
+    short = [*SAME_BATCHES, *lora, "train.max_steps=4", "checkpoint.interval=2", "validation.interval=0", *FAST]
+    straight, interrupted = project(tmp_path / "straight"), project(tmp_path / "interrupted")
+    done = rlsteps("run", "rl/reinforce", "-c", "tiny", "-r", "two", *short, cwd=straight)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    process = start_rlsteps(
+        "run", "rl/reinforce", "-c", "tiny", "-r", "two", *short, cwd=interrupted, log=tmp_path / "a.log"
+    )
+    wait_for(run_dir(interrupted, "rl_reinforce") / "checkpoints" / "step_2" / "COMPLETE", 300, process)
+    kill_group(process)
+    resumed = rlsteps("run", "rl/reinforce", "-c", "tiny", *short, cwd=interrupted)  # one process now
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "written by 2 process(es), read by 1" in resumed.stderr
+    a, b = run_dir(straight, "rl_reinforce"), run_dir(interrupted, "rl_reinforce")
+    merged = weights(a / "policy")
+    assert merged.keys() == weights(tiny_world.policy_megatron).keys()  # the base model's names: adapters merged
+    assert_close_weights(merged, weights(b / "policy"), atol=1e-4)
+    adapters = [load_file(str(run / "adapter" / "adapter_model.safetensors")) for run in (a, b)]
+    assert_close_weights(*adapters, atol=1e-4)
+    assert all(1.0 <= x < 1.001 for x in series(a, "train/token_mult_prob_error"))

@@ -112,3 +112,30 @@ def test_the_cpu_smoke_table_runs_one_tiny_step_and_skips_the_cuda_rows(tiny_wor
             assert table[check.name] == ("skipped", f"needs CUDA: {check.cuda_only}")
     assert table["fsdp2 two processes (nccl)"][0] == "skipped"
     assert (tmp_path / "rl_rs-fp32" / ".rlsteps" / "runs" / "rl_rs-tiny" / "policy").is_dir()
+
+
+def test_the_driver_reads_a_runs_metrics_with_nothing_of_rlsteps_in_its_own_interpreter(tmp_path):
+    """A bare GPU machine's python runs the driver; rlsteps comes from the rows' environment (PYTHONPATH=src)."""
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 1, "val/true_reward": 0.5}\n{"step": 2, "val/true_reward": 2.0}\n'
+    )
+    driver = f"""
+import sys
+from pathlib import Path
+
+class NoRlsteps:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "rlsteps":
+            raise ImportError("rlsteps is not installed in the driver's interpreter")
+
+sys.meta_path.insert(0, NoRlsteps())
+sys.path.insert(0, {str(BENCHMARKS)!r})
+import gpu_check
+
+env = {{"PATH": "/usr/bin:/bin", "PYTHONPATH": {str(BENCHMARKS.parent / "src")!r}}}
+ctx = gpu_check.Context(Path("."), "cpu", 0, "", 2, 60, False, env=env)
+print(gpu_check.series(ctx, Path({str(tmp_path)!r}), "val/true_reward"))
+"""
+    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[0.5, 2.0]"

@@ -23,7 +23,13 @@ from rlsteps.engine.rewards.judge.protocol import (
     judge_messages,
     parse_judge_request,
 )
-from rlsteps.engine.rewards.judge.scoring import DEFAULT_SCORE, group_rewards, length_penalty, pair_scores
+from rlsteps.engine.rewards.judge.scoring import (
+    DEFAULT_SCORE,
+    group_rewards,
+    length_penalty,
+    pair_scores,
+    verdict_stats,
+)
 from rlsteps.engine.rewards.process import free_port
 
 # --- pairs and the request format -------------------------------------------------------------
@@ -38,6 +44,13 @@ def test_comparison_pairs():
     assert comparison_pairs(1, "all") == []
     with pytest.raises(ValueError, match="'circular' or 'all'"):
         comparison_pairs(3, "ring")
+
+
+def test_both_orders_show_each_pair_the_other_way_round_right_after():
+    assert comparison_pairs(3, "circular", both_orders=True) == [(0, 1), (1, 0), (1, 2), (2, 1), (2, 0), (0, 2)]
+    assert comparison_pairs(2, "circular", both_orders=True) == [(0, 1), (1, 0)]
+    assert comparison_pairs(3, "all", both_orders=True) == [(0, 1), (1, 0), (0, 2), (2, 0), (1, 2), (2, 1)]
+    assert comparison_pairs(1, "all", both_orders=True) == []
 
 
 def user(text: str) -> list[dict[str, str]]:
@@ -166,6 +179,22 @@ def test_group_rewards_mean_over_successful_comparisons():
     assert group_rewards(3, pairs, judgements) == ([3.5, 2.0, 5.0], [True, True, True])
 
 
+def test_a_pair_shown_both_ways_round_is_one_pair_its_two_verdicts_combined():
+    pairs = [(0, 1), (1, 0), (1, 2), (2, 1), (2, 0), (0, 2)]
+    judgements = [Judgement(4, 2, 2), Judgement(3, 3, 2), None, Judgement(1, 5, 6), Judgement(2, 4, 5), None]
+    # pair 0-1: response 0 scores 4, then 1.5 (shown second, a tie ranked 2); response 1: 2, then 4.5
+    # pair 1-2, shown once of twice: 5 and 1; pair 2-0: 2 and 4
+    rewards, valid = group_rewards(3, pairs, judgements)
+    assert rewards == [(2.75 + 4) / 2, (3.25 + 5) / 2, (1 + 2) / 2] and valid == [True, True, True]
+    # a judge that scores each response on its own (as `rlsteps serve judge` does): response 0 scores 1.0 beside
+    # response 1 and 2.1 beside response 2. Its rewards shown both ways round are those shown once, to the bit, where
+    # a mean over the four verdicts would give 1.5499999999999998 for 1.55
+    once = [Judgement(1.0, 3.0, 5), Judgement(3.0, 4.0, 5), Judgement(4.0, 2.1, 2)]
+    both = [v for j in once for v in (j, Judgement(j.score_2, j.score_1, 7 - j.ranking))]
+    shown_once = group_rewards(3, comparison_pairs(3, "circular"), once)
+    assert shown_once[0][0] == 1.55 and group_rewards(3, comparison_pairs(3, "circular", True), both) == shown_once
+
+
 def test_group_rewards_response_without_a_successful_comparison_is_masked():
     pairs = [(0, 1), (1, 2), (2, 0)]
     rewards, valid = group_rewards(3, pairs, [Judgement(5, 1, 1), None, None])
@@ -173,6 +202,18 @@ def test_group_rewards_response_without_a_successful_comparison_is_masked():
     assert valid == [True, True, False]
     with pytest.raises(ValueError, match="one judgement"):
         group_rewards(3, pairs, [None])
+
+
+def test_verdict_stats_count_contradictions_and_the_wins_of_the_first_shown():
+    verdicts = [
+        Judgement(5, 1, 6),  # the scores say response 1, the ranking response 2: a contradiction; 1 wins (scores)
+        Judgement(2, 4, 5),  # response 2 by both
+        Judgement(3, 3, 2),  # a tie in the scores, broken by the ranking: response 1; no contradiction
+        Judgement(3, 3, 3.5),  # a draw: no winner
+    ]
+    assert verdict_stats(verdicts) == {"contradictions": 1.0, "contradiction_rate": 0.25, "first_position_rate": 2 / 3}
+    assert verdict_stats([Judgement(3, 3, 3.5)]) == {"contradictions": 0.0, "contradiction_rate": 0.0}
+    assert verdict_stats([]) == {}
 
 
 def test_length_penalty_is_zero_centred():
@@ -249,6 +290,8 @@ def stand_in_server(stand_in: StandIn) -> Iterator[str]:
 
 
 def make_client(url: str, **kwargs) -> JudgeClient:
+    """A client showing each pair once, unless the test asks for both orders (the default of judge.both_orders)."""
+    kwargs.setdefault("both_orders", False)
     return JudgeClient(url, "judge-model", api_key="sk-test", retry_sleep_s=0.01, timeout_s=5, **kwargs)
 
 
@@ -274,6 +317,23 @@ def test_client_retries_garbage_and_scores_groups():
         (0, (0, 1), None), (0, (1, 2), None), (0, (2, 0), None), (1, (0, 1), None),
     ]  # fmt: skip
     assert result.answers[0].content == "Thinking done.\n" + fenced(5, 3, 1)
+
+
+def test_both_orders_cancel_a_judge_that_favours_the_response_shown_first():
+    """The stand-in ranks a tie in its scores 2: "response 1 is better", whichever response that is (as SmolLM2 judged
+    identical answers). Shown once, the tie becomes a win of 4.5 to 1.5 for whichever came first; shown both ways
+    round, the two verdicts cancel. The statistics say what happened."""
+    groups = [(user("Q"), ["fine", "meh"]), (user("R"), ["great", "poor"])]
+    with stand_in_server(StandIn()) as url, make_client(url, both_orders=True) as client:
+        result = client.judge(groups)
+    assert result.rewards == [[3.0, 3.0], [5.0, 1.0]] and result.valid == [[True, True], [True, True]]
+    assert [(a.group, a.pair) for a in result.answers] == [(0, (0, 1)), (0, (1, 0)), (1, (0, 1)), (1, (1, 0))]
+    assert result.stats["comparisons"] == 4
+    # the first shown won both tie verdicts and one of the two others
+    assert result.stats["first_position_rate"] == 0.75 and result.stats["contradiction_rate"] == 0.0
+    with stand_in_server(StandIn()) as url, make_client(url) as client:
+        once = client.judge(groups)
+    assert once.rewards == [[4.5, 1.5], [5.0, 1.0]] and once.stats["first_position_rate"] == 1.0
 
 
 def test_structured_output_can_be_switched_and_extra_body_passes_through():

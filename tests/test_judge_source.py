@@ -1,11 +1,15 @@
 """The judge as a reward source: rewards per row, the judge's answers per row, and the parse-failure stop."""
 
+import logging
+
 import pytest
 import torch
 
 from rlsteps.engine.batch import RolloutBatch
+from rlsteps.engine.records.metrics import MetricsWriter
+from rlsteps.engine.records.run_end import summarise
 from rlsteps.engine.rewards.judge.client import JudgeAnswer, JudgeAnswersUnusable, JudgeResult
-from rlsteps.engine.rewards.sources import JudgeSource
+from rlsteps.engine.rewards.judge.source import JudgeSource
 
 
 def batch_of_two_groups() -> RolloutBatch:
@@ -63,3 +67,25 @@ def test_the_parse_failure_limit_is_configurable():
     with pytest.raises(JudgeAnswersUnusable, match="50% of 2"):
         JudgeSource(CannedClient([None, "parse"]), max_parse_failure_rate=0.0).score(batch_of_two_groups())
     JudgeSource(CannedClient(["parse", "parse"]), max_parse_failure_rate=1.0).score(batch_of_two_groups())
+
+
+def summary_of(run_dir, first_position_rates, contradiction_rates, caplog) -> str:
+    """The end summary's warnings of a run that logged these judge figures, one step each."""
+    with MetricsWriter(run_dir / "metrics.jsonl") as metrics:
+        for step, (first, contradicting) in enumerate(zip(first_position_rates, contradiction_rates), start=1):
+            metrics.log(step, {"judge/first_position_rate": first, "judge/contradiction_rate": contradicting})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlsteps"):
+        summarise(run_dir, [])
+    return caplog.text
+
+
+def test_the_end_summary_warns_when_the_judge_is_no_better_than_its_position(tmp_path, caplog):
+    (tmp_path / "biased").mkdir()
+    text = summary_of(tmp_path / "biased", [1.0, 0.875, 1.0], [0.5, 0.25, 0.5], caplog)
+    assert "gave 96% of its verdicts over the run to the response shown first (judge/first_position_rate" in text
+    assert "preferred different responses in 42% of its verdicts over the run (judge/contradiction_rate)" in text
+    (tmp_path / "fair").mkdir()
+    assert summary_of(tmp_path / "fair", [0.5, 0.625, 0.4], [0.0, 0.1, 0.0], caplog) == ""  # 0.51 over the run
+    (tmp_path / "second").mkdir()  # a judge that favours the second position is as blind
+    assert "gave 33% of its verdicts" in summary_of(tmp_path / "second", [0.375, 0.25, 0.375], [0.0] * 3, caplog)

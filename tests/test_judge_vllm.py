@@ -51,8 +51,9 @@ def test_structured_output_makes_every_answer_parse_and_the_run_completes(judge_
     done = rlsteps("run", "rl/rlhf", "-c", "tiny", *options, *SMALL, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     run = run_dir(tmp_path, "rl_rlhf")
-    assert series(run, "judge/comparisons") == [2.0, 2.0, 2.0]
+    assert series(run, "judge/comparisons") == [4.0, 4.0, 4.0]  # two pairs, each shown both ways round
     assert series(run, "judge/parse_failures") == [0.0, 0.0, 0.0]
+    assert len(series(run, "judge/first_position_rate")) == 3 and len(series(run, "judge/contradiction_rate")) == 3
     assert series(run, "train/steps_without_update") == [0, 0, 0]
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     answers = [a for s in samples for a in s["judge"]]
@@ -64,7 +65,7 @@ def test_structured_output_makes_every_answer_parse_and_the_run_completes(judge_
 
 def test_free_text_answers_that_do_not_parse_stop_the_run_with_the_answers_shown(judge_url, tmp_path):
     options = [*_judge_options(judge_url), "judge.structured_output=none", "judge.max_retries=0"]
-    # four comparisons at the first step: the default limit (more than half unparsable) needs three to fail
+    # eight comparisons at the first step: the default limit (more than half unparsable) needs five to fail
     done = rlsteps("run", "rl/rlhf", "-c", "tiny", *options, "train.max_steps=3", *SMALL, PROMPTS_4, cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "the judge's answers did not parse in" in done.stderr and "judge.max_parse_failure_rate=0.5" in done.stderr
@@ -84,7 +85,8 @@ def test_the_judge_scores_the_answer_above_nonsense_in_either_order(tiny_judge_u
     each other's sections, or a parser or scorer that swapped score_1 and score_2, gives the nonsense the win."""
     question, good, bad = UNAMBIGUOUS
     conversation = [{"role": "user", "content": question}]
-    with JudgeClient(tiny_judge_url, TINY_JUDGE_NAME, temperature=0.0, max_tokens=64, max_retries=0) as client:
+    options = {"temperature": 0.0, "max_tokens": 64, "max_retries": 0, "both_orders": False}  # each order on its own
+    with JudgeClient(tiny_judge_url, TINY_JUDGE_NAME, **options) as client:
         result = client.judge([(conversation, [good, bad]), (conversation, [bad, good])])
     answers = [a.content for a in result.answers]
     assert [a.failure for a in result.answers] == [None, None], answers

@@ -29,6 +29,7 @@ from cli_helpers import invoke, run_cli  # noqa: E402
 from lepton_stub_server import LeptonStub  # noqa: E402
 from rlsteps.catalog import load_catalog  # noqa: E402
 from rlsteps.errors import RunFailed, UsageError  # noqa: E402
+from rlsteps.install import describe, source  # noqa: E402
 from rlsteps.launch import code, lepton, lepton_api, lepton_spec  # noqa: E402
 from rlsteps.launch.base import JobRecord, JobState  # noqa: E402
 from rlsteps.launch.lepton_spec import secret_name  # noqa: E402
@@ -832,7 +833,9 @@ def test_a_stock_image_runs_the_jobs_own_wheel_to_the_end_of_a_tiny_run(
     done = run_in_image(script, env, python_without_rlsteps, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     wheel = tmp_path / "container" / job.name / code.wheel_name()
-    assert f"code: rlsteps {code.package_version()} from {wheel}/rlsteps" in done.stdout + done.stderr
+    assert (
+        f"code: {describe(source() | {'from': 'wheel'})} from {wheel}/rlsteps" in done.stdout + done.stderr
+    )  # its commit too
     assert (tmp_path / "data" / ".rlsteps" / "runs" / "rl_rs-tiny" / "policy").is_dir()
 
 

@@ -10,16 +10,17 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "rlsteps"
 
 # room -> the rooms it may import from. errors, catalog and secrets are the shared vocabulary; dotted (keys of nested
-# dicts) serves every room.
+# dicts) serves every room, and install (the version, the source, the catalog's folder) every room that records them.
 ALLOWED = {
-    "cli": {"plan", "artifacts", "launch", "engine", "catalog", "secrets", "errors", "dotted"},
-    "plan": {"artifacts", "launch", "tiny", "examples", "engine", "catalog", "secrets", "errors", "dotted"},
+    "cli": {"plan", "artifacts", "launch", "engine", "catalog", "secrets", "errors", "dotted", "install"},
+    "plan": {"artifacts", "launch", "tiny", "examples", "engine", "catalog", "secrets", "errors", "dotted", "install"},
     "artifacts": {"engine", "catalog", "errors", "dotted"},
-    "launch": {"secrets", "errors", "engine", "dotted"},  # the engine's torch-free job files (NeMo-RL's master config)
+    "launch": {"secrets", "errors", "engine", "dotted", "install"},  # the engine's torch-free job files (NeMo-RL's)
     "tiny": {"engine", "dotted"},
     "examples": {"tiny"},  # the examples' files and models, cached where the tiny world is
-    "engine": {"dotted", "secrets", "errors"},  # vocabulary only: masking its logs, the exit codes of its errors
-    "catalog": {"errors", "dotted"},
+    "engine": {"dotted", "secrets", "errors", "install"},  # vocabulary: masking, exit codes, the code's version
+    "catalog": {"errors", "dotted", "install"},
+    "install": set(),  # this install: its version, its source, where its catalog lies
     "secrets": {"dotted"},
     "errors": {"secrets"},  # an error's message is masked
     "dotted": set(),

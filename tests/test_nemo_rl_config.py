@@ -130,3 +130,55 @@ def test_the_printed_yaml_reads_back_as_the_compiled_config_with_the_notes_on_to
     assert yaml.safe_load(text) == compiled.config
     assert text.startswith("# NeMo-RL GRPO master config compiled by rlsteps (NeMo-RL v0.7.0")
     assert "#  - grpo.std_floor: NeMo-RL divides by (std + 1e-6)" in text
+
+
+def test_train_lora_compiles_into_nemo_rls_lora_cfg_on_its_dtensor_v2_worker():
+    lora = ("train.lora.enabled=true", "train.lora.dim=16", "train.lora.alpha=64", "train.lora.dropout=0.05")
+    named = master("rl/rlhf", *RLHF_INPUTS, *lora, "train.lora.target_modules=[q_proj,v_proj]").config
+    dtensor = named["policy"]["dtensor_cfg"]
+    assert dtensor["_v2"] is True
+    assert {k: dtensor["lora_cfg"][k] for k in ("enabled", "dim", "alpha", "dropout", "dropout_position")} == {
+        "enabled": True, "dim": 16, "alpha": 64, "dropout": 0.05, "dropout_position": "pre"
+    }  # fmt: skip
+    # Automodel matches whole dotted names with wildcards; peft matches a name's end
+    assert dtensor["lora_cfg"]["target_modules"] == ["*.q_proj", "*.v_proj"]
+    assert dtensor["lora_cfg"]["match_all_linear"] is False and dtensor["lora_cfg"]["exclude_modules"] == []
+    every = master("rl/reinforce", *REINFORCE_INPUTS, "train.lora.enabled=true")
+    lora_cfg = every.config["policy"]["dtensor_cfg"]["lora_cfg"]  # every linear layer but the output layer, as peft
+    assert (lora_cfg["target_modules"], lora_cfg["exclude_modules"], lora_cfg["match_all_linear"]) == (
+        [], ["*lm_head"], False
+    )  # fmt: skip
+    assert any(note.startswith("train.lora: NeMo-RL draws") for note in every.notes)
+    off = master("rl/rlhf", *RLHF_INPUTS).config["policy"]["dtensor_cfg"]["lora_cfg"]
+    assert off["enabled"] is False and off["match_all_linear"] is True  # the shipped template's, untouched
+
+
+def test_what_nemo_rls_lora_cannot_run_is_refused_or_set_with_a_note():
+    with pytest.raises(NemoRlConfigError, match="DTensor policy, not its Megatron one") as refused:
+        master("rl/rlhf", *RLHF_INPUTS, "train.lora.enabled=true", "nemo_rl_job.policy_backend=megatron")
+    assert refused.value.fix == "nemo_rl_job.policy_backend=dtensor"
+    with pytest.raises(NemoRlConfigError, match="DTensor v2 worker only") as v1:
+        master("rl/rlhf", *RLHF_INPUTS, "train.lora.enabled=true", "nemo_rl.policy.dtensor_cfg._v2=false")
+    assert v1.value.fix == "nemo_rl.policy.dtensor_cfg._v2=True"
+    split = master(
+        "rl/rlhf", *RLHF_INPUTS, "train.lora.enabled=true", "nemo_rl.policy.dtensor_cfg.tensor_parallel_size=2"
+    )
+    assert split.config["policy"]["dtensor_cfg"]["lora_cfg"]["use_triton"] is False
+    assert any("use_triton false" in note for note in split.notes)
+
+
+def test_rl_nemo_rl_rlhfs_lora_cfg_runs_as_train_lora_on_the_embedded_engine():
+    from rlsteps.engine.nemo_rl.embedded import to_embedded
+
+    base = compile_job(load_catalog().find("rl/rlhf"), "tiny").config
+    seed = {"policy": {"dtensor_cfg": {"lora_cfg": {"enabled": True, "dim": 4, "alpha": 16, "dropout": 0.0,
+            "target_modules": ["*.q_proj", "*.v_proj"], "exclude_modules": [], "match_all_linear": False}}},
+            "grpo": {"max_num_epochs": 1, "val_period": 0}, "checkpointing": {"save_period": 1},
+            "output": {"dir": "/run"}}  # fmt: skip
+    recipe, notes = to_embedded(seed, base, ["policy.dtensor_cfg.lora_cfg.enabled"])
+    assert recipe["train"]["lora"] == {"enabled": True, "dim": 4, "alpha": 16, "dropout": 0.0,
+                                       "target_modules": ["q_proj", "v_proj"]}  # fmt: skip
+    assert not [note for note in notes if "lora_cfg" in note]
+    seed["policy"]["dtensor_cfg"]["lora_cfg"].update(target_modules=[], match_all_linear=True)
+    recipe, notes = to_embedded(seed, base, [])
+    assert recipe["train"]["lora"]["target_modules"] == [] and any("match_all_linear" in note for note in notes)

@@ -78,6 +78,10 @@ CASES = {  # name: (step, config, batch profile, overrides): what users compile,
     "rl/reinforce on four nodes": ("rl/reinforce", "default", "four_nodes", REINFORCE_INPUTS),
     SCALED: ("rl/reinforce", "default", "my_lepton_nemo_rl", (*LEPTON_REINFORCE_INPUTS,
              f"rewards.reward_model.clip=[{CLIP[0]},{CLIP[1]}]", f"rewards.reward_model.scale={SCALE}")),
+    "rl/rlhf, LoRA on two modules": ("rl/rlhf", "default", "two_nodes", (*RLHF_INPUTS, "train.lora.enabled=true",
+                                     "train.lora.dim=16", "train.lora.target_modules=[q_proj,v_proj]")),
+    "rl/reinforce, LoRA": ("rl/reinforce", "default", "two_nodes", (*REINFORCE_INPUTS, "train.lora.enabled=true")),
+    "seed page, LoRA": (SEED, "default", "two_nodes", (*SEED_INPUTS, "policy.dtensor_cfg.lora_cfg.enabled=true")),
 }  # fmt: skip
 ORACLE_DRIVER = {"examples/nemo_gym/run_grpo_nemo_gym.py": "nemo_gym", "examples/run_grpo.py": "grpo"}
 
@@ -142,7 +146,10 @@ def outcomes(project, tiny_world):
         else:
             runs.append((name, compiled))
     cases = [{"name": name, **runnable(c, tiny_world, project / f"run{n}")} for n, (name, c) in enumerate(runs)]
-    cases.append(control(cases[0], project / "control"))
+    cases.append(control(cases[0], project / "control", CONTROL, _batch_of_512))
+    lora = next(case for case in cases if case["name"] == "rl/reinforce, LoRA")
+    cases.append(control(lora, project / "control_v1", LORA_ON_V1, _on_the_v1_worker))
+    cases.append(control(lora, project / "control_key", LORA_KEY, _a_key_nemo_rl_lacks))
     results = upstream.run_nemo_rl(cases, project)
     yield refused, results
     for n in range(len(runs)):
@@ -150,16 +157,31 @@ def outcomes(project, tiny_world):
 
 
 CONTROL = "control: 256 rows a step, a global batch of 512"
+LORA_ON_V1 = "control: LoRA on the DTensor v1 worker"
+LORA_KEY = "control: a lora_cfg key NeMo-RL does not declare"
 
 
-def control(case: dict, folder: Path) -> dict:
+def _batch_of_512(master: dict) -> None:
     """The seed command's config as rlsteps compiled it before the global batch followed the rows."""
-    master = yaml.safe_load(Path(case["config"]).read_text())
     master["policy"]["train_global_batch_size"] = 512
+
+
+def _on_the_v1_worker(master: dict) -> None:
+    master["policy"]["dtensor_cfg"]["_v2"] = False
+
+
+def _a_key_nemo_rl_lacks(master: dict) -> None:
+    master["policy"]["dtensor_cfg"]["lora_cfg"]["rank"] = 8
+
+
+def control(case: dict, folder: Path, name: str, change) -> dict:
+    """A compiled case's config with a change rlsteps would not make, to run beside the cases."""
+    master = yaml.safe_load(Path(case["config"]).read_text())
+    change(master)
     folder.mkdir()
     (folder / "master.yaml").write_text(yaml.safe_dump(master).replace(str(Path(case["config"]).parent), str(folder)))
     shutil.copytree(Path(case["config"]).parent / "nemo_rl", folder / "nemo_rl", symlinks=True)
-    return {**case, "name": CONTROL, "config": str(folder / "master.yaml")}
+    return {**case, "name": name, "config": str(folder / "master.yaml")}
 
 
 def test_the_run_check_fails_where_nemo_rl_fails(outcomes):
@@ -169,6 +191,16 @@ def test_the_run_check_fails_where_nemo_rl_fails(outcomes):
     assert result["error"] == "AssertionError: Total batch size (256) is not a multiple of batch_size (512)"
     assert result["where"].startswith("nemo_rl/distributed/batched_data_dict.py:")
     assert "lm_policy.py" in result["traceback"] and "in grpo_train" in result["traceback"]
+
+
+def test_nemo_rl_itself_stops_lora_on_its_v1_worker_and_a_lora_cfg_key_it_does_not_declare(outcomes):
+    """What rlsteps never compiles (the v1 worker with LoRA: refused at compile time) is NeMo-RL's own check, and
+    the stand-in worker holds the compiled lora_cfg to NeMo-RL's declaration of it."""
+    results = outcomes[1]
+    on_v1 = results[LORA_ON_V1]
+    assert not on_v1["ok"] and on_v1["error"] == "AssertionError: LoRA is not supported for DTensorPolicyWorker V1"
+    assert on_v1["where"].startswith("nemo_rl/models/policy/lm_policy.py:")
+    assert not results[LORA_KEY]["ok"] and "not in NeMo-RL's LoRAConfig ['rank']" in results[LORA_KEY]["error"]
 
 
 def describe(result: dict) -> str:

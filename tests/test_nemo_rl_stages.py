@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import rlsteps
 import upstream
 from rlsteps.artifacts.detect import detect_types
 from rlsteps.catalog import load_catalog
@@ -176,7 +177,14 @@ def test_finish_writes_the_checkpoint_of_the_last_total_step_with_nemo_rls_count
     written = json.loads((target / "rlsteps_artifact.json").read_text())
     per_step = schedule.optimizer_steps_per_step(cfg.model_dump(mode="json"))
     assert written["counters"] == {"step": 7, "consumed_samples": 28, "epoch": 2, "optimizer_steps": 7 * per_step}
-    assert written["producer"] == {"step": "rl/reinforce", "job": "j1", "algorithm": "reinforce", "engine": "nemo_rl"}
+    assert written["producer"] | {"rlsteps": None} == {
+        "step": "rl/reinforce",
+        "job": "j1",
+        "algorithm": "reinforce",
+        "engine": "nemo_rl",
+        "rlsteps": None,
+    }
+    assert written["producer"]["rlsteps"]["version"] == rlsteps.__version__
     exported = Path(stages.paths_of(cfg).exported)
     from safetensors.torch import load_file
 

@@ -12,9 +12,8 @@ from rlsteps.engine.nemo_rl.layout import MASTER_CONFIG_FILE
 from rlsteps.errors import UsageError
 from rlsteps.plan.runner import RunRequest, compile_request
 from run_helpers import rlsteps
+from seed_commands import JUDGE, SEED_COMMANDS, STEP
 
-STEP = "rl/nemo_rl/rlhf"
-JUDGE = "env.nemo_gym.genrm_model.responses_api_models.vllm_model.model"
 REPO = Path(__file__).resolve().parent.parent
 GPU_PROFILES = """\
 profiles:
@@ -94,15 +93,7 @@ def test_any_nemo_rl_key_is_an_override_and_a_typo_gets_the_closest_schema_key(p
 @pytest.mark.slow  # the seed page's commands through the CLI, with NeMo-RL's code judging them
 def test_the_seed_pages_commands_work_as_written(project):
     """Command Examples of the seed page (dry runs where they would submit); the profiles are the shipped ones."""
-    commands = [
-        ["steps", "run", STEP, "-c", "default", "--dry-run"],
-        ["steps", "run", STEP, "-c", "default", "-r", "lepton_rl_nemo_rl_rlhf", f"{JUDGE}=nvidia/Nemotron-Reward-Model",
-         "grpo.num_generations_per_prompt=16", "--dry-run"],
-        ["steps", "run", STEP, "-c", "default", "-b", "slurm_rl_nemo_rl_rlhf", "grpo.max_num_steps=1000",
-         "data.train.data_path=/lustre/rlhf/train.jsonl", "data.validation.data_path=/lustre/rlhf/val.jsonl",
-         "--dry-run"],
-        ["run", STEP, "-c", "tiny", "--dry-run"],
-    ]  # fmt: skip
+    commands = SEED_COMMANDS
     for command in commands:
         result = rlsteps(*command, cwd=project)
         assert result.returncode == 0, (command, result.stdout[-3000:], result.stderr[-3000:])

@@ -23,6 +23,7 @@ from rlsteps.engine.run.output_dir import make_output_dir
 from rlsteps.errors import UsageError
 from test_bad_inputs import files_under, leftover_processes, marked
 from test_disk_full import fill
+from tmpfs import tmpfs_mounts
 
 NO_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]  # root obeys permission bits
 
@@ -30,22 +31,8 @@ NO_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]  # ro
 @pytest.fixture
 def mount(tmp_path) -> Iterator:
     """mount(options) -> a tmpfs of 2 MB under tmp_path with those options; unmounted after the test."""
-    mounted: list[Path] = []
-
-    def mount_tmpfs(options: str) -> Path:
-        where = tmp_path / f"disk{len(mounted)}"
-        where.mkdir()
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size=2m,{options}", "tmpfs", str(where)], capture_output=True
-        )
-        if done.returncode != 0:
-            required.unavailable(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}", switch="TMPFS")
-        mounted.append(where)
-        return where
-
-    yield mount_tmpfs
-    for where in mounted:
-        subprocess.run(["umount", "-l", str(where)], check=False)
+    with tmpfs_mounts(tmp_path) as mount_tmpfs:
+        yield lambda options: mount_tmpfs(f"size=2m,{options}")
 
 
 def run_and_dry_run(out: Path, work: Path, prefix: tuple[str, ...] = ()) -> list[subprocess.CompletedProcess]:

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,39 @@ def test_lookup_order_cwd_then_env_then_home(tmp_path, monkeypatch):
     assert resolve_profile("p").settings["where"] == "cwd"
     assert resolve_profile("e").source == str(env_file)
     assert resolve_profile("h").executor == "local"
+
+
+def test_rlsteps_profiles_takes_files_and_folders_separated_like_path_the_first_winning(tmp_path, monkeypatch):
+    folder, single = tmp_path / "team", tmp_path / "mine.yaml"
+    folder.mkdir()
+    (folder / "b.yaml").write_text("profiles:\n  p: {executor: local, where: team-b}\n  t: {executor: local}\n")
+    (folder / "a.yaml").write_text("profiles:\n  p: {executor: local, where: team-a}\n")
+    (folder / "notes.txt").write_text("not a profile file\n")
+    single.write_text("profiles:\n  p: {executor: local, where: mine}\n  m: {executor: local}\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSTEPS_PROFILES", os.pathsep.join([str(folder), str(single)]))
+    assert profile_files() == [folder / "a.yaml", folder / "b.yaml", single]
+    assert resolve_profile("p").settings["where"] == "team-a"  # a folder's files in name order, before what follows
+    assert resolve_profile("m").source == str(single) and resolve_profile("t").source == str(folder / "b.yaml")
+    monkeypatch.setenv("RLSTEPS_PROFILES", os.pathsep.join([str(single), str(folder)]))
+    assert resolve_profile("p").settings["where"] == "mine"
+
+
+def test_an_unknown_profile_names_a_profiles_entry_that_does_not_exist(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("RLSTEPS_PROFILES", str(tmp_path / "typo.yaml"))
+    with pytest.raises(UsageError) as refused:
+        resolve_profile("my_slurm")
+    assert f"$RLSTEPS_PROFILES names {tmp_path / 'typo.yaml'}, not found" in refused.value.fix
+
+
+def test_the_shipped_example_profiles_folder_is_a_profiles_entry(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSTEPS_PROFILES", str(EXAMPLES))
+    assert resolve_profile("slurm_rl_nemo_rl_rlhf").executor == "slurm"
+    assert resolve_profile("my_lepton_2nodes").settings["nodes"] == 2
 
 
 def test_extends_merges_parent_first(tmp_path):

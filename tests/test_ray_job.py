@@ -290,7 +290,13 @@ def test_the_slurm_profiles_shared_places(project, monkeypatch):
 
 
 def test_one_node_needs_no_shared_run_directory_and_a_container_mount_of_tmp_shares_nothing(project):
-    one_node = (*INPUTS, "output.dir=/tmp/rlsteps-one-node", "train.global_batch_size=56")  # 7 policy GPUs + judge
+    # 7 policy GPUs + judge: 35 prompts x 16 generations = 560 rows a step, 2 optimizer steps of 280 over 7 ranks
+    one_node = (
+        *INPUTS,
+        "output.dir=/tmp/rlsteps-one-node",
+        "rollout.prompts_per_step=35",
+        "train.global_batch_size=280",
+    )
     assert compiled("one_node", *one_node).plan.files[NODE_SCRIPT_FILE]
     with pytest.raises(UsageError, match="output.dir /tmp/elsewhere is not on a filesystem"):
         compiled("gpus", *INPUTS, "output.dir=/tmp/elsewhere")
@@ -306,9 +312,15 @@ def test_on_lepton_the_run_directory_must_be_under_a_mount(project):
         compiled("lepton", *INPUTS)
 
 
-def test_without_the_leptonai_sdk_the_fix_names_the_lepton_extra(project, monkeypatch, capsys):
+def test_without_the_leptonai_sdk_a_dry_run_compiles_and_a_submit_names_the_lepton_extra(project, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "leptonai", None)  # import leptonai... fails as if it were not installed
-    code = main(["run", "rl/rlhf", "-c", "default", "-b", "lepton", "--dry-run", "engine=nemo_rl", *INPUTS])
+    on_the_mount = [i.replace("/lustre/", "/data/") for i in INPUTS]  # what the Lepton job sees
+    argv = ["run", "rl/rlhf", "-c", "default", "-b", "lepton", "engine=nemo_rl", *on_the_mount, "output.dir=/data/run"]
+    code = main([*argv, "--dry-run"])  # the spec is a plain dict: nothing to send, nothing of the SDK needed
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "resource_shape" in out
+    code = main(argv)
     err = capsys.readouterr().err
     assert code == 2, err
     assert "fix: pip install 'rlsteps[lepton]'" in err

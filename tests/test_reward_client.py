@@ -166,6 +166,51 @@ def test_batches_are_sent_concurrently_and_reassembled_in_order() -> None:
     assert elapsed < 0.9, f"4 batches of 0.3 s took {elapsed:.2f} s: not concurrent"
 
 
+def classified(*probs: list[float]) -> Answer:
+    """vLLM's /classify answer, its classifications out of order."""
+    data = [{"index": i, "label": "LABEL_0", "probs": p, "num_classes": len(p)} for i, p in enumerate(probs)]
+    return 200, json.dumps({"object": "list", "data": data[::-1]}), {}
+
+
+def test_vllm_and_triton_keep_the_retries_and_failure_rules_of_the_client() -> None:
+    """Each server kind's answers go through the same rules: 5xx retried (Retry-After honoured), an answer without
+    a reward per input retried a little then refused with its reason, other 4xx refused at once."""
+    triton_ok = 200, json.dumps({"outputs": [{"name": "rewards", "datatype": "FP32", "shape": [2, 1], "data": [1, 2]}]})
+    for api, good, wrong_count, score in (
+        ("vllm", classified([1.5], [-2.0]), classified([1.5]), lambda c: c.score_tokens([[1], [2]])),
+        ("triton", (*triton_ok, {}), (200, '{"outputs": []}', {}), lambda c: c.score_tokens([[1], [2, 3]])),
+    ):
+        answers = [(503, '{"error": "busy"}', {"Retry-After": "0"}), good]
+        with StandIn(answers).running() as stand_in, RewardClient(stand_in.url, api=api, backoff_s=0.01) as client:
+            assert score(client) == ([1.5, -2.0] if api == "vllm" else [1.0, 2.0]) and stand_in.hits == 2
+        with StandIn([wrong_count]).running() as stand_in, RewardClient(stand_in.url, api=api, backoff_s=0.01) as c:
+            with pytest.raises(RewardServerError, match="1 rewards for 2 inputs|no output named"):
+                score(c)
+        assert stand_in.hits == 1 + INVALID_ANSWER_RETRIES
+        with StandIn([(400, '{"error": "bad input"}', {})]).running() as stand_in:
+            with RewardClient(stand_in.url, api=api) as c, pytest.raises(RewardServerError, match="400: bad input"):
+                score(c)
+        assert stand_in.hits == 1
+
+
+def test_a_vllm_model_of_several_labels_is_refused_as_no_scalar_reward_model() -> None:
+    with StandIn([classified([0.1, 0.9])]).running() as stand_in:
+        with RewardClient(stand_in.url, api="vllm", backoff_s=0.01) as client:
+            with pytest.raises(RewardServerError, match=r"classifies into \[2\] labels.*num_labels=1"):
+                client.score_tokens([[1, 2]])
+
+
+def test_vllm_without_tokenizer_info_says_how_to_start_it_and_conversations_need_none() -> None:
+    conversation = [{"role": "user", "content": "hi"}]
+    with StandIn([classified([1.0])]).running() as stand_in:
+        with RewardClient(stand_in.url, api="vllm", model="rm", max_retries=0) as client:
+            with pytest.raises(RewardServerError, match="--enable-tokenizer-info-endpoint.*chat_template=reward_model"):
+                client.score(["p"], ["r"])  # the stand-in answers no GET: a text's EOS is unknown
+            assert client.score_conversations([conversation], ["r"]) == [1.0]
+    assistant = {"role": "assistant", "content": "r"}
+    assert stand_in.bodies == [{"messages": [*conversation, assistant], "model": "rm", "use_activation": False}]
+
+
 def test_client_refuses_mismatched_inputs_and_urls_without_scheme() -> None:
     with pytest.raises(ValueError, match="2 prompts but 1 responses"):
         RewardClient("http://127.0.0.1:1").score(["a", "b"], ["c"])

@@ -37,17 +37,27 @@ def test_the_step_yaml_and_the_schema_agree_on_the_rm_defaults() -> None:
         RewardModelClientConfig(truncation_side="middle")
 
 
+def test_a_server_of_another_kind_needs_its_url_and_triton_reads_the_policys_tokens() -> None:
+    with pytest.raises(ValidationError, match="rm.api=vllm scores through a server you run.*set rm.url"):
+        RewardModelClientConfig(api="vllm")
+    with pytest.raises(ValidationError, match="rm.api=triton sends the policy's token ids"):
+        RewardModelClientConfig(api="triton", url="http://rm:5555", chat_template="reward_model")
+    with pytest.raises(ValidationError, match="api"):
+        RewardModelClientConfig(api="openai", url="http://rm:5555")
+    assert RewardModelClientConfig(api="vllm", url="http://rm:8000", chat_template="reward_model").api == "vllm"
+
+
 def test_the_rm_section_sets_the_truncation_of_every_request_and_of_a_local_server() -> None:
     rm = RewardModelClientConfig(max_length=128, truncation_side="right", batch_size=32, concurrency=8)
     with RewardClient("http://127.0.0.1:1", **rm.model_dump(include=RM_CLIENT_OPTIONS)) as client:
-        assert client.request_options == {"max_length": 128, "truncation_side": "right"}
+        assert client.api.options == {"max_length": 128, "truncation_side": "right"}
     assert local_rm_server_args(rm) == [
         "--device", "auto", "--dtype", "auto", "--max-batch", "64", "--max-wait-ms", "5", "--max-queue", "256",
         "--truncation-side", "right", "--max-length", "128",
     ]  # fmt: skip
     default = RewardModelClientConfig()
     with RewardClient("http://127.0.0.1:1", **default.model_dump(include=RM_CLIENT_OPTIONS)) as client:
-        assert client.request_options == {"truncation_side": "left"}  # max_length: the server's own
+        assert client.api.options == {"truncation_side": "left"}  # max_length: the server's own
     assert "--max-length" not in local_rm_server_args(default)
 
 

@@ -17,7 +17,8 @@ from rlsteps.engine.config import RSConfig
 from rlsteps.engine.rewards.combined import CombinedSource, RewardTerm
 from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionError, RewardFunctionFailed
 from rlsteps.engine.rewards.judge.client import JudgeAnswer, JudgeResult, JudgeUnavailable
-from rlsteps.engine.rewards.sources import FunctionSource, JudgeSource
+from rlsteps.engine.rewards.judge.source import JudgeSource
+from rlsteps.engine.rewards.sources import FunctionSource
 
 HERE = "test_reward_terms"
 
@@ -216,18 +217,23 @@ class PositionJudge:
         return JudgeResult([[6.0, 4.0]] * len(requests), [[True, True]] * len(requests), stats, answers)
 
 
-def test_greedy_validation_meets_the_first_validations_responses(tmp_path):
+def test_greedy_validation_meets_the_first_validations_responses_and_never_itself(tmp_path):
+    """The first validation's responses (the initial policy's) are the references; a response identical to its
+    reference is not shown to the judge (a judge shown one text twice answers by position alone): no judge figure."""
     judge = PositionJudge()
     source = JudgeSource(judge, reference_path=tmp_path / "refs.json")
     first = qa_batch(["a0", "b0"], [None, None])
     first.prompt_ids = ["p", "q"]
     scores = source.score_alone(first)
-    assert [r for _, r in judge.requests] == [["a0", "a0"], ["b0", "b0"]]  # the first meets itself
-    assert scores.rewards.tolist() == [6.0, 6.0] and len(scores.valid) == 2
-    later = qa_batch(["a1", "b1"], [None, None])
+    assert judge.requests == []  # each would meet itself
+    assert scores.valid.tolist() == [False, False]
+    assert scores.details == [{"judge": [], "same_as_reference": True}] * 2  # what the sample records say
+    later = qa_batch(["a1", "b0"], [None, None])
     later.prompt_ids = ["p", "q"]
-    JudgeSource(judge, reference_path=tmp_path / "refs.json").score_alone(later)  # a resumed run reads the file
-    assert [r for _, r in judge.requests[2:]] == [["a1", "a0"], ["b1", "b0"]]
+    scores = JudgeSource(judge, reference_path=tmp_path / "refs.json").score_alone(later)  # a resumed run reads it
+    assert [r for _, r in judge.requests] == [["a1", "a0"]]  # b0 is still the reference's text
+    assert scores.rewards[0] == 6.0 and scores.valid.tolist() == [True, False]
+    assert "same_as_reference" not in scores.details[0] and scores.details[1]["same_as_reference"]
 
 
 def rs_config(**rewards) -> dict:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from rlsteps.engine.records.metrics import metric_series, read_metrics
 from run_helpers import FAST, rlsteps, run_dir, series
 
 TRUE_REWARD = "rlsteps.tiny.task:true_reward"
@@ -26,12 +27,15 @@ def test_rejection_sampling_with_the_judge_and_a_function_logs_each_term(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     run = run_dir(tmp_path, "rl_rs")
     assert len(series(run, "reward/judge")) == 2 and len(series(run, "reward/true")) == 2
-    assert len(series(run, "val/reward/judge")) == 2 and len(series(run, "val/reward/true")) == 2
-    judge_score, true_score = series(run, "val/reward/judge")[0], series(run, "val/reward/true")[0]
-    assert series(run, "val/reward_mean")[0] == pytest.approx(judge_score + 0.5 * true_score, abs=1e-5)
+    # greedy validation's judge meets the initial policy's answers: no figure at step 0, where every answer is one
+    assert metric_series(read_metrics(run / "metrics.jsonl"), "val/reward/judge")[0] == [2]
+    assert len(series(run, "val/reward/true")) == 2
     assert series(run, "val/reward/true") == series(run, "val/true_reward")  # the same function, trained and shown
-    record = json.loads((run / "samples.jsonl").read_text().splitlines()[-1])
-    assert set(record["rewards"]) == {"judge", "true"} and record["judge"]  # the judge's answers beside them
+    records = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    judged = [r for r in records if r["split"] == "val" and r["valid"]]
+    assert judged and all(r["step"] == 2 and set(r["rewards"]) == {"judge", "true"} and r["judge"] for r in judged)
+    for record in judged:  # the judge's answers beside the terms, and the reward their weighted sum
+        assert record["reward"] == pytest.approx(record["rewards"]["judge"] + 0.5 * record["rewards"]["true"], abs=1e-5)
     assert (run / "validation_references.json").is_file()  # what greedy validation meets: the first responses
     assert (run / "policy").is_dir()
 

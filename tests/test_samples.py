@@ -40,6 +40,8 @@ def test_records_of_the_first_rows_with_the_reward_source_details_and_extra_rewa
     ]  # fmt: skip
     assert describe_sample(records[0]) == "a: 'Hi' -> 'Hello!'  reward 2.5"
     assert describe_sample(records[1]) == "a: 'Hi' -> 'Hel' (cut off)  reward none (no valid judgement)"
+    unchanged = {**records[1], "same_as_reference": True}  # greedy validation: the initial answer, not judged
+    assert describe_sample(unchanged).endswith("reward none (the initial policy's answer again: not judged)")
     with SampleLog(tmp_path / "samples.jsonl") as log:
         log.write(records)
     (tmp_path / "samples.jsonl").open("a").write('{"step": 8, "spl')  # a crash mid-line

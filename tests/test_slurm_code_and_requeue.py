@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rlsteps.engine.run.signals import EXIT_CHECKPOINTED
+from rlsteps.install import describe, source
 from rlsteps.launch import code, containers, slurm_script
 from rlsteps.launch.base import JobState
 from rlsteps.plan import submitted_jobs as jobs
@@ -132,7 +133,7 @@ def test_a_job_runs_its_own_wheel_in_an_environment_without_rlsteps(tiny_world, 
     log = "\n".join(jobs.job_logs(record))
     assert jobs.job_status(record).state is JobState.SUCCEEDED, log
     wheel = Path(record.job_dir) / code.wheel_name()
-    assert f"code: rlsteps {code.package_version()} from {wheel}/rlsteps" in log
+    assert f"code: {describe(source() | {'from': 'wheel'})} from {wheel}/rlsteps" in log  # its commit too
     assert artifact_metadata(run_dir(project, "rl_rs"))["counters"]["step"] == 2
 
 

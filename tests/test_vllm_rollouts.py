@@ -57,6 +57,19 @@ def test_reinforce_with_truncated_importance_sampling_runs_on_vllm_rollouts(tiny
     assert all(1.0 <= x < 1.001 for x in series(run, "train/token_mult_prob_error"))
 
 
+def test_a_lora_run_sends_vllm_the_merged_weights_every_step_and_the_sampler_agrees_with_the_trainer(
+    tiny_world, tmp_path
+):
+    options = ["train.lora.enabled=true", "train.lr=3e-3", "train.max_steps=4", "validation.interval=0"]
+    done = rlsteps("run", "rl/reinforce", "-c", "tiny", *VLLM_ROLLOUTS, *options, cwd=tmp_path, python=vllm_python())
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = run_dir(tmp_path, "rl_reinforce")
+    assert series(run, "train/steps_without_update") == [0, 0, 0, 0] and len(series(run, "timers/weight_sync")) == 4
+    kl = series(run, "train/init_policy_kl")
+    assert kl[-1] > kl[0]  # the adapters moved the policy, and vLLM sampled from it as it moved:
+    assert all(1.0 <= x < 1.001 for x in series(run, "train/token_mult_prob_error"))
+
+
 def test_a_kv_cache_that_cannot_hold_one_rollout_stops_the_run_before_its_first_step(tiny_world, tmp_path):
     options = [*VLLM_ROLLOUTS, "rollout.vllm.kv_cache_gb=0.00001"]  # later overrides win
     done = rlsteps("run", "rl/rs", "-c", "tiny", *options, cwd=tmp_path, python=vllm_python())

@@ -85,7 +85,8 @@ def test_a_quick_answer_is_waited_for_in_silence(heard):
 def test_the_judge_client_says_what_it_waits_for(stalled, heard):
     client = JudgeClient(f"{stalled}/v1", "judge", timeout_s=1, max_retries=1, retry_sleep_s=0.1, unavailable_fix="fix")
     started = time.monotonic()
-    with client, pytest.raises(JudgeUnavailable, match="failed all 1 comparisons after 2 attempts each .*; fix$"):
+    # one pair, shown both ways round (judge.both_orders): two comparisons
+    with client, pytest.raises(JudgeUnavailable, match="failed all 2 comparisons after 2 attempts each .*; fix$"):
         client.judge([([{"role": "user", "content": "q"}], ["a", "b"])])
     said = assert_never_silent(heard, started, time.monotonic(), f"the judge at {stalled}/v1/chat/completions")
     assert said[-1]["attempt"] == "2" and said[-1]["of"] == "2"

@@ -1,4 +1,8 @@
-"""Step manifests -> typed Step objects, the artifact type graph, and step lookup."""
+"""Step manifests -> typed Step objects, the artifact type graph, and step lookup.
+
+Steps come from several folders, each holding manifests/ (a TOML file a step, and types.toml) and steps/ (each step's
+configs), like PATH: the project folder, the folders of $RLSTEPS_PATH, then the catalog rlsteps ships (catalog_roots).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from rlsteps.errors import UsageError
+from rlsteps.install import PACKAGE_DIR, ROOT_ENV, shipped_catalog
 
-ROOT_ENV = "RLSTEPS_ROOT"
+PATH_ENV = "RLSTEPS_PATH"  # users' own step folders, os.pathsep between them
+PROJECT_FILE = "rlsteps.yaml"  # a project folder holds it (its profiles), and may hold manifests/ and steps/
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ class Step:
 
 @dataclass(frozen=True)
 class Catalog:
-    root: Path
+    roots: tuple[Path, ...]  # where its steps were read, the first winning
     steps: dict[str, Step]
     types: dict[str, ArtifactType]
 
@@ -144,22 +150,45 @@ class Catalog:
         ]
 
 
-def project_root() -> Path:
-    """Where manifests/ and steps/ live: $RLSTEPS_ROOT, else the nearest parent of the cwd or of this package."""
-    if env := os.environ.get(ROOT_ENV):
-        return Path(env).expanduser().resolve()
-    for start in (Path.cwd(), Path(__file__).resolve().parent):
-        for folder in (start, *start.parents):
-            if (folder / "manifests" / "types.toml").is_file() and (folder / "steps").is_dir():
-                return folder
-    raise UsageError(
-        "cannot find the rlsteps manifests/ and steps/ folders", fix=f"set {ROOT_ENV} to the rlsteps checkout"
-    )
+def catalog_roots() -> list[Path]:
+    """The folders steps are read from, the first to define a step id winning: the project (./ when it holds
+    rlsteps.yaml and a manifests/ folder), each folder of $RLSTEPS_PATH in order, then the catalog rlsteps ships."""
+    roots = []
+    if (Path.cwd() / PROJECT_FILE).is_file() and (Path.cwd() / "manifests").is_dir():
+        roots.append(Path.cwd())
+    for entry in filter(None, os.environ.get(PATH_ENV, "").split(os.pathsep)):
+        folder = Path(entry).expanduser()
+        if not (folder / "manifests").is_dir():
+            raise UsageError(
+                f"${PATH_ENV} names {entry}, which has no manifests/ folder",
+                fix="point it at folders that each hold manifests/ (a step's TOML) and steps/ (its configs)",
+            )
+        roots.append(folder)
+    shipped = shipped_catalog()
+    if shipped is None:
+        raise UsageError(
+            f"this rlsteps ({PACKAGE_DIR}) lacks the catalog it ships (manifests/ and steps/)",
+            fix=f"reinstall rlsteps from its wheel or sdist, or set {ROOT_ENV} to an rlsteps checkout",
+        )
+    return list({root.resolve(): root.resolve() for root in [*roots, shipped]}.values())
 
 
-def load_catalog(root: Path | None = None) -> Catalog:
-    root = root or project_root()
-    types = _load_types(root / "manifests" / "types.toml")
+def load_catalog(roots: Path | list[Path] | None = None) -> Catalog:
+    """The steps and types of the roots (catalog_roots() when None); a root earlier in the list wins an id or a type
+    name that a later one defines too."""
+    roots = [roots] if isinstance(roots, Path) else list(roots or catalog_roots())
+    types: dict[str, ArtifactType] = {}
+    steps: dict[str, Step] = {}
+    for root in reversed(roots):
+        if (root / "manifests" / "types.toml").is_file():
+            types.update(_load_types(root / "manifests" / "types.toml"))
+        steps.update(_load_steps(root))
+    catalog = Catalog(roots=tuple(roots), steps=steps, types=types)
+    _check(catalog)
+    return catalog
+
+
+def _load_steps(root: Path) -> dict[str, Step]:
     steps: dict[str, Step] = {}
     for path in sorted((root / "manifests").rglob("*.toml")):
         if path.name == "types.toml":
@@ -168,9 +197,7 @@ def load_catalog(root: Path | None = None) -> Catalog:
         if step.id in steps:
             raise UsageError(f"duplicate step id '{step.id}' in {path} and {steps[step.id].manifest_path}")
         steps[step.id] = step
-    catalog = Catalog(root=root, steps=steps, types=types)
-    _check(catalog)
-    return catalog
+    return steps
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -7,8 +7,9 @@ import sys
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
+from rlsteps.cli import fit
 from rlsteps.cli.artifacts import artifacts_app
 from rlsteps.cli.jobs import jobs_app
 from rlsteps.cli.pipelines import pipeline_app
@@ -19,12 +20,14 @@ out = Console()
 err = Console(stderr=True)
 
 app = typer.Typer(
+    rich_markup_mode=None,
     add_completion=False,
     no_args_is_help=True,
-    rich_markup_mode="rich",
     help="Step-based online RL post-training: rejection sampling, REINFORCE/RLOO, GRPO-RLHF.",
 )
-steps_app = typer.Typer(no_args_is_help=True, help="The step commands (the same as the top-level list/show/run).")
+steps_app = typer.Typer(
+    rich_markup_mode=None, no_args_is_help=True, help="The step commands (the same as the top-level list/show/run)."
+)
 app.add_typer(steps_app, name="steps")
 app.add_typer(serve_app, name="serve")
 app.add_typer(jobs_app, name="jobs")
@@ -34,6 +37,29 @@ app.add_typer(artifacts_app, name="artifacts")
 RUN_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": False}
 
 
+def _print_version(asked: bool) -> None:
+    if not asked:
+        return
+    from rlsteps.cli import fit, render
+    from rlsteps.install import describe, shipped_catalog
+
+    fit.print_lines(out, render.version_lines(describe(), shipped_catalog(), out.width))
+    raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the version, its source and where the catalog lies.",
+    ),
+) -> None:
+    pass
+
+
 def _catalog():
     from rlsteps.catalog import load_catalog
 
@@ -41,13 +67,17 @@ def _catalog():
 
 
 def list_steps(
-    consumes: str | None = typer.Option(None, "--consumes", help="Only steps that consume this artifact type."),
-    produces: str | None = typer.Option(None, "--produces", help="Only steps that produce this artifact type."),
-    tag: str | None = typer.Option(None, "--tag", help="Only steps with this tag."),
+    consumes: str | None = typer.Option(
+        None, "--consumes", metavar="TYPE", help="Only steps that consume this artifact type."
+    ),
+    produces: str | None = typer.Option(
+        None, "--produces", metavar="TYPE", help="Only steps that produce this artifact type."
+    ),
+    tag: str | None = typer.Option(None, "--tag", metavar="TAG", help="Only steps with this tag."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List the steps."""
-    from rlsteps.cli import render
+    from rlsteps.cli import fit, render
 
     catalog = _catalog()
     for wanted in (consumes, produces):
@@ -59,37 +89,43 @@ def list_steps(
     if as_json:
         out.print_json(json.dumps([s.as_dict() for s in steps], default=str))
     else:
-        out.print(render.steps_table(steps))
+        fit.print_lines(out, render.steps_table(steps, out.width))
 
 
 def show_step(
-    step: str = typer.Argument(..., help="A step id (rl/rs) or a unique suffix (rs)."),
+    step: str = typer.Argument(..., metavar="STEP", help="A step id (rl/rs) or a unique suffix (rs)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show a step: its artifacts, parameters, strategies and errors."""
-    from rlsteps.cli import render
+    from rlsteps.cli import fit, render
 
     found = _catalog().find(step)
     if as_json:
         out.print_json(json.dumps(found.as_dict(), default=str))
     else:
-        out.print(render.step_panel(found))
+        fit.print_lines(out, render.step_panel(found, out.width))
 
 
 def run_step(
     ctx: typer.Context,
-    step: str = typer.Argument(..., help="A step id (rl/rs) or a unique suffix (rs)."),
-    overrides: list[str] | None = typer.Argument(None, help="key=value config overrides (+key=value adds a key)."),
-    config: str = typer.Option("default", "-c", "--config", help="A config name under steps/<step>/ or a YAML path."),
-    run_profile: str | None = typer.Option(None, "-r", "--run", help="Run attached on this profile."),
+    step: str = typer.Argument(..., metavar="STEP", help="A step id (rl/rs) or a unique suffix (rs)."),
+    overrides: list[str] | None = typer.Argument(
+        None, metavar="KEY=VALUE", help="Config overrides (+key=value adds a key)."
+    ),
+    config: str = typer.Option(
+        "default", "-c", "--config", metavar="NAME|PATH", help="A config name under steps/<step>/ or a YAML path."
+    ),
+    run_profile: str | None = typer.Option(
+        None, "-r", "--run", metavar="PROFILE", help="Run attached on this profile."
+    ),
     batch_profile: str | None = typer.Option(
-        None, "-b", "--batch", help="Submit a detached batch job on this profile."
+        None, "-b", "--batch", metavar="PROFILE", help="Submit a detached batch job on this profile."
     ),
     dry_run: bool = typer.Option(False, "-d", "--dry-run", help="Print the merged config and the launch; do nothing."),
     force_squash: bool = typer.Option(False, "--force-squash", help="Rebuild the squashed container image."),
 ) -> None:
     """Run a step: here, attached (-r PROFILE) or as a batch job (-b PROFILE). Worker arguments go after --."""
-    from rlsteps.cli import render
+    from rlsteps.cli import fit, render
     from rlsteps.plan.runner import RunRequest, compile_request, execute
 
     words = list(overrides or []) + list(ctx.args)
@@ -112,7 +148,7 @@ def run_step(
     catalog = _catalog()
     if dry_run:
         compiled = compile_request(catalog, request, say=render.sayer(err))
-        out.print(render.dry_run(compiled))
+        fit.print_lines(out, render.dry_run(compiled, out.width))
         sys.stdout.write(render.job_files(compiled))
         if compiled.output_problem is not None:  # after everything is shown, as the run would stop on it
             raise compiled.output_problem
@@ -139,18 +175,21 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def error_lines(error: RlstepsError, width: int | None) -> list[Text]:
+    """`error: ...` and `fix: ...`: at a terminal each wrapped under itself; elsewhere (a log, a pipe) one line each,
+    whole for grep."""
+    width = width or sys.maxsize
+    lines = fit.wrap(Text.assemble(("error:", "bold red"), " ", error.message), width, 7, 0)
+    return lines + (fit.wrap(Text.assemble(("fix:", "bold"), " ", error.fix), width, 5, 0) if error.fix else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, passthrough = split_passthrough(argv)
     try:
         returned = app(args=args, obj={"passthrough": passthrough, "argv": ["rlsteps", *argv]}, standalone_mode=False)
     except RlstepsError as error:
-        err.print(
-            f"[bold red]error:[/] {escape(error.message)}"
-            + (f"\n[bold]fix:[/] {escape(error.fix)}" if error.fix else ""),
-            highlight=False,
-            soft_wrap=True,
-        )
+        fit.print_lines(err, error_lines(error, err.width if err.is_terminal else None))
         return error.exit_code
     except typer.Exit as done:
         return done.exit_code

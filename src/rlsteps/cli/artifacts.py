@@ -12,6 +12,7 @@ out = Console()
 err = Console(stderr=True)
 
 artifacts_app = typer.Typer(
+    rich_markup_mode=None,
     no_args_is_help=True,
     help="The artifact store (artifacts: {root: DIR_OR_URL} in rlsteps.yaml): list, show, lineage, publish.",
 )

@@ -7,14 +7,16 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console, Group
-from rich.table import Table
+from rich.console import Console
 from rich.text import Text
+
+from rlsteps.cli import fit
 
 out = Console()
 err = Console(stderr=True)
 
 jobs_app = typer.Typer(
+    rich_markup_mode=None,
     no_args_is_help=True,
     help="Jobs, from their first second (local runs attached or -b, Slurm, Lepton): list, status, logs, cancel.",
 )
@@ -54,13 +56,19 @@ def list_jobs(as_json: bool = typer.Option(False, "--json", help="Print JSON."))
     if not views:
         err.print("no jobs found under ./.rlsteps/jobs or any profile's job_dir")
         return
-    width = max(len(v.name) for v in views)
-    lines = [Text("rlsteps jobs, oldest first", style="bold")]
-    for v in views:  # two lines a job: its name never breaks, so it can be copied
-        lines.append(Text.assemble((v.name.ljust(width), "bold"), "  ", _state(v.status.state.value)))
+    column = max(len(v.name) for v in views) + 2
+    lines = fit.heading("rlsteps jobs, oldest first", out.width)
+    for v in views:  # its name never breaks, so it can be copied
+        lines += fit.wrap(
+            Text.assemble((v.name, "bold"), " " * (column - len(v.name)), _state(v.status.state.value)),
+            out.width,
+            column,
+            0,
+        )
         details = f"{v.record.launcher} {v.record.job_id}, {v.record.step}, submitted {_when(v.record.submitted)}"
-        lines.append(Text(f"    {details}" + (f": {v.status.detail}" if v.status.detail else ""), style="dim"))
-    out.print(Group(*lines))
+        details += f": {v.status.detail}" if v.status.detail else ""
+        lines += fit.wrap(Text(details, style="dim"), out.width, 4)
+    fit.print_lines(out, lines)
 
 
 @jobs_app.command("status")
@@ -75,19 +83,17 @@ def show_status(
     if as_json:
         out.print_json(json.dumps(view.as_dict()))
         return
-    grid = Table.grid(padding=(0, 2))
-    for key, value in (
+    rows = [
         ("job", view.name),
         ("launcher", record.launcher),
         ("id", record.job_id),
         ("step", record.step),
         ("submitted", _when(record.submitted)),
         ("job dir", record.job_dir),
-    ):
-        grid.add_row(Text(key, style="bold"), value)
-    grid.add_row(Text("state", style="bold"), _state(view.status.state.value))
-    grid.add_row(Text("detail", style="bold"), view.status.detail)
-    out.print(grid)
+        ("state", _state(view.status.state.value)),
+        ("detail", view.status.detail),
+    ]
+    fit.print_lines(out, fit.key_values(rows, out.width))
 
 
 @jobs_app.command("logs")
@@ -118,4 +124,6 @@ def cancel(job: str = typer.Argument(..., help=JOB_ARGUMENT)) -> None:
     if not sent:
         err.print(f"{name} already ended: {status.state.value}; nothing to cancel")
         return
-    out.print(Text.assemble(f"{name}: ", _state(status.state.value), f"  {status.detail}"))
+    fit.print_lines(
+        out, fit.wrap(Text.assemble(f"{name}: ", _state(status.state.value), f"  {status.detail}"), out.width, 4, 0)
+    )

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 out = Console()
 err = Console(stderr=True)
 
-pipeline_app = typer.Typer(no_args_is_help=True, help="Pipelines: stages of steps bound by their artifacts.")
+pipeline_app = typer.Typer(
+    rich_markup_mode=None, no_args_is_help=True, help="Pipelines: stages of steps bound by their artifacts."
+)
 
 
 @pipeline_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
@@ -59,12 +61,10 @@ def run_pipeline(
         for line in notes:
             render.sayer(err)(line)
         if live is not None:
-            err.print(
-                f"[bold yellow]warning:[/] {escape(live.message)}; running it now is refused "
-                f"(fix: {escape(live.fix or '')})",
-                highlight=False,
-                soft_wrap=True,
-            )
+            from rlsteps.cli import fit
+
+            said = f" {live.message}; running it now is refused (fix: {live.fix or ''})"
+            fit.print_lines(err, fit.wrap(Text.assemble(("warning:", "bold yellow"), said), err.width, 9, 0))
         rows = pipeline.describe(pipeline.plan_pipeline(catalog, spec, request))
         if as_json:
             out.print_json(json.dumps(rows))
@@ -83,20 +83,17 @@ def run_pipeline(
 
 
 def _print_stages(rows: list[dict]) -> None:
-    out.print("[bold]pipeline dry run[/]: nothing is started")
+    from rlsteps.cli import fit
+
+    width = out.width
+    lines = fit.heading("pipeline dry run: nothing is started", width)
     for r in rows:
-        out.print(f"[bold]stage {r['stage']}[/]: {r['action']} ({r['why']})", highlight=False)
-        out.print(f"  {r['step']} -c {r['config']} " + " ".join(r["overrides"]), highlight=False, soft_wrap=True)
-        for name, value in r["inputs"].items():
-            out.print(f"  in  {name}: {value}", highlight=False, soft_wrap=True)
+        lines += fit.wrap(Text.assemble((f"stage {r['stage']}", "bold"), f": {r['action']} ({r['why']})"), width, 4, 0)
+        lines += fit.wrap(f"{r['step']} -c {r['config']} " + " ".join(r["overrides"]), width, 6, 2)
+        lines += [line for name, value in r["inputs"].items() for line in fit.wrap(f"in  {name}: {value}", width, 6, 2)]
         for name, value in r["outputs"].items():
-            out.print(
-                f"  out {name}: {value}" + (f", published as {r['publish']}" if r["publish"] else ""),
-                highlight=False,
-                soft_wrap=True,
-            )
-        out.print(
-            f"  launch: {r['launch']}" + (f", after {', '.join(r['after'])}" if r["after"] else ""),
-            highlight=False,
-            soft_wrap=True,
-        )
+            published = f", published as {r['publish']}" if r["publish"] else ""
+            lines += fit.wrap(f"out {name}: {value}{published}", width, 6, 2)
+        after = f", after {', '.join(r['after'])}" if r["after"] else ""
+        lines += fit.wrap(f"launch: {r['launch']}{after}", width, 6, 2)
+    fit.print_lines(out, lines)

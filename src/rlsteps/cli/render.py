@@ -1,28 +1,34 @@
-"""Rich renderings of steps, dry runs and results. Presentation only."""
+"""Steps, a step, dry runs and the version as lines that fit the terminal (cli.fit). Presentation only."""
 
 from __future__ import annotations
 
-import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console, Group
-from rich.markup import escape
-from rich.padding import Padding
-from rich.panel import Panel
-from rich.syntax import Syntax
-from rich.table import Table
+from rich.console import Console
 from rich.text import Text
 
 from rlsteps.catalog import Step
+from rlsteps.cli import fit
 from rlsteps.secrets import mask_argv
 
 if TYPE_CHECKING:
     from rlsteps.plan.runner import Compiled
 
 
-def _under(text: Text | str, indent: int = 4, style: str = "") -> Padding:
-    """Text indented as a whole: its wrapped lines keep the indent."""
-    return Padding(text if isinstance(text, Text) else Text(text, style=style), (0, 0, 0, indent), expand=False)
+SCRIPT_MARK = "\n"  # a command word of several lines is a script: shown by itself, verbatim
+SCRIPT_WORD = "SCRIPT"
+STATUS_WORDS = {
+    "ok": ("ok", "green"),
+    "absent": ("not set", ""),
+    "pending": ("written before the run", "cyan"),
+    "missing": ("missing", "yellow"),
+    "wrong_type": ("wrong type", "red"),
+    "malformed": ("malformed", "red"),
+    "in_job": ("on a cluster path: checked in the job", "cyan"),
+    "unreachable": ("on this machine: the job cannot see it", "red"),
+    "hub": ("a Hugging Face Hub id: fetched where the run starts", "cyan"),
+}
 
 
 def _artifacts(specs) -> str:
@@ -30,14 +36,21 @@ def _artifacts(specs) -> str:
     return ", ".join(f"{s.type}{'' if s.required and not s.reward_source else '?'}" for s in specs)
 
 
-def steps_table(steps: list[Step]) -> Group:
-    """Each step as two lines that fit 80 columns: its id (never broken) and name, then what it takes and makes."""
-    width = max(len(s.id) for s in steps) if steps else 0
-    lines: list = [Text("rlsteps steps (? marks an input a config may leave out)", style="bold")]
+def version_lines(described: str, catalog: Path | None, width: int) -> list[Text]:
+    where = str(catalog) if catalog else "none found"
+    return fit.wrap(described, width, 2, 0) + fit.wrap(
+        f"catalog (steps, manifests, profiles, pipelines): {where}", width, 2, 0
+    )
+
+
+def steps_table(steps: list[Step], width: int) -> list[Text]:
+    """Each step as an id (never broken) and its name, then, indented, what it takes and makes."""
+    column = max((len(s.id) for s in steps), default=0) + 2
+    lines = fit.heading("rlsteps steps (? marks an input a config may leave out)", width)
     for s in steps:
-        lines.append(Text.assemble((s.id.ljust(width), "bold cyan"), "  ", s.name))
-        lines.append(_under(f"{_artifacts(s.consumes)} -> {_artifacts(s.produces)}", style="dim"))
-    return Group(*lines)
+        lines += fit.wrap(Text.assemble((s.id, "bold cyan"), " " * (column - len(s.id)), s.name), width, column, 0)
+        lines += fit.wrap(Text(f"{_artifacts(s.consumes)} -> {_artifacts(s.produces)}", style="dim"), width, 4)
+    return lines
 
 
 def _requirement(spec) -> str:
@@ -49,90 +62,105 @@ def _requirement(spec) -> str:
     return "required" if spec.required else "optional"
 
 
-def _artifact_lines(step: Step) -> list[Text]:
-    lines: list = []
+def _artifact_lines(step: Step, width: int) -> list[Text]:
+    lines: list[Text] = []
     for direction, specs in (("consumes", step.consumes), ("produces", step.produces)):
-        lines.append(Text(direction, style="bold"))
+        lines += fit.heading(direction, width)
         for s in specs:
             kind = f"{s.type} (or as {s.type_key} says)" if s.type_key else s.type
             needed = f"  {_requirement(s)}" if direction == "consumes" else ""
-            lines.append(_under(Text.assemble((s.name, "bold cyan"), f"  {kind}  at {s.key}", (needed, "yellow")), 2))
-            lines.append(_under(s.description))
+            name = Text.assemble((s.name, "bold cyan"), f"  {kind}  at {s.key}", (needed, "yellow"))
+            lines += fit.wrap(name, width, 6, 2)
+            lines += fit.wrap(s.description, width, 4)
     return lines
 
 
-def step_panel(step: Step) -> Group:
-    """A step's manifest, readable at 80 columns: lines of text, no wide tables."""
-    resources = ", ".join(f"{k}={v}" for k, v in step.resources.items())
-    head = Panel(
-        f"{step.description}\n\n[bold]algorithm[/] {step.algorithm}   [bold]configs[/] {', '.join(step.configs)}"
-        f"\n[bold]tags[/] {', '.join(step.tags)}\n[bold]resources[/] {resources}",
-        title=f"[bold cyan]{step.id}[/] · {step.name}",
+def step_panel(step: Step, width: int) -> list[Text]:
+    """A step's manifest as lines: its id and name, what it is, its artifacts, parameters, strategies, errors."""
+    lines = fit.wrap(Text.assemble((step.id, "bold cyan"), " · ", step.name), width)
+    lines += fit.wrap(step.description, width, 2)
+    lines += fit.key_values(
+        [
+            ("algorithm", step.algorithm),
+            ("configs", ", ".join(step.configs)),
+            ("tags", ", ".join(step.tags)),
+            ("resources", ", ".join(f"{k}={v}" for k, v in step.resources.items())),
+            ("manifest", str(step.manifest_path)),
+        ],
+        width,
+        2,
     )
-    parts: list = [head, *_artifact_lines(step)]
+    lines += _artifact_lines(step, width)
     if step.parameters:
-        parts.append(Text("parameters (override with key=value)", style="bold"))
+        lines += fit.heading("parameters (override with key=value)", width)
         for p in step.parameters:
-            parts.append(_under(Text.assemble((p.name, "bold cyan"), f" = {p.default!r}"), 2))
-            parts.append(_under(p.description))
-    notes = [f"[bold]when[/] {s['when']}\n  [bold]then[/] {s['then']}" for s in step.strategies]
-    errors = [f"[bold red]{e['name']}[/]: {e['recovery']}" for e in step.errors]
-    if notes:
-        parts.append(Panel("\n".join(notes), title="strategies"))
-    if errors:
-        parts.append(Panel("\n".join(errors), title="errors and recovery"))
-    return Group(*parts)
+            lines += fit.wrap(Text.assemble((p.name, "bold cyan"), f" = {p.default!r}"), width, 6, 2)
+            lines += fit.wrap(p.description, width, 4)
+    if step.strategies:
+        lines += fit.heading("strategies", width)
+        for s in step.strategies:
+            lines += fit.wrap(Text.assemble(("when ", "bold"), s["when"]), width, 7, 2)
+            lines += fit.wrap(Text.assemble(("then ", "bold"), s["then"]), width, 7, 2)
+    if step.errors:
+        lines += fit.heading("errors and recovery", width)
+        for e in step.errors:
+            lines += fit.wrap(Text.assemble((e["name"], "bold red"), ": ", e["recovery"]), width, 4, 2)
+    return lines
 
 
-def dry_run(compiled: Compiled) -> Group:
+def dry_run(compiled: Compiled, width: int) -> list[Text]:
     from omegaconf import OmegaConf
 
     job, plan = compiled.job, compiled.plan
     where = f"profile {job.profile_name} ({job.profile_source})" if job.profile_name else "this machine"
-    summary = Table.grid(padding=(0, 2))
-    for key, value in (
-        ("step", f"{job.step_id} (algorithm {job.algorithm})"),
-        ("config", f"{job.config_name} ({job.config_source})"),
-        ("mode", f"{job.mode} on {where}, executor {job.executor}"),
-        ("job dir", f"{compiled.job_dir} (not created: dry run)"),
-        ("overrides", " ".join(mask_argv(job.overrides)) or "none"),
-        ("passthrough", " ".join(mask_argv(job.passthrough)) or "none"),
-        ("launch", plan.summary),
-    ):
-        summary.add_row(Text(key, style="bold"), value)
-    inputs = Table(header_style="bold", title="input artifacts")
-    for column in ("name", "key", "reference", "required type", "status"):
-        inputs.add_column(column, overflow="fold")
-    for item in compiled.inputs:
-        status = {
-            "ok": "[green]ok[/]",
-            "absent": "not set",
-            "pending": "[cyan]written before the run[/]",
-            "missing": "[yellow]missing[/]",
-            "wrong_type": "[red]wrong type[/]",
-            "malformed": "[red]malformed[/]",
-            "in_job": "[cyan]on a cluster path: checked in the job[/]",
-            "unreachable": "[red]on this machine: the job cannot see it[/]",
-            "hub": "[cyan]a Hugging Face Hub id: fetched where the run starts[/]",
-        }[item.status]
-        inputs.add_row(item.name, item.key, item.ref or "-", item.required_type, status)
-    parts = [Panel(summary, title="[bold]dry run[/]: nothing was written, started or sent")]
+    lines = fit.heading("dry run: nothing was written, started or sent", width)
+    lines += fit.key_values(
+        [
+            ("step", f"{job.step_id} (algorithm {job.algorithm})"),
+            ("config", f"{job.config_name} ({job.config_source})"),
+            ("mode", f"{job.mode} on {where}, executor {job.executor}"),
+            ("job dir", f"{compiled.job_dir} (not created: dry run)"),
+            ("overrides", " ".join(mask_argv(job.overrides)) or "none"),
+            ("passthrough", " ".join(mask_argv(job.passthrough)) or "none"),
+            ("launch", plan.summary),
+        ],
+        width,
+        2,
+    )
     if job.notes:
-        parts.append(Panel("\n".join(escape(note) for note in job.notes), title="notes"))
+        lines += fit.heading("notes", width)
+        for note in job.notes:
+            lines += fit.wrap(f"- {note}", width, 4, 2)
     if compiled.needs:
-        parts.append(Panel("\n".join(compiled.needs), title="[yellow]the run will need[/] (required, not given yet)"))
-    parts += [
-        inputs,
-        Panel(Syntax(shlex.join(mask_argv(plan.command)), "bash", word_wrap=True), title="command"),
-    ]
-    if plan.env:
-        parts.append(Panel("\n".join(f"{k}={v}" for k, v in plan.env.items()), title="environment"))
-    if job.profile_name:
-        parts.append(
-            Panel(Syntax(OmegaConf.to_yaml(OmegaConf.create(job.public_launcher_settings())), "yaml"), title="profile")
+        lines += fit.heading(Text.assemble(("the run will need", "yellow"), " (required, not given yet)"), width)
+        for need in compiled.needs:
+            lines += fit.wrap(need, width, 4, 2)
+    lines += fit.heading("input artifacts (name, key, type, status; below, the reference)", width)
+    for item in compiled.inputs:
+        word, style = STATUS_WORDS[item.status]
+        lines += fit.wrap(
+            Text.assemble((item.name, "bold cyan"), f"  {item.key}  {item.required_type}  ", (word, style)),
+            width,
+            4,
+            2,
         )
-    parts.append(Panel(Syntax(OmegaConf.to_yaml(OmegaConf.create(job.public_config())), "yaml"), title="merged config"))
-    return Group(*parts)
+        if item.ref:
+            lines += fit.wrap(item.ref, width, 4)
+    lines += fit.heading("command", width)
+    command = mask_argv(plan.command)
+    lines += fit.shell_lines([SCRIPT_WORD if SCRIPT_MARK in word else word for word in command], width, 2)
+    if any(SCRIPT_MARK in word for word in command):
+        lines += fit.wrap(f"({SCRIPT_WORD} is the script printed at the end, verbatim)", width, 4, 2)
+    if plan.env:
+        lines += fit.heading("environment", width)
+        for key, value in plan.env.items():
+            lines += fit.wrap(f"{key}={value}", width, 4, 2)
+    if job.profile_name:
+        lines += fit.heading("profile", width)
+        lines += fit.yaml_lines(OmegaConf.to_yaml(OmegaConf.create(job.public_launcher_settings())), width, 2)
+    lines += fit.heading("merged config", width)
+    lines += fit.yaml_lines(OmegaConf.to_yaml(OmegaConf.create(job.public_config())), width, 2)
+    return lines
 
 
 def refused(compiled: Compiled) -> tuple[str, str] | None:
@@ -148,9 +176,12 @@ def refused(compiled: Compiled) -> tuple[str, str] | None:
 
 
 def job_files(compiled: Compiled) -> str:
-    """The files the job directory will hold, verbatim between header lines: no wrapping, no frame, so a script
-    can be copied from a terminal or a pipe as it is."""
-    blocks = [
+    """The command's script (a word of several lines: Lepton's bash -c) and the files the job directory will hold,
+    verbatim between header lines: no wrapping, no frame, so a script can be copied from a terminal or a pipe as it
+    is."""
+    scripts = [word for word in mask_argv(compiled.plan.command) if SCRIPT_MARK in word]
+    blocks = [f"----- {SCRIPT_WORD}: the command's script -----\n{script.rstrip()}\n" for script in scripts]
+    blocks += [
         f"----- {name} (written into the job dir) -----\n{content.rstrip()}\n"
         for name, content in compiled.plan.files.items()
     ]
@@ -158,9 +189,11 @@ def job_files(compiled: Compiled) -> str:
 
 
 def sayer(console: Console):
-    """How the CLI says a progress line: one line, never wrapped (an id or path stays whole when piped)."""
+    """How the CLI says a progress line: broken at spaces at a terminal, one line in a log or a pipe (whole for
+    grep), as errors are."""
 
     def say(line: str) -> None:
-        console.print(f"[bold]rlsteps[/] {escape(line)}", highlight=False, soft_wrap=True)
+        text = Text.assemble(("rlsteps", "bold"), " ", line)
+        fit.print_lines(console, fit.wrap(text, console.width, 8, 0) if console.is_terminal else [text])
 
     return say

@@ -79,6 +79,29 @@ class RolloutConfig(Section):
         return self
 
 
+class LoraConfig(Section):
+    """Low-rank adapters (LoRA, through peft) on the policy's linear layers: only they train; the reference policy is
+    the base with them switched off. NeMo-RL's policy.dtensor_cfg.lora_cfg names."""
+
+    enabled: bool = False
+    dim: PositiveInt = 8  # the adapters' rank
+    alpha: PositiveInt = 32  # scaling: alpha / dim
+    dropout: Probability = 0.0  # on the adapters' input
+    # module names as peft matches them (a module whose dotted name is or ends with one, e.g. q_proj); empty: every
+    # linear layer but the output layer
+    target_modules: list[str] = []
+
+    @model_validator(mode="after")
+    def _named_modules(self) -> LoraConfig:
+        blank = [name for name in self.target_modules if not name.strip() or "*" in name]
+        if blank:
+            raise ValueError(
+                f"train.lora.target_modules: {blank[0]!r} is not a module name; name modules as they appear in the "
+                "model (e.g. [q_proj, v_proj]), or leave the list empty for every linear layer but the output layer"
+            )
+        return self
+
+
 class TrainConfig(Section):
     max_steps: PositiveInt = 100
     max_epochs: PositiveInt | None = None  # None: as many as train.max_steps needs
@@ -100,6 +123,7 @@ class TrainConfig(Section):
     # the policy's training forward through torch.compile (inductor): the first steps pay the compiling (a minute
     # for a 0.37B policy), later ones run faster (1.87x the train phase of a 0.37B policy in bf16 on one H100)
     compile: bool = False
+    lora: LoraConfig = LoraConfig()
 
     @model_validator(mode="after")
     def _micro_divides_global(self) -> TrainConfig:
@@ -173,6 +197,11 @@ class RewardServerConfig(Section):
 
 class RewardModelClientConfig(Section):
     url: str | None = None
+    # the server's protocol: rlsteps (`rlsteps serve rm`, POST /v1/rewards), vllm (vLLM's pooling server, POST
+    # /classify, raw scores) or triton (NeMo-Aligner's PyTriton reward server: the policy's token ids over Triton's
+    # inference protocol)
+    api: Literal["rlsteps", "vllm", "triton"] = "rlsteps"
+    model: str | None = None  # the served model's name: vLLM's (None: the one it serves); Triton's (reward_model)
     token: str | None = None
     timeout_s: PositiveFloat = 60
     max_retries: NonNegativeInt = 5
@@ -186,12 +215,27 @@ class RewardModelClientConfig(Section):
     chat_template: Literal["policy", "reward_model"] = "policy"
     server: RewardServerConfig = RewardServerConfig()
 
+    @model_validator(mode="after")
+    def _a_server_of_another_kind_is_the_users(self) -> RewardModelClientConfig:
+        if self.api != "rlsteps" and not self.url:
+            raise ValueError(
+                f"rm.api={self.api} scores through a server you run (rlsteps starts only its own): set rm.url to it, "
+                "or rm.api=rlsteps"
+            )
+        if self.api == "triton" and self.chat_template == "reward_model":
+            raise ValueError(
+                "rm.api=triton sends the policy's token ids, as NeMo-Aligner's actors do; rm.chat_template="
+                "reward_model needs a server that renders conversations: rm.api=rlsteps or rm.api=vllm"
+            )
+        return self
+
 
 class JudgeConfig(Section):
     url: str | None = None
     model: str | None = None
     api_key: str | None = None
     pairing: Literal["circular", "all"] = "circular"
+    both_orders: bool = True  # each pair shown both ways round and its two verdicts averaged: position cannot decide
     principle: str | None = None
     concurrency: PositiveInt = 16
     timeout_s: PositiveFloat = 60

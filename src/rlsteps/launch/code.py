@@ -17,10 +17,13 @@ import base64
 import hashlib
 import importlib.metadata
 import io
+import json
 import shlex
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from rlsteps.install import SOURCE_FILE, source
 
 PACKAGE = "rlsteps"
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # zip's earliest date: the wheel's bytes depend on its files alone
@@ -85,8 +88,11 @@ def package_files(root: Path | None = None) -> list[tuple[str, Path]]:
 
 
 def build_wheel(root: Path | None = None) -> CodeWheel:
-    """The wheel, in memory: the package's files and a dist-info that names its version and dependencies."""
+    """The wheel, in memory: the package's files (with the commit they came from) and a dist-info that names its
+    version and dependencies."""
     files = [(name, path.read_bytes()) for name, path in package_files(root)]
+    if f"{PACKAGE}/{SOURCE_FILE}" not in {name for name, _ in files}:  # a checkout's package: its commit, from git
+        files.append((f"{PACKAGE}/{SOURCE_FILE}", _source_record()))
     dist_info = f"{PACKAGE}-{package_version()}.dist-info"
     files += [
         (f"{dist_info}/METADATA", _metadata().encode()),
@@ -148,6 +154,11 @@ def unpack_lines(path: str, env: dict[str, str]) -> list[str]:
         f'export PYTHONPATH={shlex.quote(path)}"${{PYTHONPATH:+:$PYTHONPATH}}"',
         f"unset {' '.join(chunks)}",
     ]
+
+
+def _source_record() -> bytes:
+    found = {key: value for key, value in source().items() if key in ("git", "dirty")}
+    return (json.dumps(found) + "\n").encode()
 
 
 def _metadata() -> str:

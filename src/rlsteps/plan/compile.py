@@ -27,11 +27,12 @@ from omegaconf.errors import (
 )
 from pydantic import ValidationError
 
-from rlsteps.catalog import Step, project_root
+from rlsteps.catalog import Step, load_catalog
 from rlsteps.engine.config import NEMO_RL_SECTIONS  # torch-free
 from rlsteps.errors import UsageError
 from rlsteps.launch.job import Job, Mode, sanitise_name
 from rlsteps.plan import resolvers
+from rlsteps.plan.key_hints import closest_key_hint, flat_keys
 from rlsteps.plan.profiles import Profile
 
 resolvers.register()
@@ -119,7 +120,7 @@ def _check_nemo_rl_key(cfg: DictConfig, key: str) -> None:
 
     nemo_rl_key = _nemo_rl_key(cfg, key)
     if nemo_rl_key is None:
-        raise UsageError(f"unknown config key '{key}'", fix=_closest_key_hint(cfg, key))
+        raise UsageError(f"unknown config key '{key}'", fix=closest_key_hint(cfg, key))
     if not is_known(nemo_rl_key):
         near = closest(nemo_rl_key)
         prefix = key.removesuffix(nemo_rl_key)
@@ -227,7 +228,7 @@ def _nemo_rl_step(
     if engine == "nemo_rl":
         derived = {key: validated[key] for key in ("inputs", "nemo_rl_job")}
         return {**cfg, **derived, "engine": "nemo_rl"}, step.algorithm, []
-    base = project_root() / "steps" / EMBEDDED_STEP / f"{validated['embedded_config']}.yaml"
+    base = load_catalog().find(EMBEDDED_STEP).config_path(validated["embedded_config"])
     if not base.is_file():
         raise UsageError(f"embedded_config '{validated['embedded_config']}': {EMBEDDED_STEP} has no such config")
     recipe, notes = to_embedded(
@@ -355,51 +356,3 @@ def _has_key(cfg: Any, dotted: str) -> bool:
         else:
             return False
     return True
-
-
-def flat_keys(cfg: Any, prefix: str = "") -> list[str]:
-    if not isinstance(cfg, DictConfig):
-        return [prefix] if prefix else []
-    keys: list[str] = []
-    for k in cfg.keys():
-        path = f"{prefix}.{k}" if prefix else str(k)
-        child = cfg._get_node(k)
-        keys.extend(flat_keys(child, path) if isinstance(child, DictConfig) else [path])
-    return keys
-
-
-# Names users of TRL's trainers and NeMo-RL's configs bring, by their last part -> rlsteps' keys (the first of them
-# the config has): spelling alone would suggest train.min_lr_ratio for train.learning_rate
-COUNTERPART_NAMES = {
-    "learning_rate": ("train.lr",),
-    "num_generations": ("rollout.num_rollouts_per_prompt",),
-    "num_generations_per_prompt": ("rollout.num_rollouts_per_prompt",),
-    "num_prompts_per_step": ("rollout.prompts_per_step",),
-    "max_completion_length": ("rollout.sampling.max_new_tokens",),
-    "max_new_tokens": ("rollout.sampling.max_new_tokens",),
-    "max_num_steps": ("train.max_steps",),
-    "num_train_epochs": ("train.max_epochs",),
-    "max_num_epochs": ("train.max_epochs",),
-    "per_device_train_batch_size": ("train.micro_batch_size",),
-    "train_micro_batch_size": ("train.micro_batch_size",),
-    "train_global_batch_size": ("train.global_batch_size",),
-    "beta": ("grpo.kl_beta", "reinforce.initial_policy_kl_penalty"),
-    "reference_policy_kl_penalty": ("grpo.kl_beta", "reinforce.initial_policy_kl_penalty"),
-    "epsilon": ("grpo.eps_low",),
-    "ratio_clip_min": ("grpo.eps_low",),
-    "ratio_clip_max": ("grpo.eps_high",),
-}
-
-
-def _closest_key_hint(cfg: DictConfig, key: str) -> str:
-    keys = flat_keys(cfg)
-    named = COUNTERPART_NAMES.get(key.rsplit(".", 1)[-1], ())
-    close = [k for k in named if k in keys][:1] or difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
-    if not close:  # a right leaf under a wrong section: match on the last part
-        leaf = key.rsplit(".", 1)[-1]
-        close = [k for k in keys if k.rsplit(".", 1)[-1] == leaf][:1]
-    # a new key with + is only welcome where the schema takes any key (a step's own inputs)
-    adding = f" (use +{key}=... to add a new input)" if key.startswith("inputs.") else ""
-    if close:
-        return f"did you mean '{close[0]}'?{adding}"
-    return f"use +{key}=... to add a new input" if adding else "see `rlsteps run STEP -c CONFIG --dry-run` for its keys"

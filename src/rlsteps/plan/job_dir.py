@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from rlsteps.artifacts.inputs import ResolvedInput
+from rlsteps.install import git_state, source, version
 from rlsteps.launch.base import LaunchPlan
 from rlsteps.launch.job import Job
 from rlsteps.secrets import mask_argv
@@ -93,7 +93,8 @@ def provenance(job: Job, plan: LaunchPlan, inputs: list[ResolvedInput], job_dir:
         "inputs_in_job": job.inputs_in_job,  # on cluster paths: the worker checks these before it starts
         "config": job.public_config(),
         "versions": package_versions(),
-        "git": {"rlsteps": git_state(Path(__file__).resolve().parent), "cwd": git_state(Path.cwd())},
+        "rlsteps": {"version": version(), "source": source()},  # the code that compiled the job (and runs it)
+        "git": {"cwd": _cwd_git()},
         "host": {"hostname": socket.gethostname(), "python": sys.version.split()[0], "platform": platform.platform()},
     }
 
@@ -108,22 +109,10 @@ def package_versions() -> dict[str, str]:
     return found
 
 
-def git_state(directory: Path) -> dict[str, Any] | None:
-    try:
-        sha = subprocess.run(
-            ["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        if sha.returncode != 0:
-            return None
-        dirty = subprocess.run(
-            ["git", "-C", str(directory), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        return {"sha": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+def _cwd_git() -> dict[str, Any] | None:
+    """The commit of the project the job was compiled in, where it is a git checkout."""
+    state = git_state(Path.cwd())
+    return None if state is None else {"sha": state["sha"], "dirty": state["dirty"]}
 
 
 def _write_yaml(path: Path, data: dict[str, Any]) -> None:

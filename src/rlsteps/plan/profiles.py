@@ -1,6 +1,7 @@
 """Run and batch profiles: where and how a step runs.
 
-Profiles are read from ./rlsteps.yaml, then $RLSTEPS_PROFILES, then ~/.config/rlsteps/profiles.yaml;
+Profiles are read from ./rlsteps.yaml, then each entry of $RLSTEPS_PROFILES in order (files or folders, separated
+by os.pathsep as in PATH; a folder gives its *.yaml files in name order), then ~/.config/rlsteps/profiles.yaml;
 the first file that defines a name wins. Built in, under every file: `local` (this machine), so `-b local`
 detaches a run with no file at all. A profile may `extends:` another (cycles are errors).
 Each file holds a `profiles:` mapping of name -> settings; `executor` names the launcher.
@@ -44,11 +45,20 @@ class Profile:
 
 
 def profile_files() -> list[Path]:
-    candidates = [Path.cwd() / "rlsteps.yaml"]
-    if env := os.environ.get(PROFILES_ENV):
-        candidates.append(Path(env).expanduser())
+    """The profile files that exist, the first to define a name winning."""
+    candidates = [Path.cwd() / "rlsteps.yaml", *_env_entries()]
     candidates.append(Path.home() / ".config" / "rlsteps" / "profiles.yaml")
-    return [p for p in candidates if p.is_file()]
+    found = []
+    for path in candidates:
+        if path.is_dir():
+            found.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()))
+        elif path.is_file():
+            found.append(path)
+    return found
+
+
+def _env_entries() -> list[Path]:
+    return [Path(entry).expanduser() for entry in os.environ.get(PROFILES_ENV, "").split(os.pathsep) if entry]
 
 
 def load_profiles(files: list[Path] | None = None) -> dict[str, tuple[dict[str, Any], str]]:
@@ -85,6 +95,8 @@ def _extends_chain(name: str, known: dict[str, tuple[dict[str, Any], str]]) -> l
     while current is not None:
         if current not in known:
             where = ", ".join(str(p) for p in profile_files()) or "no profile file found"
+            absent = [str(p) for p in _env_entries() if not p.exists()]
+            where += f"; ${PROFILES_ENV} names {', '.join(absent)}, not found" if absent else ""
             close = difflib.get_close_matches(current, list(known), n=3)
             hint = (
                 f"did you mean {', '.join(close)}?"

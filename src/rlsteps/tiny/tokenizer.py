@@ -51,7 +51,8 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config["additional_special_tokens"] = config.pop("extra_special_tokens", list(ROLE_TOKENS.values()))
+    extra = config.pop("extra_special_tokens", None)  # transformers 5: the role tokens; 4.x: {} (named extras)
+    config["additional_special_tokens"] = extra if isinstance(extra, list) and extra else list(ROLE_TOKENS.values())
     config["chat_template"] = CHAT_TEMPLATE
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 

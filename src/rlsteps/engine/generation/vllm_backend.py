@@ -4,6 +4,7 @@ weights after every update.
 - One engine per training process, in process (vLLM's engine core is not a subprocess here), so a weight update
   is a function call: each parameter is gathered whole (a sharded one by its own all-gather), handed to vLLM's
   in-place reload and dropped before the next. There is never a second whole copy of the policy beside vLLM's.
+  A policy with LoRA adapters is sent merged, W + (alpha / dim) B A, under the base model's names (engine.policy.lora).
 - Row i is requested with seed seeds[i]: vLLM's per-request seed has the GenerationBackend meaning (the row's
   sample depends on its prompt, the sampling settings, its seed and the weights only).
 - The sampler's log-probs are vLLM's raw ones (the model's distribution, before temperature and top-k/top-p),
@@ -34,6 +35,7 @@ from torch import nn
 
 from rlsteps.engine.config import VllmConfig
 from rlsteps.engine.generation.backend import Generation, SamplingParams, check_requests
+from rlsteps.engine.policy.lora import has_adapters, merged_parameters
 
 log = logging.getLogger(__name__)
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"  # where vLLM's reload reports each layer
@@ -89,7 +91,7 @@ class VllmBackend:
         self._wake(tags=["weights"])
         with expected_reload_warnings_hidden(self.layers_without_weights):
             self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": whole_parameters(model), "is_checkpoint_format": True}
+                "reload_weights", kwargs={"weights_iterator": _policy_weights(model), "is_checkpoint_format": True}
             )
         self.llm.apply_model(refresh_tied_output_layer)
         self.llm.reset_prefix_cache()  # cached prompt keys and values came from the old weights
@@ -139,6 +141,13 @@ def whole_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         if hasattr(tensor, "full_tensor"):
             tensor = tensor.full_tensor()
         yield name, tensor
+
+
+def _policy_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """What vLLM is sent: the policy's parameters, or under LoRA the base's with the adapters merged in."""
+    if has_adapters(model):
+        return merged_parameters(model)
+    return whole_parameters(model)
 
 
 def layers_reloaded_without_weights(model: nn.Module) -> list[str]:

@@ -12,7 +12,8 @@ import copy
 from typing import Any
 
 from rlsteps.dotted import get, put
-from rlsteps.engine.nemo_rl.key_map import GENRM, INPUTS, JUDGE, PAIRINGS, RLSTEPS_KEYS, pairs
+from rlsteps.engine.nemo_rl.key_map import GENRM, INPUTS, JUDGE, LORA, PAIRINGS, RLSTEPS_KEYS, pairs
+from rlsteps.engine.nemo_rl.lora import embedded_targets
 from rlsteps.engine.nemo_rl.semantics import NO_END
 
 EMBEDDED_STEP = "rl/rlhf"  # the step whose recipe and inputs the embedded engine runs
@@ -30,6 +31,9 @@ HANDLED = (  # NeMo-RL keys mapped by hand below (a key under one of them is han
     "policy.generation.top_k",
     "policy.tokenizer.name",
     "policy.max_total_sequence_length",
+    f"{LORA}.target_modules",
+    f"{LORA}.match_all_linear",
+    f"{LORA}.exclude_modules",
     f"{GENRM}.comparison_strategy",
     f"{GENRM}.use_principle",
     f"{GENRM}.default_principle",
@@ -53,7 +57,8 @@ def to_embedded(cfg: dict[str, Any], base: dict[str, Any], set_keys: list[str]) 
     if cfg.get("tiny_world") is not None:
         recipe["tiny_world"] = copy.deepcopy(cfg["tiny_world"])
     _epochs_and_validation(cfg, recipe)
-    notes = _judge(cfg, recipe) + _schedule(cfg, recipe)
+    recipe["train"].setdefault("lora", {})["target_modules"], lora_notes = embedded_targets(cfg)
+    notes = _judge(cfg, recipe) + _schedule(cfg, recipe) + lora_notes
     unhonoured = [key for key in set_keys if _is_nemo_rl_key(key) and not _handled(key)]
     if unhonoured:
         notes.append("NeMo-RL keys the embedded engine does not honour: " + ", ".join(sorted(unhonoured)))

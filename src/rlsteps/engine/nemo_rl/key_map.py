@@ -13,6 +13,7 @@ from rlsteps.dotted import get
 
 GENRM = "env.nemo_gym.genrm_compare_resources_server.resources_servers.genrm_compare"
 JUDGE = "env.nemo_gym.genrm_model.responses_api_models.vllm_model"  # the seed step's judge block (embedded view)
+LORA = "policy.dtensor_cfg.lora_cfg"  # NeMo-RL's LoRA on its DTensor (v2) policy worker
 
 SHARED = (  # (rlsteps key, NeMo-RL key): the same meaning, value for value
     ("seed", "grpo.seed"),
@@ -35,6 +36,10 @@ SHARED = (  # (rlsteps key, NeMo-RL key): the same meaning, value for value
     ("train.betas", "policy.optimizer.kwargs.betas"),
     ("train.activation_checkpointing", "policy.dtensor_cfg.activation_checkpointing"),
     ("train.truncated_importance_sampling", "loss_fn.use_importance_sampling_correction"),
+    ("train.lora.enabled", f"{LORA}.enabled"),
+    ("train.lora.dim", f"{LORA}.dim"),
+    ("train.lora.alpha", f"{LORA}.alpha"),
+    ("train.lora.dropout", f"{LORA}.dropout"),
     ("validation.show_samples", "logger.num_val_samples_to_print"),
     ("logging.tensorboard", "logger.tensorboard_enabled"),
 )

@@ -21,6 +21,7 @@ from rlsteps.dotted import get, leaves, put
 from rlsteps.engine.nemo_rl.environments import NemoRlConfigError, compile_judge, reward_model_env, uses_gym
 from rlsteps.engine.nemo_rl.key_map import INPUTS, JUDGE, PAIRINGS, RLSTEPS_KEYS, pairs
 from rlsteps.engine.nemo_rl.layout import NemoRlPaths
+from rlsteps.engine.nemo_rl.lora import check_lora, compile_lora
 from rlsteps.engine.nemo_rl.placement import Cluster, place
 from rlsteps.engine.nemo_rl.schedule import megatron_scheduler, torch_schedulers
 from rlsteps.engine.nemo_rl.semantics import NO_END, differences
@@ -79,6 +80,7 @@ def from_recipe(cfg: dict[str, Any]) -> dict[str, Any]:
         _epochs_and_validation,
         _checkpointing,
         _policy,
+        compile_lora,
         _logger,
         _reward_scaling,
         _judge if rlhf else _reinforce,
@@ -216,6 +218,7 @@ def _finalize(master: dict[str, Any], cfg: dict[str, Any], cluster: Cluster, pat
             notes.append("grpo.max_val_samples: null (NeMo-RL's NeMo-Gym driver validates on the whole file)")
     notes += place(master, cluster)
     notes += _megatron_precision(master)
+    notes += check_lora(master)
     _sequence_divisor(master)
     return notes + [
         "known only on the cluster, so not checked here: the files at policy.model_name and data.*.data_path (the "

@@ -13,10 +13,11 @@ NO_END = 1_000_000  # "no limit" for NeMo-RL's integer limits (its own default f
 
 def differences(cfg: dict[str, Any]) -> list[str]:
     """The differences that apply to this validated rl/rlhf (grpo) or rl/reinforce config."""
+    from rlsteps.engine.nemo_rl.lora import lora_notes
     from rlsteps.engine.nemo_rl.schedule import notes as schedule_notes
 
     recipe = _rlhf(cfg) if cfg["algorithm"] == "grpo" else _reinforce(cfg)
-    return _common(cfg) + recipe + schedule_notes(cfg)
+    return _common(cfg) + recipe + schedule_notes(cfg) + lora_notes(cfg)
 
 
 def _common(cfg: dict[str, Any]) -> list[str]:
@@ -42,6 +43,12 @@ def _rlhf(cfg: dict[str, Any]) -> list[str]:
         "judge.max_parse_failure_rate",
         "judge.structured_output, extra_body, concurrency and timeout_s: NeMo-Gym's judge server sets its own",
     ]
+    if cfg["judge"]["both_orders"]:
+        notes.append(
+            "judge.both_orders: NeMo-Gym's genrm_compare shows each pair in one order (num_judges_per_comparison "
+            "repeats it), so a judge's position bias reaches the rewards; judge/first_position_rate and "
+            "judge/contradiction_rate are rlsteps's alone"
+        )
     if cfg["judge"]["length_penalty"]:
         notes.append("judge.length_penalty: NeMo-Gym's group_answer_length_penalty_coeff (zero-centred in the group)")
     return notes

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rlsteps.engine.config import LoraConfig
 from rlsteps.engine.distributed import World
 
 
@@ -151,11 +152,18 @@ def full_state_on_main(model: nn.Module, world: World) -> dict[str, torch.Tensor
     return state if world.is_main else None
 
 
-def unsharded_copy(initial_policy: str | Path, state: dict[str, torch.Tensor]) -> nn.Module:
-    """A plain model from the initial policy's architecture with the trained weights (main process, CPU)."""
+def unsharded_copy(
+    initial_policy: str | Path, state: dict[str, torch.Tensor], lora: LoraConfig | None = None, seed: int = 0
+) -> nn.Module:
+    """A plain model from the initial policy's architecture (with the run's adapters, under LoRA) with the trained
+    weights (main process, CPU)."""
     from rlsteps.engine.policy.model import load_policy
 
     model, _ = load_policy(initial_policy, device="cpu", dtype=torch.float32)
+    if lora is not None:
+        from rlsteps.engine.policy.lora import apply_lora
+
+        model = apply_lora(model, lora, seed)
     result = model.load_state_dict(state, strict=False)  # tied weights may appear under one name only
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded = {params[name].data_ptr() for name in state if name in params}

@@ -1,6 +1,7 @@
 """The step's output artifact, <output.dir>/policy: the policy in output.type, with the metadata a pipeline reads
 (producer, config hash, inputs and their versions, counters). Written by the worker at the end of a run, and by
-the NeMo-RL job's finish stage from NeMo-RL's last checkpoint."""
+the NeMo-RL job's finish stage from NeMo-RL's last checkpoint. A LoRA run's output is the merged policy, and its
+adapters as peft saves them in <output.dir>/adapter beside it."""
 
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ def write_policy_output(
     engine: str = "embedded",
 ) -> Path:
     """<output.dir>/policy in cfg.output.type, written whole or not at all (engine.artifact.write_artifact)."""
+    from rlsteps.engine.policy.lora import ADAPTER_DIR, has_adapters, merged_model, save_adapter
     from rlsteps.engine.policy.model import save_policy
     from rlsteps.engine.records.artifact import config_hash, write_artifact
+    from rlsteps.install import source, version
 
     form = cfg.output.type
     metadata = {
@@ -41,6 +44,7 @@ def write_policy_output(
             "job": job.get("job", {}).get("name"),
             "algorithm": cfg.algorithm,
             "engine": engine,
+            "rlsteps": {"version": version(), "source": source()},
         },
         "config_hash": config_hash(cfg.model_dump(mode="json")),
         "inputs": {name: ref for name, ref in cfg.inputs.model_dump().items() if ref},
@@ -48,6 +52,10 @@ def write_policy_output(
         "counters": counters,
     }
     iteration = counters.get("optimizer_steps", counters.get("step", 0))
+    if has_adapters(model):  # the adapters as peft saves them, then the merged policy, which the next step reads
+        metadata["lora_adapter"] = str(save_adapter(model, Path(cfg.output.dir) / ADAPTER_DIR))
+        log.info("LoRA adapters (peft): %s", metadata["lora_adapter"])
+        model = merged_model(model)
     target = write_artifact(
         Path(cfg.output.dir) / OUTPUT_NAME, lambda d: save_policy(model, tokenizer, d, form, iteration), metadata
     )

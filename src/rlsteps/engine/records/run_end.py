@@ -13,6 +13,12 @@ from rlsteps.engine.records.reward_hacking import RECORD_FILE, recorded_signs
 log = logging.getLogger("rlsteps")
 PLOTTED = ["train/reward", "val/reward_mean", "train/loss", "train/response_length"]  # and val/<reward function>
 SUMMARISED = ["train/reward", "val/reward_mean"]  # first -> last at the end of a run, and val/<reward function>
+# a judge whose verdicts go to the first-shown response this far from half the time, over the run, or whose scores
+# and ranking disagree in this share of its verdicts, is no better than its position: the end summary says so. Shown
+# both ways round, a judge that reads the responses wins exactly half from each position; 0.65 means the same
+# position won both orders of a pair in (net) three pairs of ten.
+POSITION_BIAS_LIMIT = 0.15
+CONTRADICTION_LIMIT = 0.25
 
 
 def summarise(run_dir: Path, extra_keys: list[str]) -> None:
@@ -29,6 +35,7 @@ def summarise(run_dir: Path, extra_keys: list[str]) -> None:
             "(judge/transport_failures)",
             sum(failed),
         )
+    _warn_of_judge_bias(records)
     steps, idle = metrics.metric_series(records, "train/steps_without_update")
     if idle and idle[-1]:
         log.warning("%d of %d steps made no optimizer update (train/steps_without_update)", idle[-1], steps[-1])
@@ -37,6 +44,27 @@ def summarise(run_dir: Path, extra_keys: list[str]) -> None:
         log.warning("signs of reward hacking over the run (%s):", RECORD_FILE)
         for line in signs:
             log.warning("  %s", line)
+
+
+def _warn_of_judge_bias(records: list[dict]) -> None:
+    """A warning for each of the judge's bias figures that says its verdicts follow position, not the responses."""
+    _, first = metrics.metric_series(records, "judge/first_position_rate")
+    if first and abs(sum(first) / len(first) - 0.5) >= POSITION_BIAS_LIMIT:
+        log.warning(
+            "the judge gave %.0f%% of its verdicts over the run to the response shown first "
+            "(judge/first_position_rate; a judge that reads the responses gives about 50%%): its verdicts follow "
+            "position, not content, and its rewards say little of the responses. Keep judge.both_orders=true "
+            "(position then cancels out) and use a stronger judge",
+            100 * sum(first) / len(first),
+        )
+    _, contradicting = metrics.metric_series(records, "judge/contradiction_rate")
+    if contradicting and sum(contradicting) / len(contradicting) >= CONTRADICTION_LIMIT:
+        log.warning(
+            "the judge's scores and ranking preferred different responses in %.0f%% of its verdicts over the run "
+            "(judge/contradiction_rate): the rewards follow its scores, which its own ranking contradicts that "
+            "often. Use a stronger judge",
+            100 * sum(contradicting) / len(contradicting),
+        )
 
 
 def start_plot(run_dir: Path, extra_keys: list[str]) -> subprocess.Popen | None:

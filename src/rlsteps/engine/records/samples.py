@@ -2,7 +2,8 @@
 
 Every step appends a few records to <run>/samples.jsonl, one JSON object per line:
     {"step", "split": "train" | "val", "prompt_id", "prompt": [chat messages], "response", "reward",
-     "valid", "ended", "judge": [{"pair", "answer", "outcome", "error"}] (judges only), "val/<fn>": ...}
+     "valid", "ended", "judge": [{"pair", "answer", "outcome", "error"}] (judges only), "same_as_reference"
+     (greedy validation's judge: the initial answer again, not judged), "val/<fn>": ...}
 Validation also shows a couple of samples on the terminal.
 """
 
@@ -47,9 +48,15 @@ def describe_sample(record: dict, width: int = 160) -> str:
     prompt = (users[-1] if users else record["prompt"][-1]["content"]).replace("\n", " ")
     response = record["response"].replace("\n", " ")
     ended = "" if record["ended"] else " (cut off)"
-    reward = f"{record['reward']:.3g}" if record["valid"] else "none (no valid judgement)"
+    reward = f"{record['reward']:.3g}" if record["valid"] else f"none ({_why_no_reward(record)})"
     line = f"{record['prompt_id']}: {prompt!r} -> {response!r}{ended}  reward {reward}"
     return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _why_no_reward(record: dict) -> str:
+    if record.get("same_as_reference"):  # greedy validation's judge meets the initial policy's answers
+        return "the initial policy's answer again: not judged"
+    return "no valid judgement"
 
 
 class SampleLog:

@@ -10,10 +10,7 @@ while the worker loads its policy and generates, and the first score waits until
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,16 +26,16 @@ if TYPE_CHECKING:  # torch is imported where a score is made: a worker starts it
     from rlsteps.engine.batch import RolloutBatch
 
 log = logging.getLogger(__name__)
-
 TOKEN_ENV = "RLSTEPS_LOCAL_SERVER_TOKEN"
 RM_SERVER, JUDGE_SERVER = "rlsteps.engine.rewards.rm", "rlsteps.engine.rewards.judge"  # what `python -m` starts
 # config keys passed to the clients as they are (the sections name them as the clients do)
 RM_CLIENT_OPTIONS = {
     "token", "timeout_s", "max_retries", "backoff_s", "batch_size", "concurrency", "max_length", "truncation_side",
+    "api", "model",
 }  # fmt: skip
 JUDGE_CLIENT_OPTIONS = {
-    "api_key", "concurrency", "timeout_s", "max_retries", "temperature", "top_p", "max_tokens", "pairing", "principle",
-    "structured_output", "extra_body",
+    "api_key", "concurrency", "timeout_s", "max_retries", "temperature", "top_p", "max_tokens", "pairing",
+    "both_orders", "principle", "structured_output", "extra_body",
 }  # fmt: skip
 
 
@@ -67,29 +64,40 @@ class RewardSource(Protocol):
         ...
 
 
-def _nothing_to_wait_for() -> None:
+def nothing_to_wait_for() -> None:
     return None
 
 
 class RewardModelSource:
-    """A scalar reward model behind `rlsteps serve rm` (or any server of the same protocol).
+    """A scalar reward model behind `rlsteps serve rm`, vLLM's pooling server or NeMo-Aligner's reward server.
 
     chat_template "policy" sends each prompt as the policy saw it (rendered with the policy's chat template);
     "reward_model" sends the conversation's messages, for the server to render with the reward model's own
-    template (a reward model trained on another template than the policy's reads its own)."""
+    template (a reward model trained on another template than the policy's reads its own). policy_tokens sends the
+    policy's own token ids of each prompt and response instead, as NeMo-Aligner's actors do (rm.api=triton)."""
 
-    def __init__(self, client, ready: Callable[[], None] = _nothing_to_wait_for, chat_template: str = "policy") -> None:
+    def __init__(
+        self,
+        client,
+        ready: Callable[[], None] = nothing_to_wait_for,
+        chat_template: str = "policy",
+        policy_tokens: bool = False,
+    ) -> None:
         if chat_template not in ("policy", "reward_model"):
             raise ValueError(f"chat_template must be policy or reward_model, got {chat_template!r}")
         self.client = client
         self.ready = ready  # returns once the server answers (a local server still loading)
         self.chat_template = chat_template
+        self.policy_tokens = policy_tokens
 
     def score(self, batch: RolloutBatch) -> Scores:
         import torch
 
         self.ready()
-        if self.chat_template == "reward_model":
+        if self.policy_tokens:
+            lengths = batch.sequence_lengths.tolist()
+            rewards = self.client.score_tokens([row[:n] for row, n in zip(batch.tokens.tolist(), lengths)])
+        elif self.chat_template == "reward_model":
             conversations = [batch.conversation(i) for i in range(len(batch))]
             rewards = self.client.score_conversations(conversations, batch.response_texts)
         else:
@@ -117,125 +125,6 @@ class FunctionSource:
     score_alone = score
 
 
-class JudgeSource:
-    """A generative judge comparing the responses of each prompt pairwise over a chat API."""
-
-    shown_answers = 3  # unparsable answers quoted when they stop the run
-
-    def __init__(
-        self,
-        client,
-        length_penalty: float = 0.0,
-        on_failure: str = "mask",
-        max_parse_failure_rate: float = 0.5,
-        ready: Callable[[], None] = _nothing_to_wait_for,
-        max_failure_rate: float = 0.1,
-        reference_path: Path | None = None,
-    ) -> None:
-        self.client = client
-        self.ready = ready  # returns once the server answers (a local server still loading)
-        self.length_penalty = length_penalty
-        self.on_failure = on_failure  # mask: failed comparisons leave the loss; stop: any failure stops the run
-        self.max_parse_failure_rate = max_parse_failure_rate
-        self.max_failure_rate = max_failure_rate  # of comparisons failed in transport, above which a step stops
-        self.reference_path = reference_path  # the first greedy validation's responses, which later ones meet
-        self.transport_failures = 0  # over the run, for its end summary
-
-    def score(self, batch: RolloutBatch) -> Scores:
-        import torch
-
-        from rlsteps.engine.rewards.judge.scoring import length_penalty
-
-        self.ready()
-        group, num_groups = batch.group_index()
-        rows = [torch.nonzero(group == g).flatten().tolist() for g in range(num_groups)]
-        requests = [(batch.conversation(r[0]), [batch.response_texts[i] for i in r]) for r in rows]
-        result = self.client.judge(requests)  # raises JudgeUnavailable when every comparison failed
-        self._stop_on_failures(result)
-        rewards, valid = torch.zeros(len(batch)), torch.zeros(len(batch), dtype=torch.bool)
-        for g, members in enumerate(rows):
-            group_rewards = result.rewards[g]
-            if self.length_penalty:
-                lengths = [int(batch.response_lengths[i]) for i in members]
-                group_rewards = length_penalty(group_rewards, lengths, self.length_penalty)
-            rewards[members] = torch.tensor(group_rewards, dtype=torch.float32)
-            valid[members] = torch.tensor(result.valid[g], dtype=torch.bool)
-        metrics = {f"judge/{k}": float(v) for k, v in result.stats.items()}
-        return Scores(rewards=rewards, valid=valid, metrics=metrics, details=_answers_by_row(result.answers, rows))
-
-    def score_alone(self, batch: RolloutBatch) -> Scores:
-        """One response per prompt, each compared with the response to the same prompt at the first greedy
-        validation (kept in the run folder, so a resumed run meets the same ones): a judge compares, and a single
-        response has nothing else to meet. At the first validation each meets itself."""
-        references = self._references(batch)
-        rows = [i for i in range(len(batch)) for _ in range(2)]
-        paired = batch.select(rows)
-        texts = [t for i in range(len(batch)) for t in (batch.response_texts[i], references[batch.prompt_ids[i]])]
-        scores = self.score(dataclasses.replace(paired, response_texts=texts))
-        return scores.select(list(range(0, len(rows), 2)))
-
-    def _references(self, batch: RolloutBatch) -> dict[str, str]:
-        known = (
-            json.loads(self.reference_path.read_text()) if self.reference_path and self.reference_path.exists() else {}
-        )
-        new = {pid: text for pid, text in zip(batch.prompt_ids, batch.response_texts) if pid not in known}
-        if new and self.reference_path is not None:
-            partial = self.reference_path.with_suffix(".partial")
-            partial.write_text(json.dumps({**known, **new}, indent=0))
-            os.replace(partial, self.reference_path)
-        return {**known, **new}
-
-    def _stop_on_failures(self, result) -> None:
-        from rlsteps.engine.rewards.judge.client import JudgeAnswersUnusable, JudgeUnavailable
-
-        failed = int(result.stats.get("transport_failures", 0))
-        comparisons = max(len(result.answers), 1)
-        self.transport_failures += failed
-        if failed and self.on_failure == "stop":
-            raise JudgeUnavailable(
-                f"{failed} judge request(s) failed and judge.on_failure=stop "
-                "(set judge.on_failure=mask to train on the rest)"
-            )
-        if failed / comparisons > self.max_failure_rate:
-            raise JudgeUnavailable(
-                f"{failed} of {comparisons} judge comparisons failed in transport, more than "
-                f"judge.max_failure_rate={self.max_failure_rate:g}; the last error: {_last_transport_error(result)}"
-            )
-        if failed:
-            log.warning(
-                "%d of %d judge comparisons failed in transport; their responses leave this step's loss "
-                "(judge.max_failure_rate=%g stops the run above that share)",
-                failed,
-                comparisons,
-                self.max_failure_rate,
-            )
-        rate = result.parse_failure_rate
-        if rate > self.max_parse_failure_rate:
-            unparsable = [a for a in result.answers if a.failure == "parse"][: self.shown_answers]
-            quoted = "\n".join(f"  - {a.error}" for a in unparsable)
-            raise JudgeAnswersUnusable(
-                f"the judge's answers did not parse in {rate:.0%} of {len(result.answers)} comparisons "
-                f"(judge.max_parse_failure_rate={self.max_parse_failure_rate:g}); the last answers:\n{quoted}\n"
-                "ask for structured output (judge.structured_output=json_schema, if the server supports it), "
-                "raise judge.max_tokens, or use a judge that follows the JSON instruction"
-            )
-
-
-def _last_transport_error(result) -> str:
-    errors = [a.error for a in result.answers if a.failure == "transport"]
-    return errors[-1] if errors else "unknown"
-
-
-def _answers_by_row(answers, rows: list[list[int]]) -> list[dict]:
-    """Each row's judge answers (the comparisons it took part in), keyed for its sample record."""
-    details: dict[int, list[dict]] = {i: [] for members in rows for i in members}
-    for answer in answers:
-        members = rows[answer.group]
-        for position in answer.pair:
-            details[members[position]].append(answer.as_record())
-    return [{"judge": details[i]} for i in sorted(details)]
-
-
 @contextlib.contextmanager
 def term_source(cfg: RecipeConfig, entry: RewardEntry, name: str, run_dir: Path) -> Iterator[RewardSource]:
     """The source of one rewards entry: its server started (and stopped after) where it serves one."""
@@ -260,7 +149,7 @@ def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
         client = RewardClient(url, unavailable_fix=fix, **rm.model_dump(include=RM_CLIENT_OPTIONS))
         log.info("reward model at %s: %s", url, client.patience())
         with contextlib.closing(client):
-            yield RewardModelSource(client, ready, rm.chat_template)
+            yield RewardModelSource(client, ready, rm.chat_template, policy_tokens=rm.api == "triton")
 
 
 def unavailable_fix(what: str, url_key: str, given_url: str | None, log_path: Path) -> str:
@@ -281,8 +170,9 @@ def local_rm_server_args(rm) -> list[str]:
 
 
 @contextlib.contextmanager
-def _judge_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[JudgeSource]:
+def _judge_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[RewardSource]:
     from rlsteps.engine.rewards.judge.client import JudgeClient
+    from rlsteps.engine.rewards.judge.source import JudgeSource
 
     j, model = cfg.judge, cfg.inputs.model_extra.get("judge_model")
     model_name = j.model or "judge"
@@ -311,7 +201,7 @@ def _served(
     """(URL, wait until it answers): the given URL, or a server started on loopback for the model, loading while
     the block goes on (stopped when the block ends)."""
     if url:
-        yield url.rstrip("/"), _nothing_to_wait_for
+        yield url.rstrip("/"), nothing_to_wait_for
         return
     if not model:
         raise ValueError(f"no server URL and no model to serve for {module}: set the URL or the model input")

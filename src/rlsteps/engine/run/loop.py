@@ -40,6 +40,7 @@ from rlsteps.engine.generation.choice import backend_name, build_backend, engine
 from rlsteps.engine.generation.rollouts import Sampler
 from rlsteps.engine.generation.sizing import check_rollout_fits, rollout_shape
 from rlsteps.engine.inputs.data import RunPrompts, load_run_prompts, steps_per_epoch
+from rlsteps.engine.policy.lora import apply_lora, has_adapters
 from rlsteps.engine.policy.model import load_policy
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
 from rlsteps.engine.policy.parallel import (
@@ -116,17 +117,22 @@ def _train(
     set_aside_damaged(checkpoints, cfg.checkpoint.start_over_if_damaged, world, log.warning)  # before any is read
     checkpoints.check_room(world)  # room for a checkpoint like the latest: before the policy loads
     initial, tokenizer = load_policy(cfg.inputs.policy, device="cpu", dtype=torch.float32)
-    checkpoints.size_hint = _checkpoint_size(initial)
-    checkpoints.check_room(world)  # before the first checkpoint: room for the estimate, before anything is written
     check_rollout_fits(rollout_shape(cfg), initial.config)
     sampler_name = backend_name(cfg.rollout.backend, device, processes_on_this_node())
     engine_dir = (
         cleanup.enter_context(engine_checkpoint(cfg.inputs.policy, initial, tokenizer, run_dir, world))
         if sampler_name == "vllm"
         else None
-    )  # written before the policy is sharded
+    )  # written before the policy is sharded (and before adapters, so vLLM starts from the base)
+    lora = cfg.train.lora.enabled
+    if lora:  # the reference is the base with the adapters off: no copy
+        initial = apply_lora(initial, cfg.train.lora, cfg.seed)
+    checkpoints.size_hint = _checkpoint_size(initial)
+    checkpoints.check_room(world)  # before the first checkpoint: room for the estimate, before anything is written
     reference = (
-        reference_copy(initial, world, device, precision, cfg.run.offload_reference) if recipe.needs_reference else None
+        reference_copy(initial, world, device, precision, cfg.run.offload_reference)
+        if recipe.needs_reference and not lora
+        else None
     )  # the initial policy, frozen; taken before the policy moves, so a resume never holds three copies
     model = place_policy(initial, world, device, precision, cfg.train.activation_checkpointing)
     run_prompts = run_prompts or load_run_prompts(cfg, tokenizer)
@@ -218,10 +224,11 @@ def _resume(checkpoints, model, optimizer, scheduler, world: World, say: Callabl
 
 
 def _checkpoint_size(model: torch.nn.Module) -> int:
-    """What a checkpoint of the policy takes before one exists to measure: its fp32 weights and AdamW's two fp32
-    moments of every trained parameter (the loop keeps both in fp32 whatever the compute dtype)."""
-    weights = sum(t.numel() * 4 for t in model.state_dict().values())
+    """What a checkpoint of the policy takes before one exists to measure: its fp32 weights (the adapters alone,
+    with LoRA) and AdamW's two fp32 moments of every trained parameter (the loop keeps both in fp32 whatever the
+    compute dtype)."""
     trained = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    weights = trained if has_adapters(model) else sum(t.numel() * 4 for t in model.state_dict().values())
     return checkpoint_estimate(weights, trained)
 
 
@@ -242,7 +249,11 @@ def _whole_on_main(model: torch.nn.Module, cfg: RecipeConfig, world: World) -> t
     if not world.is_distributed:
         return model
     state = full_state_on_main(model, world)
-    return unsharded_copy(cfg.inputs.policy, state) if world.is_main else None
+    if not world.is_main:
+        return None
+    return unsharded_copy(
+        cfg.inputs.policy, state, lora=cfg.train.lora if cfg.train.lora.enabled else None, seed=cfg.seed
+    )
 
 
 def _main_outputs(stack, cfg: RecipeConfig, run_dir: Path, run: StepRun, total_steps: int, initial_step: int):

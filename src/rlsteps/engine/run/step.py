@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from rlsteps.engine.distributed import (
 from rlsteps.engine.generation.rollouts import Sampler
 from rlsteps.engine.inputs.data import Prompt, prompt_indices
 from rlsteps.engine.policy.logprobs import batched_token_logprobs
+from rlsteps.engine.policy.lora import adapters_off, has_adapters
 from rlsteps.engine.policy.parallel import (
     Precision,
     gathered,
@@ -119,9 +121,7 @@ class StepRun:
         with self.timers("reward"):
             scored = self._score_or_stop(batch, len(indices), cfg.rollout.num_rollouts_per_prompt, c.step + 1)
         with self.timers("prepare"):
-            train_batch, stats = self.recipe.prepare(
-                batch, scored.mine, self._logprobs(self.model), self._logprobs(self.reference)
-            )
+            train_batch, stats = self.recipe.prepare(batch, scored.mine, self._logprobs(self.model), self._reference())
             stats = {**_row_weighted_mean(self.world, stats, len(batch)), **scored.rollout_stats}
         with self.timers("train"):
             result = self.update(train_batch)
@@ -249,15 +249,29 @@ class StepRun:
                 raise
             return str(error)
 
-    def _logprobs(self, model: torch.nn.Module | None):
+    def _logprobs(self, model: torch.nn.Module | None, base: bool = False):
+        """The log-prob function of `model` (base: of the base model, the policy's adapters switched off)."""
         if model is None:
             return None
 
         def logprobs(batch: RolloutBatch) -> torch.Tensor:
-            with gathered(model, self.device), self.precision.autocast(self.device):
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(gathered(model, self.device))
+                stack.enter_context(self.precision.autocast(self.device))
+                if base:
+                    stack.enter_context(adapters_off(model))
                 return batched_token_logprobs(model, batch, self.cfg.rollout.logprob_micro_batch_size)
 
         return logprobs
+
+    def _reference(self):
+        """The reference policy's log-prob function: its frozen copy's, or under LoRA the base's (the policy with its
+        adapters off); None when the recipe needs no reference."""
+        if self.reference is not None:
+            return self._logprobs(self.reference)
+        if self.recipe.needs_reference and has_adapters(self.model):
+            return self._logprobs(self.model, base=True)
+        return None
 
     def validate(self, prompts: list[Prompt]) -> dict[str, float]:
         """Validation rollouts of every process, scored and summarised by the main process, its metrics on all."""
@@ -301,9 +315,13 @@ class StepRun:
         rewards = scores.rewards[scores.valid]
         records = self._write_samples(self.counters.step, "val", batch, scores, extra)
         show_samples(records[: self.cfg.validation.show_samples], self.say)
-        figures = {
+        rewarded = {
             "val/reward_mean": rewards.mean().item() if len(rewards) else float("nan"),
             **{f"val/{k}": v for k, v in scores.metrics.items() if k.startswith("reward/")},
+        }
+        figures = {
+            # a figure no row has is left out (greedy validation's judge meets only the initial policy's answers)
+            **{k: v for k, v in rewarded.items() if not math.isnan(v)},
             "val/response_length": batch.response_lengths.float().mean().item(),
             "val/fraction_ended": batch.is_end.float().mean().item(),
             **{name: _mean_of_scored(values) for name, values in extra.items()},

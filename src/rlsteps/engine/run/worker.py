@@ -189,7 +189,13 @@ def _prepare_torch(cfg: StepConfig) -> None:
         torch.set_num_threads(cfg.run.num_threads)
     if cfg.output.type == "checkpoint_megatron":
         _check_megatron_output(cfg)
-    log.info("code: rlsteps %s from %s", rlsteps.__version__, Path(rlsteps.__file__).parent)
+    if getattr(cfg, "train", None) is not None and cfg.train.lora.enabled:
+        from rlsteps.engine.policy.lora import require_peft
+
+        require_peft()  # before the policy loads
+    from rlsteps.install import describe
+
+    log.info("code: %s from %s", describe(), Path(rlsteps.__file__).parent)
 
 
 def _train(cfg: RecipeConfig, run_dir: Path, rewards: Any, world: Any) -> tuple[Any, Any, dict[str, int]]:

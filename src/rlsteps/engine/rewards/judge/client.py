@@ -18,7 +18,7 @@ from rlsteps.engine.rewards.judge.protocol import (
     comparison_pairs,
     judge_messages,
 )
-from rlsteps.engine.rewards.judge.scoring import group_rewards
+from rlsteps.engine.rewards.judge.scoring import group_rewards, verdict_stats
 from rlsteps.engine.rewards.waiting import Waiting, minutes
 
 NO_RETRY_STATUS = {400, 401, 403, 404, 405, 422}  # the request itself is wrong: retrying cannot help
@@ -91,6 +91,7 @@ class JudgeClient:
         top_p: float = 0.95,
         max_tokens: int = 256,
         pairing: str = "circular",
+        both_orders: bool = True,
         principle: str | None = None,
         structured_output: str = "json_schema",
         extra_body: dict | None = None,
@@ -116,6 +117,7 @@ class JudgeClient:
             **(extra_body or {}),
         }
         self.pairing = pairing
+        self.both_orders = both_orders  # each pair is also shown the other way round, its two verdicts averaged
         self.principle = principle
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._poster = json_poster(self.url, headers, timeout_s, self.concurrency)
@@ -150,7 +152,7 @@ class JudgeClient:
         scores them together; answers, rewards and failures are kept in the comparisons' order.
         A conversation is the prompt's chat messages ({"role", "content"}), never a rendered template.
         """
-        pairs = [comparison_pairs(len(responses), self.pairing) for _, responses in groups]
+        pairs = [comparison_pairs(len(responses), self.pairing, self.both_orders) for _, responses in groups]
         jobs = [(g, pair) for g, group_pairs in enumerate(pairs) for pair in group_pairs]
         waiting = Waiting(f"the judge at {self.url}", self.patience_s(), 1 + self.max_retries)
         with waiting, ThreadPoolExecutor(max_workers=self.concurrency) as pool:
@@ -205,7 +207,9 @@ class JudgeClient:
 
 def _stats(outcomes: list[_Outcome]) -> dict[str, float]:
     latencies = [s for o in outcomes for s in o.latencies]
+    verdicts = [o.judgement for o in outcomes if o.judgement is not None]
     return {
+        **verdict_stats(verdicts),
         "comparisons": float(len(outcomes)),
         "parse_failures": float(sum(o.failure == "parse" for o in outcomes)),
         "transport_failures": float(sum(o.failure == "transport" for o in outcomes)),

@@ -2,7 +2,8 @@
 structured-output schema of the answer, and the shape of the judge's answer.
 
 Semantics of NeMo-Gym's genrm_compare: the responses of a prompt are compared in pairs ((i, i+1 mod N) or
-all pairs); the judge answers {"score_1": 1-5, "score_2": 1-5, "ranking": 1-6}.
+all pairs); the judge answers {"score_1": 1-5, "score_2": 1-5, "ranking": 1-6}. Unlike genrm_compare, each pair
+can be shown in both orders (the default of judge.both_orders), so that the response shown first is not favoured.
 
 The judge sees the conversation as the prompt file holds it (its own messages, or its raw text as one user
 message), transcribed into plain role-tagged sections of one user message. It never sees the policy's chat
@@ -66,15 +67,16 @@ class JudgeRequest:
     response_2: str
 
 
-def comparison_pairs(n: int, mode: str) -> list[tuple[int, int]]:
-    """Which responses of a group of n are compared: "circular" (i, i+1 mod n) or "all" pairs."""
+def comparison_pairs(n: int, mode: str, both_orders: bool = False) -> list[tuple[int, int]]:
+    """Which responses of a group of n are compared, first shown first: "circular" (i, i+1 mod n) or "all" pairs;
+    with both_orders, each pair is followed by the same pair the other way round."""
     if mode == "all":
-        return list(combinations(range(n), 2))
-    if mode == "circular":
-        if n < 2:
-            return []
-        return [(0, 1)] if n == 2 else [(i, (i + 1) % n) for i in range(n)]
-    raise ValueError(f"unknown pairing {mode!r}: use 'circular' or 'all'")
+        pairs = list(combinations(range(n), 2))
+    elif mode == "circular":
+        pairs = [] if n < 2 else [(0, 1)] if n == 2 else [(i, (i + 1) % n) for i in range(n)]
+    else:
+        raise ValueError(f"unknown pairing {mode!r}: use 'circular' or 'all'")
+    return [shown for i, j in pairs for shown in ((i, j), (j, i))] if both_orders else pairs
 
 
 def transcript(conversation: list[dict[str, str]]) -> str:

@@ -1,7 +1,9 @@
-"""Client of the reward-model server: batched, concurrent, retrying, and strict about answers.
+"""Client of a reward-model server: batched, concurrent, retrying, and strict about answers.
 
-It never returns partial or made-up rewards: every input gets the server's finite reward, or
-`score` raises a `RewardError` that says what went wrong and how to fix it.
+It speaks rlsteps's own protocol, vLLM's pooling server or NeMo-Aligner's PyTriton server (apis.py says what
+each is sent), with the same batching, retries, timeouts, bearer token and failure rules. It never returns partial
+or made-up rewards: every input gets the server's finite reward, or `score` raises a `RewardError` that says what
+went wrong and how to fix it.
 
 Retries: an overloaded server answers 503 with Retry-After, its own estimate of when it will have room
 (whole seconds); the client waits that long plus up to RETRY_AFTER_JITTER_S more, at random, so that the
@@ -12,7 +14,6 @@ without Retry-After (no connection, a 5xx, a timeout) waits an exponential backo
 from __future__ import annotations
 
 import email.utils
-import math
 import random
 import threading
 import time
@@ -22,17 +23,15 @@ from typing import Any, Literal
 
 import httpx
 
+from rlsteps.engine.rewards.rm.apis import APIS, InvalidAnswer, Request
 from rlsteps.engine.rewards.waiting import Waiting, minutes
 
 MAX_DELAY_S = 30.0  # cap on one wait between attempts, Retry-After included
-CONNECT_TIMEOUT_S = 10.0  # the most an attempt waits to connect (a server that is not there refuses at once)
-START_ONE = (
-    "start one with `rlsteps serve rm --model PATH` and point rm.url at it, or set rm.url to a server that is running"
-)
 RETRY_AFTER_JITTER_S = 1.0  # a Retry-After of s seconds is waited as s to s + this
 INVALID_ANSWER_RETRIES = 2  # a server that answers garbage is usually the wrong server: give up soon
 RETRIED_STATUS = {429, 500, 502, 503, 504}
 UNAVAILABLE_STATUS = {429, 502, 503, 504}  # the server is busy or not there, rather than broken
+CONNECT_TIMEOUT_S = 10.0  # the most an attempt waits to connect (a server that is not there refuses at once)
 
 
 class RewardError(RuntimeError):
@@ -71,11 +70,14 @@ class RewardClient:
         concurrency: int = 4,
         max_length: int | None = None,
         truncation_side: Literal["left", "right"] | None = None,
-        unavailable_fix: str = START_ONE,
+        api: str = "rlsteps",
+        model: str | None = None,
+        unavailable_fix: str | None = None,
     ) -> None:
-        """max_length and truncation_side go with every request (the server's own options when None).
+        """max_length and truncation_side go with every request (the server's own options when None); api is the
+        server's protocol (rlsteps, vllm, triton), model its served model's name where it serves several;
         unavailable_fix: what the error says to do when the server stays unreachable (a server this run started:
-        rerun; one given by URL: check it)."""
+        rerun; one given by URL: check it; by default, how to start one of the api's kind)."""
         if batch_size < 1 or concurrency < 1 or max_retries < 0 or (max_length is not None and max_length < 1):
             raise ValueError(
                 f"need batch_size >= 1, concurrency >= 1, max_retries >= 0, max_length >= 1 or None; "
@@ -85,12 +87,17 @@ class RewardClient:
             raise ValueError(f"truncation_side must be left, right or None, got {truncation_side!r}")
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"reward server url {url!r} needs a scheme: write http://{url}")
+        if api not in APIS:
+            raise ValueError(f"unknown reward server api {api!r}: use one of {', '.join(APIS)}")
         self.url = url.rstrip("/")
         self.max_retries, self.backoff_s, self.timeout_s = max_retries, backoff_s, timeout_s
-        self.unavailable_fix = unavailable_fix
         self.batch_size, self.concurrency = batch_size, concurrency
-        options = {"max_length": max_length, "truncation_side": truncation_side}
-        self.request_options = {k: v for k, v in options.items() if v is not None}
+        self.api = APIS[api](model, max_length, truncation_side)
+        start = self.api.start_hint
+        self.unavailable_fix = (
+            unavailable_fix or f"{start[0].upper()}{start[1:]}, or set rm.url to a server that is running"
+        )
+        self._eos: str | None = None  # the EOS text the server names, asked once (vLLM's texts end with it)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
             headers=headers,
@@ -132,7 +139,8 @@ class RewardClient:
         """Rewards of (prompt, response) pairs; each prompt rendered as the policy saw it."""
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses: give one response per prompt")
-        return self._score_bodies(self._bodies(prompts=list(prompts), responses=list(responses)))
+        eos = self._eos_text() if self.api.eos_path and prompts else None
+        return self._send(self.api.prompt_requests(list(prompts), list(responses), self.batch_size, eos))
 
     def score_conversations(
         self, conversations: Sequence[Sequence[dict[str, Any]]], responses: Sequence[str]
@@ -143,39 +151,60 @@ class RewardClient:
                 f"{len(conversations)} conversations but {len(responses)} responses: give one response per conversation"
             )
         rows = [[dict(message) for message in conversation] for conversation in conversations]
-        return self._score_bodies(self._bodies(conversations=rows, responses=list(responses)))
+        return self._send(self.api.conversation_requests(rows, list(responses), self.batch_size))
 
     def score_tokens(self, token_ids: Sequence[Sequence[int]]) -> list[float]:
-        return self._score_bodies(self._bodies(tokens=[list(map(int, ids)) for ids in token_ids]))
-
-    def _bodies(self, **columns: list) -> list[dict[str, Any]]:
-        """Request bodies of at most batch_size rows of the given columns, with the request options."""
-        rows, n = len(next(iter(columns.values()))), self.batch_size
-        return [{**{k: v[i : i + n] for k, v in columns.items()}, **self.request_options} for i in range(0, rows, n)]
+        return self._send(self.api.token_requests([list(map(int, ids)) for ids in token_ids], self.batch_size))
 
     def health(self) -> dict[str, Any]:
+        """The server's health answer ({"status": "ok"} from a server that answers with an empty body)."""
+
         def check(response: httpx.Response) -> dict[str, Any]:
+            if not response.content:
+                return {"status": "ok"}
             answer = _json_of(response)
             if not isinstance(answer, dict):
-                raise _Retry.invalid(f"/health answered {response.text[:200]!r}, not a JSON object")
+                raise _Retry.invalid(f"{self.api.health_path} answered {response.text[:200]!r}, not a JSON object")
             return answer
 
         with self._waiting() as waiting:
-            return self._with_retries(lambda: self._http.get(f"{self.url}/health"), check, threading.Event(), waiting)
+            return self._with_retries(lambda: self._get(self.api.health_path), check, threading.Event(), waiting)
 
-    def _score_bodies(self, bodies: list[dict[str, Any]]) -> list[float]:
-        """Send the batches concurrently; on the first failure stop the others and raise it."""
-        if not bodies:
+    def _eos_text(self) -> str:
+        """The EOS text the server's tokenizer has, asked once."""
+        if self._eos is None:
+            try:
+                with self._waiting() as waiting:
+                    self._eos = self._with_retries(
+                        lambda: self._get(self.api.eos_path),
+                        lambda r: self.api.eos_of(_json_of(r)),
+                        threading.Event(),
+                        waiting,
+                    )
+            except RewardServerError as error:
+                raise RewardServerError(
+                    f"{error}; a text's reward is read at the reward tokenizer's EOS, which vLLM names at "
+                    f"GET {self.api.eos_path} when started with --enable-tokenizer-info-endpoint (or set "
+                    "rm.chat_template=reward_model: vLLM then renders the conversation with the model's chat template)"
+                ) from None
+        return self._eos
+
+    def _get(self, path: str) -> httpx.Response:
+        return self._http.get(f"{self.url}{path}")
+
+    def _send(self, requests: list[Request]) -> list[float]:
+        """Send the requests concurrently; on the first failure stop the others and raise it."""
+        if not requests:
             return []
         with self._waiting() as waiting:
-            return self._score_waiting(bodies, waiting)
+            return self._send_waiting(requests, waiting)
 
-    def _score_waiting(self, bodies: list[dict[str, Any]], waiting: Waiting) -> list[float]:
+    def _send_waiting(self, requests: list[Request], waiting: Waiting) -> list[float]:
         abort = threading.Event()
-        if len(bodies) == 1:  # no pool (a thread per call) for one request
-            return self._score_one(bodies[0], abort, waiting)
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies))) as pool:
-            futures = [pool.submit(self._score_one, body, abort, waiting) for body in bodies]
+        if len(requests) == 1:  # no pool (a thread per call) for one request
+            return self._send_one(requests[0], abort, waiting)
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
+            futures = [pool.submit(self._send_one, request, abort, waiting) for request in requests]
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = next((f for f in done if f.exception() is not None), None)
             if failed is not None:
@@ -185,14 +214,12 @@ class RewardClient:
                 raise failed.exception()  # type: ignore[misc]
         return [reward for f in futures for reward in f.result()]
 
-    def _score_one(self, body: dict[str, Any], abort: threading.Event, waiting: Waiting) -> list[float]:
-        expected = len(body["tokens"] if "tokens" in body else body["responses"])
-        return self._with_retries(
-            lambda: self._http.post(f"{self.url}/v1/rewards", json=body),
-            lambda response: _rewards_of(response, expected),
-            abort,
-            waiting,
-        )
+    def _send_one(self, request: Request, abort: threading.Event, waiting: Waiting) -> list[float]:
+        def rewards(response: httpx.Response) -> list[float]:
+            return self.api.rewards_of(_json_of(response), request.size)
+
+        url = f"{self.url}{request.path}"
+        return self._with_retries(lambda: self._http.post(url, json=request.body), rewards, abort, waiting)
 
     def _with_retries(
         self,
@@ -209,7 +236,9 @@ class RewardClient:
             attempts += 1
             waiting.attempt(attempts)
             try:
-                return parse(_checked(send(), self.url))
+                return parse(self._checked(send()))
+            except InvalidAnswer as error:
+                retry = _Retry.invalid(str(error))
             except httpx.TimeoutException as error:
                 retry = _Retry(f"no answer within the timeout ({type(error).__name__})", unavailable=True)
             except httpx.TransportError as error:
@@ -222,6 +251,21 @@ class RewardClient:
                 raise self._give_up(retry, attempts, time.monotonic() - started)
             if abort.wait(self._delay_s(retry, attempts)):
                 raise self._give_up(retry, attempts, time.monotonic() - started)
+
+    def _checked(self, response: httpx.Response) -> httpx.Response:
+        """The response if it is a success; a retry for 429/5xx; RewardServerError for any other 4xx."""
+        code = response.status_code
+        if code < 300:
+            return response
+        detail = _detail_of(response)
+        if code in RETRIED_STATUS:
+            wait_s = _retry_after_s(response)
+            raise _Retry(f"HTTP {code}: {detail}", unavailable=code in UNAVAILABLE_STATUS, wait_s=wait_s)
+        hints = {401: "check the token: rm.token or the server's --token-env", 404: self.api.not_found_hint}
+        hint = f" ({hints[401 if code == 403 else code]})" if code in (401, 403, 404) else ""
+        raise RewardServerError(
+            f"{self.api.name} reward server at {self.url} rejected the request with HTTP {code}: {detail}{hint}"
+        )
 
     def _delay_s(self, retry: _Retry, attempts: int) -> float:
         """Retry-After when the server gave one (it knows its queue), with jitter; else exponential backoff."""
@@ -240,31 +284,6 @@ class RewardClient:
         return RewardServerError(f"reward server at {self.url} failed after {tried}: {retry}")
 
 
-def _checked(response: httpx.Response, url: str) -> httpx.Response:
-    """The response if it is a success; a retry for 429/5xx; RewardServerError for any other 4xx."""
-    code = response.status_code
-    if code < 300:
-        return response
-    detail = _detail_of(response)
-    if code in RETRIED_STATUS:
-        raise _Retry(f"HTTP {code}: {detail}", unavailable=code in UNAVAILABLE_STATUS, wait_s=_retry_after_s(response))
-    hint = " (check the token: rm.token or the server's --token-env)" if code in (401, 403) else ""
-    raise RewardServerError(f"reward server at {url} rejected the request with HTTP {code}: {detail}{hint}")
-
-
-def _rewards_of(response: httpx.Response, expected: int) -> list[float]:
-    answer = _json_of(response)
-    rewards = answer.get("rewards") if isinstance(answer, dict) else None
-    if not isinstance(rewards, list):
-        raise _Retry.invalid(f'the answer has no "rewards" list: {response.text[:200]!r}')
-    if len(rewards) != expected:
-        raise _Retry.invalid(f"{len(rewards)} rewards for {expected} inputs")
-    bad = [r for r in rewards if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r)]
-    if bad:
-        raise _Retry.invalid(f"rewards that are not finite numbers: {bad[:5]}")
-    return [float(r) for r in rewards]
-
-
 def _json_of(response: httpx.Response) -> Any:
     try:
         return response.json()
@@ -273,11 +292,14 @@ def _json_of(response: httpx.Response) -> Any:
 
 
 def _detail_of(response: httpx.Response) -> str:
+    """The reason an error answer gives: FastAPI's "detail", Triton's "error" or vLLM's error's "message"."""
     try:
         answer = response.json()
     except ValueError:
         return response.text[:300] or response.reason_phrase
-    detail = answer.get("detail", answer) if isinstance(answer, dict) else answer
+    if isinstance(answer, dict):
+        answer = next((answer[k] for k in ("detail", "error") if k in answer), answer)
+    detail = answer.get("message", answer) if isinstance(answer, dict) else answer
     return str(detail)[:300]
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The fast tests against the lowest versions pyproject.toml allows for rlsteps's direct dependencies (the core and
+# the engine, megatron and lepton extras; their own dependencies at the newest that fit): uv's
+# `--resolution lowest-direct`, in .venv-lowest, rebuilt each time. CI runs it beside README's test command.
+#
+# torch is the exception: only torch==2.13.0 (the CPU build, from pip's configured sources) is installed here, so
+# its lower bound in pyproject.toml is what the code needs, read from the APIs it uses, not a run (docs/development.md).
+# The switches that make a missing counterpart a failure (RLSTEPS_REQUIRE_*) are the main suite's: off here. The tiny
+# world is built with these versions, in a home of its own.
+#   bash tests/lowest_versions.sh [pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD venv=$PWD/.venv-lowest
+for name in $(env | grep -o '^RLSTEPS_REQUIRE_[A-Z]*'); do unset "$name"; done
+export RLSTEPS_HOME="$repo/.rlsteps-home-lowest"
+# A copy of the tracked files, built and tested there: CI's main install builds rlsteps in this tree at the same
+# time, and two builds must not share its egg-info, build/ or bytecode. The copy goes at the end (and with it this
+# environment's editable rlsteps: it is rebuilt on every call).
+copy=$(mktemp -d)
+trap 'rm -rf "$copy"' EXIT
+git ls-files -z | xargs -0 cp --parents -t "$copy"
+rm -rf "$venv"
+python3 -m venv "$venv"
+"$venv/bin/pip" install -q --no-deps torch==2.13.0
+"$venv/bin/pip" install -q uv==0.13.9
+test_tools=$(grep -i '^\(pytest\|pytest-xdist\|pytest-timeout\|jsonschema\)==' constraints.txt)
+mapfile -t test_tools <<< "$test_tools"
+cd "$copy"
+"$venv/bin/uv" pip install -q --python "$venv/bin/python" --resolution lowest-direct \
+    -e '.[engine,megatron,lepton]' "${test_tools[@]}"
+"$venv/bin/uv" pip freeze --python "$venv/bin/python" \
+    | grep -i '^\(typer\|omegaconf\|pydantic\|fsspec\|rich\|httpx\|torch\|transformers\|tokenizers\|safetensors\|numpy\|fastapi\|uvicorn\|matplotlib\|megatron-core\|psutil\|leptonai\)=='
+"$venv/bin/python" -m pytest -m "not slow" -p no:cacheprovider "$@"

