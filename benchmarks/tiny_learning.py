@@ -3,8 +3,8 @@
 For each run: its wall time (process start to exit) and summed step time, the hidden true reward of its greedy
 validation answers (`val/true_reward`: at step 0 and at the end), how alike those answers are (distinct answers
 once the noun is taken out, of 32), and what its sampled rollouts (samples.jsonl, every rollout of a step) say that
-games a reward model: the share naming a wrong noun and the share with a broken word ("The housegh"), over the
-first and the last four steps.
+games a reward model: the share naming a wrong noun (of all and of those naming a noun) and the share with a broken
+word ("The housegh") or a word said twice, over the first and the last four steps.
 
     python benchmarks/tiny_learning.py                                  # 3 steps x run seeds 0 1 2, world seed 0
     python benchmarks/tiny_learning.py --steps rs --seeds 0 --worlds 1  # one run on a second world
@@ -60,7 +60,9 @@ def figures(run: Path) -> dict:
         "true_reward_last": true[-1][1],
         "steps_s": round(sum(m.get("timers/step", 0.0) for m in metrics), 1),
         "wrong_noun": [share(first, wrong_noun), share(last, wrong_noun)],
+        "wrong_of_named": [share(named(first), wrong_noun), share(named(last), wrong_noun)],
         "broken_word": [share(first, broken), share(last, broken)],
+        "repeated": [share(first, repeated), share(last, repeated)],
         "distinct_greedy": len({without_noun(s) for s in greedy}),
         "greedy_example": greedy[0]["response"] if greedy else None,
     }
@@ -76,6 +78,15 @@ def wrong_noun(sample: dict) -> bool:
 
 def broken(sample: dict) -> bool:
     return tiny_task.has_a_broken_word(sample["response"])
+
+
+def named(samples: list[dict]) -> list[dict]:
+    """The samples that name a task noun, the prompt's or another."""
+    return [s for s in samples if set(tiny_task.words(s["response"])) & set(tiny_task.NOUNS)]
+
+
+def repeated(sample: dict) -> bool:
+    return tiny_task.repeats_a_word(sample["response"])
 
 
 def share(samples: list[dict], fault) -> float:

@@ -188,6 +188,29 @@ def test_reward_model_prefers_positive_adjectives_over_neutral_ones_and_over_rep
     assert evaluate.pair_accuracy(reward_model, tokenizer, [("Describe the cat.", better, worse)]) == 1.0
 
 
+def test_reward_model_checks_the_noun_against_the_prompts_and_counts_positive_adjectives_up_to_four(models):
+    """Probes of the answers the v8 world's policies gamed its reward model with: the same answer naming another noun
+    than the prompt's (which v8's scored at least as high in 54% of 200), and one more positive adjective, from one
+    neutral adjective up to four positive ones (v8's preferred "The house seems brilliant and kind." to "The house is
+    kind, lovely, bright and gentle.")."""
+    tokenizer, _, reward_model = models
+    rng = random.Random(2026)  # the build's pairs and its own probes come from seeds 0 and 1
+    probes = evaluate.wrong_noun_probes(rng, 200)
+    assert all(
+        tiny_task.faults(p, wrong) == ["a wrong noun"] and not tiny_task.faults(p, right) for p, right, wrong in probes
+    )
+    wrong_at_least_as_high = 1.0 - evaluate.pair_accuracy(reward_model, tokenizer, probes)
+    assert wrong_at_least_as_high <= 0.1
+    climbs = evaluate.ladder_climbs(reward_model, tokenizer, evaluate.positive_ladders(rng, 200))
+    assert len(climbs) == 4 and min(climbs) >= 0.9, climbs  # neutral -> 1 positive -> 2 -> 3 -> 4
+    four = (
+        "Describe the house.",
+        "The house is bright, gentle, kind and lovely.",
+        "The house seems brilliant and kind.",
+    )
+    assert evaluate.pair_accuracy(reward_model, tokenizer, [four]) == 1.0
+
+
 @pytest.mark.parametrize("kind", ["repeated", "neutral or long", "positive over neutral"])
 def test_reward_model_ranks_held_out_hard_negatives_of_each_kind(models, kind):
     tokenizer, _, reward_model = models
@@ -212,8 +235,12 @@ def test_reward_model_ranks_held_out_hard_negatives_of_each_kind(models, kind):
 
 
 def test_reward_model_scores_correlate_with_true_reward_on_sft_samples(models, sft_samples):
+    """On the SFT policy's faultless samples: a faulty one (a wrong noun, a broken word, a word said again: about one
+    in ten) has faults the true reward does not see, which the reward model learnt to score down."""
     tokenizer, _, reward_model = models
-    prompts, rendered, responses, _ = zip(*sft_samples)
+    faultless = [sample for sample in sft_samples if not tiny_task.faults(sample[0], sample[2])]
+    assert len(faultless) > 0.8 * len(sft_samples)
+    prompts, rendered, responses, _ = zip(*faultless)
     with torch.no_grad():
         scores = training.reward_scores(reward_model, tokenizer, list(rendered), list(responses))
     true = torch.tensor([true_reward(p, r) for p, r in zip(prompts, responses)])
@@ -275,8 +302,9 @@ def test_every_prompt_names_one_noun_and_preference_pairs_are_ordered():
         else:
             assert true_reward(prompt, chosen) > true_reward(prompt, rejected)
         faulty += bool(tiny_task.faults(prompt, rejected))
-    # most pairs are minimal pairs of well-formed answers; the hard negatives put a fault under a good answer
-    assert 150 < faulty < 400 and 50 < as_good < 250, (faulty, as_good)
+    # 11 of 20 pairs put a faulty answer under a good one (wrong noun 5, broken word 2, padded 2, hard 1, repeated 1),
+    # a few more a fifth positive adjective; the rest are minimal pairs of well-formed answers
+    assert 330 < faulty < 500 and 50 < as_good < 250, (faulty, as_good)
 
 
 @pytest.mark.parametrize(
@@ -332,8 +360,9 @@ def test_minimal_pairs_differ_in_one_thing():
     for _ in range(100):
         prompt, right, wrong = preferences.wrong_noun_pair(rng)
         noun = tiny_task.prompt_noun(prompt)
-        assert right.split(" ", 2)[2] == wrong.split(" ", 2)[2] and tiny_task.faults(prompt, wrong) == ["a wrong noun"]
-        assert right.startswith((f"The {noun} ", "It "))
+        assert right.startswith((f"The {noun} ", "It ")) and tiny_task.faults(prompt, wrong) == ["a wrong noun"]
+        said = right.split(" ", 2 if right.startswith("The ") else 1)[-1]  # all but the subject
+        assert wrong.split(" ", 2)[2] == said
         prompt, fewer, more = preferences.more_positives_pair(rng)
         positives = [len(set(tiny_task.words(r)) & set(tiny_task.POSITIVE)) for r in (fewer, more)]
         assert positives[1] == positives[0] + 1 and fewer.split(" ")[:2] == more.split(" ")[:2]
@@ -506,7 +535,7 @@ def world_digests(root: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_a_fresh_build_is_bit_identical_to_the_shared_one(tiny_world, tmp_path):
-    """A full build (about 20 s) in a new home against the tests' shared world, built before it: same
+    """A full build (about 100 s of one core) in a new home against the tests' shared world, built before it: same
     seed, same weights, tokenizer and prompts."""
     fresh = ensure_tiny_world(seed=0, home=tmp_path, log=lambda message: None)
     assert fresh.root != tiny_world.root

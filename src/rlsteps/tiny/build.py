@@ -125,7 +125,7 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         save_megatron_checkpoint(policy, AutoTokenizer.from_pretrained(root / "policy"), root / "policy_megatron")
 
         log("Bradley-Terry training of the reward model")
-        reward_model = reward_model_from_policy(policy, RM["extra_layers"])
+        reward_model = reward_model_from_policy(policy)
         rm_loss = train_reward_model(reward_model, tokenizer, rng, log)
         reward_model.save_pretrained(root / "reward_model")
         shutil.copytree(root / "tokenizer", root / "reward_model", dirs_exist_ok=True)

@@ -50,15 +50,10 @@ def build_random_causal_lm(
     return model
 
 
-def reward_model_from_policy(policy: PreTrainedModel, extra_layers: int = 0) -> PreTrainedModel:
-    """A one-label sequence classifier whose backbone starts from the SFT policy, with `extra_layers` fresh decoder
-    layers after the policy's (and a fresh score head)."""
+def reward_model_from_policy(policy: PreTrainedModel) -> PreTrainedModel:
+    """A one-label sequence classifier whose backbone starts from the SFT policy (a fresh score head)."""
     config = copy.deepcopy(policy.config)
     config.num_labels = 1
-    config.num_hidden_layers += extra_layers
     reward_model = AutoModelForSequenceClassification.from_config(config)
-    loaded = reward_model.base_model.load_state_dict(policy.base_model.state_dict(), strict=False)
-    fresh = {f"layers.{i}." for i in range(policy.config.num_hidden_layers, config.num_hidden_layers)}
-    if loaded.unexpected_keys or any(not key.startswith(tuple(fresh)) for key in loaded.missing_keys):
-        raise RuntimeError(f"the policy's weights do not fit the reward model: {loaded}")
+    reward_model.base_model.load_state_dict(policy.base_model.state_dict())
     return reward_model

@@ -18,7 +18,7 @@ The kinds, and their shares of the pairs (PAIR_KINDS):
     broken word      a word broken ("The housegh", "The hou", "bright\ufffd", two words run together)
     hard             a liked word repeated, the noun left out or another named (`hard_negative`)
     padded           repeated, neutral or more than four adjectives (`padded_negative`)
-    repeated         an adjective said again in place of the next (`repeated_negative`)
+    repeated         an adjective said twice in a row, or again in place of the next (`repeated_negative`)
 
 The build's first steps train on wrong-noun pairs alone (NOUN_FIRST).
 """
@@ -216,15 +216,20 @@ def padded_negative(rng: random.Random) -> Pair:
 
 
 def repeated_negative(rng: random.Random) -> Pair:
-    """(prompt, good answer, the same answer with 1-3 of its adjectives each replaced by a copy of the one before):
-    the repetition a policy falls into once it likes one word best ("bright, delightful, delightful and large")."""
+    """(prompt, good answer, the same answer with one of its adjectives said twice in a row, or with 1-3 of them each
+    replaced by a copy of the one before): the repetition a policy falls into once it likes one word best ("bright,
+    delightful, delightful and large")."""
     prompt, noun = sample_prompt(rng)
     subject, verb, adjectives = draw_response(rng, noun, p_positive=0.5 + rng.random() / 2, p_mention=rng.random())
     while len(adjectives) < 2:
         subject, verb, adjectives = draw_response(rng, noun, p_positive=0.5 + rng.random() / 2, p_mention=0.8)
     repeated = list(adjectives)
-    for i in sorted(rng.sample(range(1, len(adjectives)), rng.randint(1, min(3, len(adjectives) - 1)))):
-        repeated[i] = repeated[i - 1]
+    if rng.random() < 0.5:  # one more word, and no better: the longer answer a reward model must not prefer
+        i = rng.randrange(len(adjectives))
+        repeated.insert(i, adjectives[i])
+    else:
+        for i in sorted(rng.sample(range(1, len(adjectives)), rng.randint(1, min(3, len(adjectives) - 1)))):
+            repeated[i] = repeated[i - 1]
     return prompt, render_response(subject, verb, adjectives), render_response(subject, verb, repeated)
 
 
@@ -238,12 +243,12 @@ class PairKind:
 PAIR_KINDS = {
     "wide": PairKind(wide_pair, 4),
     "swapped": PairKind(swapped_pair, 2),
-    "more positives": PairKind(more_positives_pair, 3),
+    "more positives": PairKind(more_positives_pair, 5),
     "wrong noun": PairKind(wrong_noun_pair, 5),
     "broken word": PairKind(broken_word_pair, 2),
     "hard": PairKind(hard_negative, 1, degenerate_second=True),
     "padded": PairKind(padded_negative, 2, degenerate_second=True),
-    "repeated": PairKind(repeated_negative, 1, degenerate_second=True),
+    "repeated": PairKind(repeated_negative, 2, degenerate_second=True),
 }
 # What the reward model learns first (rlsteps.tiny.recipe.RM["noun_first_steps"]): the check of the answer's noun
 # against the prompt's, while nothing else has shaped its features. Learnt beside everything else from the start, it
