@@ -30,6 +30,7 @@ def last_validation_answers(run) -> list[str]:
     return [row["response"] for row in validated if row["step"] == last]
 
 
+@pytest.mark.timeout(1800)  # about 10 minutes beside the other worker; its run's own limit is the same 30
 def test_grpo_with_the_exact_match_function_raises_greedy_accuracy_on_held_out_questions(tmp_path):
     run = tmp_path / "run"
     done = rlsteps(
