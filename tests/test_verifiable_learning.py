@@ -35,6 +35,7 @@ def test_grpo_with_the_exact_match_function_raises_greedy_accuracy_on_held_out_q
     run = tmp_path / "run"
     done = rlsteps(
         "run", "rl/rlhf", "-c", "verifiable", f"inputs.policy={smollm2_hf()}", f"output.dir={run}", *FAST,
+        "validation.interval=8",  # the first and the last validation are what is read: a third costs about a step
         cwd=tmp_path, timeout=1800,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
