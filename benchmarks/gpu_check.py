@@ -383,40 +383,98 @@ def make_policy(out: Path, size: str, tokenizer_dir: str) -> None:
     tokenizer.save_pretrained(out)
 
 
-def grpo_step(ctx: Context) -> str:
-    """The tiny rl/rlhf step (GRPO) with a random 0.37B policy in bf16; on a CPU the tiny shape, fp32."""
-    cwd = ctx.work / "grpo"
-    policy = cwd / "policy-in"
+# The issue-sized GRPO step: 32 prompts x 8 rollouts x up to 128 new tokens, one optimizer step of the 256 rows in
+# micro-batches of 64, no KL (no reference policy); the same on both sides of the rlsteps-against-TRL rows.
+WIDE = {"prompts": 32, "group": 8, "new_tokens": 128, "micro_batch": 64}
+
+
+def wide_options() -> list[str]:
+    rows = WIDE["prompts"] * WIDE["group"]
+    return [f"rollout.prompts_per_step={WIDE['prompts']}", f"rollout.num_rollouts_per_prompt={WIDE['group']}",
+            f"rollout.sampling.max_new_tokens={WIDE['new_tokens']}", f"rollout.generation_batch_size={rows}",
+            f"rollout.logprob_micro_batch_size={WIDE['micro_batch']}", f"train.global_batch_size={rows}",
+            f"train.micro_batch_size={WIDE['micro_batch']}", "grpo.kl_beta=0.0"]  # fmt: skip
+
+
+def policy_0_37b(ctx: Context) -> tuple[Path, str]:
+    """The random policy the GRPO rows share (made once), and its size's name: 0.37B, or tiny on a CPU."""
     size = "tiny" if ctx.smoke else "0.37b"
-    argv = [sys.executable, __file__, "make-policy", str(policy), size, ctx.tiny_world["policy"]]
-    expect_success(call(ctx, "grpo_make_policy", argv, REPO), "making the random policy")
-    options = [f"inputs.policy={policy}", f"run.device={ctx.device}", "validation.interval=0", "checkpoint.interval=0"]
-    if ctx.smoke:
-        options += [f"train.max_steps={ctx.smoke_steps}", "run.num_threads=1"]
-    else:
-        options += ["run.dtype=bfloat16", "train.max_steps=6"]
-    done = rlsteps(ctx, "grpo", cwd, "run", "rl/rlhf", "-c", "tiny", *options)
-    expect_success(done, "the run")
-    run = run_folder(cwd, "rl/rlhf")
-    if not (run / "policy" / "rlsteps_artifact.json").is_file():
-        raise Failed(f"no output policy at {run / 'policy'}")
+    policy = ctx.work / f"policy-{size}"
+    if not (policy / "config.json").is_file():
+        argv = [sys.executable, __file__, "make-policy", str(policy), size, ctx.tiny_world["policy"]]
+        expect_success(call(ctx, "grpo_make_policy", argv, REPO), "making the random policy")
+    return policy, size
+
+
+def grpo_step(shape: str, compiled: bool = False) -> Callable[[Context], str]:
+    """The tiny rl/rlhf step (GRPO) with a random 0.37B policy in bf16, at the tiny config's shape or WIDE's, eager or
+    with `train.compile=true`; on a CPU the tiny policy in fp32, a step or two."""
+
+    def run(ctx: Context) -> str:
+        policy, size = policy_0_37b(ctx)
+        cwd = ctx.work / f"grpo-{shape}{'-compiled' if compiled else ''}"
+        options = [f"inputs.policy={policy}", f"run.device={ctx.device}", "validation.interval=0",
+                   "checkpoint.interval=0"]  # fmt: skip
+        options += wide_options() if shape == "wide" else []
+        options += ["train.compile=true"] if compiled else []
+        if ctx.smoke:
+            options += [f"train.max_steps={ctx.smoke_steps}", "run.num_threads=1"]
+        else:
+            options += ["run.dtype=bfloat16", "train.max_steps=6"]
+        done = rlsteps(ctx, cwd.name, cwd, "run", "rl/rlhf", "-c", "tiny", *options)
+        expect_success(done, "the run")
+        run_dir = run_folder(cwd, "rl/rlhf")
+        if not (run_dir / "policy" / "rlsteps_artifact.json").is_file():
+            raise Failed(f"no output policy at {run_dir / 'policy'}")
+        return grpo_figures(ctx, run_dir, size)
+
+    return run
+
+
+def grpo_figures(ctx: Context, run: Path, size: str) -> str:
+    """The median step (the first left out: it compiles and warms up) and its phases, the first step, MFU, decode."""
 
     def median(key: str) -> float | None:
         values = series(ctx, run, key)
-        values = values[1:] or values  # the first step compiles and warms up
+        values = values[1:] or values
         return statistics.median(values) if values else None
 
     phases = {name: median(f"timers/{name}") for name in ("step", "rollout", "reward", "prepare", "train")}
     if phases["step"] is None:
         raise Failed("the run logged no timers/step")
+    first = series(ctx, run, "timers/step")[0]
     figures = [f"{size}, median step {phases['step']:.2f} s ("]
     figures[0] += " ".join(f"{name} {s:.2f}" for name, s in phases.items() if name != "step" and s is not None) + ")"
+    figures.append(f"first step {first:.1f} s")
     used, rate = median("perf/train_mfu"), median("perf/generation_tokens_per_s")
     figures.append(f"train MFU {used:.1%}" if used is not None else "train MFU n/a")
     if rate is not None:
         figures.append(f"decode {rate:.0f} tok/s")
     if ctx.judge_targets and phases["step"] > TARGETS["step_s"]:
         raise Failed(f"target: step <= {TARGETS['step_s']} s; " + ", ".join(figures))
+    return ", ".join(figures)
+
+
+def trl_grpo_step(ctx: Context) -> str:
+    """benchmarks/trl_step.py: TRL's GRPOTrainer on the same policy at WIDE's shape (a CPU: 1 step, tiny shape)."""
+    policy, size = policy_0_37b(ctx)
+    shape = {"prompts": 4, "group": 4, "new_tokens": 8, "micro_batch": 16} if ctx.smoke else WIDE
+    argv = [sys.executable, str(BENCHMARKS / "trl_step.py"), str(policy), "--reward-model",
+            ctx.tiny_world["reward_model"], "--prompts", ctx.tiny_world["train_prompts"], "--out",
+            str(ctx.work / "trl-grpo"), "--steps", "1" if ctx.smoke else "6", "--device", ctx.device,
+            "--prompts-per-step", str(shape["prompts"]), "--group", str(shape["group"]), "--new-tokens",
+            str(shape["new_tokens"]), "--micro-batch", str(shape["micro_batch"])]  # fmt: skip
+    done = call(ctx, "trl_grpo", argv, REPO)
+    if done.returncode == 3 and "trl: not installed" in done.stderr:
+        raise Skipped("trl: not installed (pip install trl==1.16.0)")
+    expect_success(done, "trl_step.py")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    steps = report["step_seconds"]
+    later = steps[1:] or steps
+    figures = [f"{size}, median step {statistics.median(later):.2f} s", f"first step {steps[0]:.1f} s"]
+    if report.get("peak_gb") is not None:
+        figures.append(f"peak {report['peak_gb']:.1f} GB")
+    figures.append(f"activation checkpointing {'on' if report['gradient_checkpointing'] else 'off'}")
     return ", ".join(figures)
 
 
@@ -469,7 +527,11 @@ CHECKS = [
     Check("compiled decode (CUDA graphs)", compiled_decode, cuda_only="CUDA graphs need a GPU"),
     Check("megatron GPTModel", megatron_gpt_model),
     Check("vllm rollouts (sync, sleep)", vllm_rollouts, cuda_only="vLLM's sleep mode needs a GPU", alone=True),
-    Check("grpo 0.37b step", grpo_step, alone=True),
+    Check("grpo 0.37b 32x8x128", grpo_step("wide"), alone=True),
+    Check("trl grpo 0.37b 32x8x128", trl_grpo_step, alone=True),
+    Check("grpo 0.37b step", grpo_step("tiny"), alone=True),
+    Check("grpo 0.37b 32x8x128 compiled", grpo_step("wide", compiled=True), cuda_only="compiles for minutes on a CPU",
+          alone=True),
     Check("train phase 0.37b", train_phase, alone=True),
     Check("decode 0.37b vs hf.generate", decode_vs_hf, alone=True),
 ]  # fmt: skip
@@ -494,7 +556,9 @@ def run_check(check: Check, ctx: Context, selected: bool) -> Result:
     except Exception as error:  # a bug in a row's judging: that row fails, the table goes on
         status, figures = "FAILED", f"{type(error).__name__}: {error}"
     result = Result(check.name, status, time.perf_counter() - start, figures)
-    print(f"  {result.status:<7} {result.check} ({result.seconds:.0f} s)", file=sys.stderr, flush=True)
+    # the figures as each row ends: a run stopped from outside still shows what its finished rows measured
+    line = f"  {result.status:<7} {result.check} ({result.seconds:.0f} s): {result.figures}"
+    print(line, file=sys.stderr, flush=True)
     return result
 
 
