@@ -76,6 +76,8 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     agreement = series(run, "train/token_mult_prob_error")  # the built-in sampler is the trainer's own model
     assert len(agreement) == 16 and all(1.0 <= x < 1.001 for x in agreement), agreement
     assert "rollouts: the built-in sampler, 128 rows per batch" in done.stderr
+    # the reference's log-probs computed while the rewards were scored (rl/rs has no reference)
+    assert len(series(run, "timers/reference")) == (0 if step == "rl/rs" else 16)
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert {s["split"] for s in samples} == {"train", "val"} and len(
         [s for s in samples if s["split"] == "train"]

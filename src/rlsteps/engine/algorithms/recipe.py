@@ -57,6 +57,11 @@ class Recipe:
     def __init__(self, cfg: RecipeConfig) -> None:
         self.cfg = cfg
 
+    def reference_of_every_row(self) -> bool:
+        """Whether prepare asks for the reference's log-probs of the very batch it is given (no row filtered out
+        first): the step then computes them while the rewards are scored, which they do not depend on."""
+        return self.needs_reference
+
     def train_rows_per_step(self) -> int:
         return self.cfg.rollout.prompts_per_step * self.cfg.rollout.num_rollouts_per_prompt
 
