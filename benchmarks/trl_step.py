@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from trl_tiny import PLAIN_SAMPLING, QUIET_TRAINER  # benchmarks/ is first on sys.path when a script in it runs
+
 NOT_INSTALLED = 3
 
 
@@ -53,18 +55,10 @@ def grpo_config(args: argparse.Namespace):
         generation_batch_size=rows,
         num_iterations=1,
         max_completion_length=args.new_tokens,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
         bf16=args.device == "cuda",
         use_cpu=args.device == "cpu",
-        seed=0,
-        save_strategy="no",
-        eval_strategy="no",
-        report_to="none",
-        logging_steps=1,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
+        **PLAIN_SAMPLING,
+        **QUIET_TRAINER,
     )
 
 
