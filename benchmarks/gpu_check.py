@@ -25,6 +25,8 @@ the same from a bare GPU machine's python as from the repository's venv. Rows (b
     trl grpo 0.37b 32x8x128        benchmarks/trl_step.py: TRL's GRPOTrainer on the same policy at the same shape
     train phase 0.37b              bench_train.py --size 0.37b, bf16 (autocast), 64 rows x (512 + 512), eager and
                                    compiled (train.compile=true): MFU
+    lora train phase 0.37b         bench_train.py --lora --reference: full fine-tuning and LoRA with the reference's
+                                   pass, bf16: step time and peak memory of each
     decode 0.37b vs hf.generate    bench_generate.py on the 0.37B shape, bf16, sampling: tokens/s against HF generate
 
 Targets on one H100 or H200 (judged only where the device's name says so, unless --no-targets): the GRPO step's
@@ -487,19 +489,41 @@ def train_phase(ctx: Context) -> str:
              "--micro-batch", "16", "--steps", "4", "--warmup", "2", "--compile"]  # fmt: skip
     if ctx.smoke:
         shape = ["--size", "tiny", "--steps", "1", "--warmup", "0"]
-    done = call(ctx, "train_phase", [sys.executable, str(BENCHMARKS / "bench_train.py"), "--device", ctx.device,
-                                     *shape], REPO)  # fmt: skip
-    expect_success(done, "bench_train.py")
-    rows = re.findall(r"^((?:float32|autocast-bf16)(?: \+ compile)?)\s+([\d.]+) \(.*?\)\s+(\d+)\s+([\d.e+-]+)\s+(\S+)"
-                      r"\s+([\d.]+)", done.stdout, flags=re.MULTILINE)  # fmt: skip
-    if not rows:
-        raise Failed(f"bench_train.py printed no row: {last_line(done.stdout)}")
-    figures = [f"{name}: step {float(step_s):.3f} s, {int(tokens)} tok/s, MFU {share}, peak {float(peak):.1f} GB"
-               for name, step_s, tokens, _, share, peak in rows]  # fmt: skip
+    rows, figures = bench_train_rows(ctx, "train_phase", shape)
     judged = rows[-1][4]  # the compiled configuration where it ran
     if ctx.judge_targets and (judged == "n/a" or float(judged.rstrip("%")) < 100 * TARGETS["mfu"]):
         raise Failed(f"target: MFU >= {TARGETS['mfu']:.0%}; " + "; ".join(figures))
     return "; ".join(figures)
+
+
+def lora_train_phase(ctx: Context) -> str:
+    """bench_train.py --lora --reference: the 0.37B train phase in bf16 with the reference's pass a step makes,
+    full fine-tuning (a reference copy) against LoRA rank 8 (the reference is the base): step time and peak memory.
+    The tiny shape, fp32, on a CPU."""
+    shape = ["--size", "0.37b", "--dtype", "bfloat16", "--rows", "64", "--prompt-len", "512", "--response-len", "512",
+             "--micro-batch", "16", "--steps", "3", "--warmup", "1", "--lora", "--reference"]  # fmt: skip
+    if ctx.smoke:
+        shape = ["--size", "tiny", "--steps", "1", "--warmup", "0", "--lora", "--reference"]
+    rows, figures = bench_train_rows(ctx, "lora_train_phase", shape)
+    if len(rows) != 2:
+        raise Failed(f"bench_train.py printed {len(rows)} rows, not full fine-tuning and LoRA: " + "; ".join(figures))
+    (_, full_s, *_, full_gb), (_, lora_s, *_, lora_gb) = rows
+    ratios = f"LoRA {float(full_s) / float(lora_s):.2f}x the speed, {float(lora_gb) / float(full_gb):.2f}x the memory"
+    return "; ".join([*figures, ratios])
+
+
+def bench_train_rows(ctx: Context, name: str, shape: list[str]) -> tuple[list[tuple[str, ...]], list[str]]:
+    """bench_train.py's table: (configuration, step s, tokens/s, FLOPs, MFU, peak GB) rows, and their figures."""
+    argv = [sys.executable, str(BENCHMARKS / "bench_train.py"), "--device", ctx.device, *shape]
+    done = call(ctx, name, argv, REPO)
+    expect_success(done, "bench_train.py")
+    rows = re.findall(r"^((?:float32|autocast-bf16)(?: \+ (?:compile|lora))?)\s+([\d.]+) \(.*?\)\s+(\d+)\s+"
+                      r"([\d.e+-]+)\s+(\S+)\s+([\d.]+)", done.stdout, flags=re.MULTILINE)  # fmt: skip
+    if not rows:
+        raise Failed(f"bench_train.py printed no row: {last_line(done.stdout)}")
+    figures = [f"{config}: step {float(step_s):.3f} s, {int(tokens)} tok/s, MFU {share}, peak {float(peak):.1f} GB"
+               for config, step_s, tokens, _, share, peak in rows]  # fmt: skip
+    return rows, figures
 
 
 def decode_vs_hf(ctx: Context) -> str:
@@ -535,6 +559,7 @@ CHECKS = [
     Check("grpo 0.37b 32x8x128 compiled", grpo_step("wide", compiled=True), cuda_only="compiles for minutes on a CPU",
           alone=True),
     Check("train phase 0.37b", train_phase, alone=True),
+    Check("lora train phase 0.37b", lora_train_phase, alone=True),
     Check("decode 0.37b vs hf.generate", decode_vs_hf, alone=True),
 ]  # fmt: skip
 
