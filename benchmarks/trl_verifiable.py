@@ -19,7 +19,7 @@ val/reward/exact_match. TRL's validation is a callback here that generates with 
 
 Seconds per step: rlsteps's timers/step (rollouts, rewards, update); TRL's, the time of its training step
 (on_step_begin to on_step_end, generation included). Results go to OUT/<system>.json, a table on stdout and the
-curve to --plot.
+curve to --plot (OUT/accuracy.png unless given; README's figure: `--plot benchmarks/trl_verifiable.png`).
 
 With --lora every system trains LoRA adapters with the same peft config instead of the whole policy: rank
 --lora-dim, alpha --lora-alpha, no dropout, every linear layer but the output layer (rlsteps's train.lora, TRL's
@@ -329,7 +329,9 @@ def main() -> None:
         action="store_true",
         help="TRL: no validation before the first step (the policy's figure then is the same for every system)",
     )
-    parser.add_argument("--plot", type=Path, default=REPO / "benchmarks" / "trl_verifiable.png")
+    # default: beside the results (OUT/accuracy.png); README's figure is written only when asked for by name, so a
+    # run of one system or with --lora never replaces the four systems' plot
+    parser.add_argument("--plot", type=Path, help="the curve's PNG (default: OUT/accuracy.png)")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (the same peft config for each)")
     parser.add_argument("--lora-dim", type=int, default=8)
     parser.add_argument("--lora-alpha", type=int, default=32)
@@ -354,7 +356,7 @@ def main() -> None:
         (options.out / f"{named(system, lora)}.json").write_text(json.dumps(result, indent=1))
     results = [json.loads(p.read_text()) for s in SYSTEMS if (p := options.out / f"{named(s, lora)}.json").is_file()]
     print(report(results))
-    plot(results, options.plot)
+    plot(results, options.plot or options.out / "accuracy.png")
     print(f"load average at end: {load_avg()}; curve: {options.plot}")
 
 
