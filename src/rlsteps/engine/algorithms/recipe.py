@@ -83,6 +83,11 @@ class Recipe:
         """Whether a micro-batch's loss reads the log-probs of its own rows only (true of per-token losses)."""
         return True
 
+    def loss_reads_whole_groups(self) -> bool:
+        """Whether a micro-batch's loss reads every row of each prompt group in it (a baseline made in the loss):
+        micro-batches must then hold whole groups. Per-token losses read their own rows only."""
+        return False
+
     def prepare(
         self, batch: RolloutBatch, scores: Scores, policy_logprobs: LogprobFn, reference_logprobs: LogprobFn | None
     ) -> tuple[RolloutBatch, dict[str, float]]:
