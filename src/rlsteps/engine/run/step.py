@@ -31,11 +31,11 @@ from rlsteps.engine.config import RecipeConfig
 from rlsteps.engine.distributed import (
     SINGLE,
     World,
-    all_gather,
     from_main,
     gather_to_main,
     reduce_max,
     reduce_sum,
+    row_weighted_mean,
 )
 from rlsteps.engine.generation.rollouts import Sampler
 from rlsteps.engine.inputs.data import Prompt, prompt_indices
@@ -133,7 +133,7 @@ class StepRun:
             reference = _computed_for(batch, ref_logprobs, reference)
         with self.timers("prepare"):
             train_batch, stats = self.recipe.prepare(batch, scored.mine, self._logprobs(self.model), reference)
-            stats = {**_row_weighted_mean(self.world, stats, len(batch)), **scored.rollout_stats}
+            stats = {**row_weighted_mean(self.world, stats, len(batch)), **scored.rollout_stats}
         with self.timers("train"):
             result = self.update(train_batch)
         if result.optimizer_steps:
@@ -421,16 +421,6 @@ def _in_prompt_order(parts: list[RolloutBatch | None], world: World, prompts: in
         offsets[j % world.size] + (j // world.size) * per_prompt + k for j in range(prompts) for k in range(per_prompt)
     ]
     return whole.select(order)
-
-
-def _row_weighted_mean(world: World, stats: dict[str, float], rows: int) -> dict[str, float]:
-    """A recipe's step statistics over all processes: each process's value weighted by its rows."""
-    if not world.is_distributed:
-        return stats
-    gathered_stats = all_gather(world, (stats, rows))
-    total = sum(r for _, r in gathered_stats) or 1
-    keys = [k for k in stats if isinstance(stats[k], int | float)]
-    return {k: sum(s.get(k, 0.0) * r for s, r in gathered_stats) / total for k in keys}
 
 
 def _mean_of_scored(values: list[float | None]) -> float:

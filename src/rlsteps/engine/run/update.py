@@ -26,7 +26,15 @@ from torch import nn
 from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import TrainConfig
-from rlsteps.engine.distributed import SINGLE, World, all_gather, reduce_floats, reduce_max, reduce_sum
+from rlsteps.engine.distributed import (
+    SINGLE,
+    World,
+    all_gather,
+    reduce_floats,
+    reduce_max,
+    reduce_sum,
+    row_weighted_mean,
+)
 from rlsteps.engine.policy.logprobs import token_logprobs
 from rlsteps.engine.policy.optim import optimizer_step
 from rlsteps.engine.policy.parallel import Precision, set_gradient_sync
@@ -149,17 +157,6 @@ def micro_batch_plan(chunk: RolloutBatch, train: TrainConfig, recipe: Recipe) ->
         cfg = recipe.cfg
         budget = train.micro_batch_size * (cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_new_tokens)
     return chunk.micro_batch_rows(train.micro_batch_size, budget, whole_groups=recipe.loss_reads_whole_groups())
-
-
-def row_weighted_mean(world: World, stats: dict[str, float], rows: int) -> dict[str, float]:
-    """Per-process statistics over all processes, each process's value weighted by its rows (one with no rows, or
-    no statistics, counts for nothing). Every process calls it."""
-    if not world.is_distributed:
-        return stats
-    parts = [(part, r) for part, r in all_gather(world, (stats, rows)) if part and r]
-    total = sum(r for _, r in parts)
-    keys = dict.fromkeys(k for part, _ in parts for k in part)
-    return {k: sum(part[k] * r for part, r in parts if k in part) / total for k in keys}
 
 
 class StepStats:
