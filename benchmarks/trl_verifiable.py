@@ -72,7 +72,9 @@ def load_avg() -> str:
 # rlsteps: the shipped configs, run as a user runs them
 
 
-def run_rlsteps(system: str, policy: Path, steps: int, out: Path, threads: int | None, lora: dict | None) -> dict:
+def run_rlsteps(
+    system: str, policy: Path, steps: int, out: Path, threads: int | None, lora: dict | None, seed: int = SEED
+) -> dict:
     run_dir = out / f"{named(system, lora)}-run"
     command = [
         sys.executable,
@@ -85,6 +87,7 @@ def run_rlsteps(system: str, policy: Path, steps: int, out: Path, threads: int |
         f"inputs.policy={policy}",
         f"train.max_steps={steps}",
         f"output.dir={run_dir}",
+        f"seed={seed}",
         *([f"run.num_threads={threads}"] if threads else []),
         *(["train.lora.enabled=true", f"train.lora.dim={lora['r']}", f"train.lora.alpha={lora['lora_alpha']}",
            f"train.lr={lora['lr']}"] if lora else []),
@@ -167,6 +170,7 @@ def run_trl(
     out: Path,
     threads: int | None,
     lora: dict | None,
+    seed: int = SEED,
     first_validation: bool = True,
 ) -> dict:
     import torch
@@ -176,7 +180,7 @@ def run_trl(
 
     if threads:
         torch.set_num_threads(threads)
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
     rows = load_rows("train")  # every answer a list of accepted answers: one column type
@@ -201,7 +205,7 @@ def run_trl(
         num_iterations=1,
         steps_per_generation=1,
         use_cpu=True,
-        seed=SEED,
+        seed=seed,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
@@ -336,6 +340,7 @@ def main() -> None:
     parser.add_argument("--lora-dim", type=int, default=8)
     parser.add_argument("--lora-alpha", type=int, default=32)
     parser.add_argument("--lora-lr", type=float, default=1e-4)
+    parser.add_argument("--seed", type=int, default=SEED, help="each run's seed (rlsteps' seed, TRL's and torch's)")
     options = parser.parse_args()
     lora = dict(r=options.lora_dim, lora_alpha=options.lora_alpha, lr=options.lora_lr) if options.lora else None
     if options.policy is None:
@@ -347,7 +352,9 @@ def main() -> None:
     for system, run_dir in options.from_run:
         (options.out / f"{system}.json").write_text(json.dumps(rlsteps_result(system, Path(run_dir)), indent=1))
     for system in options.systems if not options.from_run else []:
-        arguments = (system, options.policy.resolve(), options.steps, options.out.resolve(), options.threads, lora)
+        arguments = (
+            system, options.policy.resolve(), options.steps, options.out.resolve(), options.threads, lora, options.seed
+        )  # fmt: skip
         if system in RLSTEPS_STEP:
             result = run_rlsteps(*arguments)
         else:
