@@ -12,7 +12,7 @@ import torch
 
 from rlsteps.engine.algorithms.reinforce import reinforce_loss
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.policy.logprobs import batched_token_logprobs
+from rlsteps.engine.policy.logprobs import batched_token_logprobs, token_logprobs
 from rlsteps.engine.run.update import StepStats, micro_batch_plan
 from test_logprobs_from_update import CASES, REWARDS, policy_model, policy_update, recipe, reference_model, rollouts
 
@@ -43,13 +43,13 @@ def padded_tokens(batch: RolloutBatch, plan: list[list[int]]) -> int:
 
 def test_the_plan_follows_the_recipe_and_pads_less():
     batch = rollouts(False)
-    dynamic, padded = recipe("grpo-k3", micro=4), recipe("grpo-k3", micro=4, dynamic=False)
+    dynamic, padded = recipe("grpo-k3", micro=4, dynamic=True), recipe("grpo-k3", micro=4)
     rows_plan = micro_batch_plan(batch, padded.cfg.train, padded)
     assert rows_plan == [[0, 1, 2, 3], [4, 5, 6, 7]]
     plan = micro_batch_plan(batch, dynamic.cfg.train, dynamic)  # 4 x 12 tokens: lengths 7 5 10 8 | 8 11 6 9
     assert plan == [[5, 2, 7, 3], [4, 0, 6, 1]]
     assert padded_tokens(batch, plan) == 76 < padded_tokens(batch, rows_plan) == 84
-    groups = recipe("reinforce-tis", micro=4)  # the one-pass loss reads whole groups: b (longest 11), then a
+    groups = recipe("reinforce-tis", micro=4, dynamic=True)  # the one-pass loss reads whole groups: b, then a
     assert micro_batch_plan(batch, groups.cfg.train, groups) == [[4, 5, 6, 7], [0, 1, 2, 3]]
 
 
@@ -87,6 +87,22 @@ def test_dynamic_batching_gives_the_padded_paths_gradient_and_step(name, micro):
     for key, value in padded_weights.items():
         torch.testing.assert_close(weights[key], value, rtol=0, atol=2e-3)
         assert (weights[key] - value).abs().gt(1e-5).float().mean() < 0.01
+
+
+def test_the_one_pass_log_probs_land_on_their_own_rows():
+    # the update's forward gives prepare's log-probs (one optimizer step); sorted micro-batches write them back to
+    # the rows they came from
+    chosen = recipe("grpo-k3", micro=4, dynamic=True)
+    model = policy_model()
+    batch, _ = chosen.prepare(rollouts(False), REWARDS, None, lambda b: batched_token_logprobs(reference_model(), b, 3))
+    out = torch.zeros(len(batch), batch.tokens.shape[1] - 1)
+    model.train()
+    policy_update(model, chosen)._accumulate(batch, chosen.loss_normaliser(batch), StepStats(), out)
+    for row in range(len(batch)):
+        alone = batch.select([row])
+        with torch.no_grad():
+            expected = token_logprobs(model, alone.tokens, alone.attention_mask(), positions=alone.response_mask())
+        torch.testing.assert_close(out[row, : expected.shape[1]], expected[0], rtol=1e-5, atol=1e-6)
 
 
 def test_reinforce_loss_reports_the_advantage_over_its_loss_tokens():

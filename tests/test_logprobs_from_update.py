@@ -80,7 +80,7 @@ REWARDS = Scores(
 MAX_PROMPT, MAX_NEW = 5, 7  # the rollouts' longest: with train.dynamic_batching, micro-batches of 4 x 12 tokens
 
 
-def recipe(name: str, micro: int = 4, global_batch: int = ROWS, dynamic: bool = True) -> Recipe:
+def recipe(name: str, micro: int = 4, global_batch: int = ROWS, dynamic: bool = False) -> Recipe:
     section = {
         "grpo-k3": ("grpo", {"kl_beta": 0.05, "eps_low": 0.2, "eps_high": 0.28}, False),
         "grpo-tis-dynamic": ("grpo", {"kl_beta": 0.05, "dynamic_sampling": True, "overlong_filtering": True}, True),

@@ -125,8 +125,9 @@ class TrainConfig(Section):
     # micro-batches by tokens rather than rows (NeMo-RL's dynamic batching): rows sorted by length share a micro-batch
     # while rows x its longest sequence stay within micro_batch_size x the longest sequence a row can have
     # (data.max_prompt_tokens + rollout.sampling.max_new_tokens), so no micro-batch needs more memory than
-    # micro_batch_size rows could; the same gradient, in fewer and less padded passes where responses vary in length
-    dynamic_batching: bool = True
+    # micro_batch_size rows could; the same gradient to rounding, in fewer and less padded passes where responses
+    # vary in length. Off by default while the tiny runs' figures are the padded path's (docs/scaling-out.md)
+    dynamic_batching: bool = False
     lora: LoraConfig = LoraConfig()
 
     @model_validator(mode="after")
