@@ -102,7 +102,7 @@ def run_rlsteps(
     subprocess.run(command, check=True, cwd=out)
     result = rlsteps_result(named(system, lora), run_dir)
     result["wall_s"] = time.time() - started
-    result["final_correct"] = [o["exact_match"] for o in final_policy_outcomes(run_dir)]
+    result["final_correct"] = [o["exact_match"] for o in policy_outcomes(run_dir / "policy")]
     return result
 
 
@@ -197,17 +197,15 @@ def paired_change(first: list[bool], last: list[bool]) -> dict[str, float]:
 @functools.cache
 def base_correct(policy: Path) -> list[bool]:
     """Which validation questions the policy before training answers right, greedy (computed once)."""
+    return [o["exact_match"] for o in policy_outcomes(policy)]
+
+
+def policy_outcomes(path: Path) -> list[dict[str, bool]]:
+    """The greedy outcomes of a policy on disk: a Hugging Face folder, or an rlsteps run's output (checkpoint_megatron,
+    LoRA merged)."""
     from rlsteps.engine.policy.model import load_policy
 
-    model, tokenizer = load_policy(policy)
-    return [o["exact_match"] for o in greedy_outcomes(model, tokenizer, load_rows("val"))]
-
-
-def final_policy_outcomes(run_dir: Path) -> list[dict[str, bool]]:
-    """The greedy outcomes of an rlsteps run's output policy (its checkpoint_megatron, LoRA merged)."""
-    from rlsteps.engine.policy.model import load_policy
-
-    model, tokenizer = load_policy(run_dir / "policy")
+    model, tokenizer = load_policy(path)
     return greedy_outcomes(model, tokenizer, load_rows("val"))
 
 
@@ -416,8 +414,9 @@ def main() -> None:
         (options.out / f"{named(system, lora)}.json").write_text(json.dumps(result, indent=1))
     results = [json.loads(p.read_text()) for s in SYSTEMS if (p := options.out / f"{named(s, lora)}.json").is_file()]
     print(report(results))
-    plot(results, options.plot or options.out / "accuracy.png")
-    print(f"load average at end: {load_avg()}; curve: {options.plot}")
+    curve = options.plot or options.out / "accuracy.png"
+    plot(results, curve)
+    print(f"load average at end: {load_avg()}; curve: {curve}")
 
 
 if __name__ == "__main__":

@@ -424,7 +424,7 @@ def test_a_batch_job_trains_on_slurm_and_jobs_reports_it(tiny_world, project, mo
 @needs_cluster
 def test_cancel_waits_for_the_clusters_kill_wait():
     # scancel sends SIGTERM and SIGKILL only KillWait later: a cancel that waited less reported a job still COMPLETING
-    assert slurm.kill_wait_s() == 30  # the test cluster keeps Slurm's default
+    assert slurm.kill_wait_s() == 30  # read from the cluster (None if scontrol's line were not found): its default
 
 
 @needs_cluster

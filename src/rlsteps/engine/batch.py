@@ -131,7 +131,7 @@ class RolloutBatch:
         )
 
     def micro_batches(self, size: int) -> list[RolloutBatch]:
-        return [self.select(list(range(i, min(i + size, len(self))))) for i in range(0, len(self), size)]
+        return [self.select(rows) for rows in self.micro_batch_rows(size)]
 
     def micro_batch_rows(self, size: int, max_tokens: int | None = None, whole_groups: bool = False) -> list[list[int]]:
         """The rows of each micro-batch. Without a token budget: `size` rows at a time, in order. With one (dynamic

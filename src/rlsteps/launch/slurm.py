@@ -184,7 +184,7 @@ class SlurmLauncher:
             )
         _require("scancel")
         _run_checked(["scancel", record.job_id], f"scancel could not cancel Slurm job {record.job_id}")
-        deadline = time.monotonic() + kill_wait_s() + CANCEL_MARGIN_S
+        deadline = time.monotonic() + (kill_wait_s() or KILL_WAIT_DEFAULT_S) + CANCEL_MARGIN_S
         while not self._over(record) and time.monotonic() < deadline:
             time.sleep(0.5)
 
@@ -345,12 +345,12 @@ def _require(tool: str) -> None:
         )
 
 
-def kill_wait_s() -> int:
-    """The cluster's KillWait: how long after scancel's SIGTERM a job's processes are killed (Slurm's default if
-    scontrol does not say)."""
+def kill_wait_s() -> int | None:
+    """The cluster's KillWait: how long after scancel's SIGTERM a job's processes are killed; None where scontrol
+    does not say."""
     shown = _slurm_command(["scontrol", "show", "config"])
     found = re.search(r"^KillWait\s*=\s*(\d+)", shown.stdout, re.MULTILINE) if shown.returncode == 0 else None
-    return int(found.group(1)) if found else KILL_WAIT_DEFAULT_S
+    return int(found.group(1)) if found else None
 
 
 def _slurm_command(argv: list[str]) -> subprocess.CompletedProcess:
