@@ -4,7 +4,8 @@ Two parts, each a round-robin of interleaved repetitions, reported as medians an
 
     scoring   one step's rewards on their own: 16 prompts x 4 responses of the tiny task, scored by a judge
               server (`python -m rlsteps.engine.rewards.judge`, the tiny reward model, as a run starts it) through
-              `JudgeClient` at the tiny config's concurrency (8: 64 circular comparisons), and by a reward-model
+              `JudgeClient` at the tiny config's concurrency (8: 64 circular comparisons; `--concurrency 8 64`:
+              a client at each, in turns; `--prompts`, `--group`: another step's shape), and by a reward-model
               server (`python -m rlsteps.engine.rewards.rm`) through `RewardClient` (64 rows); both servers are
               subprocesses on loopback, started once, warmed up, then called in turns
     steps     whole runs, `rlsteps run rl/reinforce -c tiny train.max_steps=S` and `rl/rlhf` (16 prompts x 4
@@ -43,22 +44,28 @@ from rlsteps.engine.rewards.process import LocalServer
 from rlsteps.tiny import task
 from rlsteps.tiny.build import ensure_tiny_world
 
-PROMPTS, ROLLOUTS, CONCURRENCY = 16, 4, 8  # the tiny configs' rollout sizes and judge.concurrency
+PROMPTS, ROLLOUTS, CONCURRENCY = 16, 4, 8  # the scoring part's default step shape and judge.concurrency
 
 
 def load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def step_groups(seed: int) -> list[tuple[list[dict[str, str]], list[str]]]:
-    """One step's groups: a tiny-task prompt and 4 responses drawn as the SFT policy writes them."""
+def step_groups(
+    seed: int, prompts: int = PROMPTS, group: int = ROLLOUTS
+) -> list[tuple[list[dict[str, str]], list[str]]]:
+    """One step's groups: a tiny-task prompt and its responses drawn as the SFT policy writes them."""
     rng = random.Random(seed)
     groups = []
-    for _ in range(PROMPTS):
+    for _ in range(prompts):
         prompt, noun = task.sample_prompt(rng)
-        responses = [task.sample_response(rng, noun) for _ in range(ROLLOUTS)]
+        responses = [task.sample_response(rng, noun) for _ in range(group)]
         groups.append(([{"role": "user", "content": prompt}], responses))
     return groups
+
+
+def judge_name(checkout: str, concurrency: int, concurrencies: tuple[int, ...]) -> str:
+    return f"judge ({checkout})" + (f", concurrency {concurrency}" if len(concurrencies) > 1 else "")
 
 
 def checkout_env(checkout: str | None) -> dict[str, str]:
@@ -80,10 +87,17 @@ def client_class(checkout: str) -> type:
 
 
 def scoring(
-    rounds: int, reward_model: Path, folder: Path, checkouts: dict[str, str | None], client_checkouts: dict[str, str]
+    rounds: int,
+    reward_model: Path,
+    folder: Path,
+    checkouts: dict[str, str | None],
+    client_checkouts: dict[str, str],
+    concurrencies: tuple[int, ...] = (CONCURRENCY,),
+    shape: tuple[int, int] = (PROMPTS, ROLLOUTS),
 ) -> dict[str, list[float]]:
-    """Seconds per step's scoring: each checkout's judge server (through this checkout's client), the first server
-    through each of `client_checkouts`' clients, and the reward model, taking turns."""
+    """Seconds per step's scoring: each checkout's judge server (through this checkout's client, at each of
+    `concurrencies`), the first server through each of `client_checkouts`' clients, and the reward model, taking
+    turns."""
     from rlsteps.engine.rewards.judge.client import JudgeClient
     from rlsteps.engine.rewards.rm.client import RewardClient
 
@@ -98,13 +112,16 @@ def scoring(
     rm = LocalServer(
         "rlsteps.engine.rewards.rm", ["--model", str(reward_model)], log_path=folder / "rm.log", env=threads
     )
-    times: dict[str, list[float]] = {f"judge ({name})": [] for name in judges} | {"reward model": []}
+    times: dict[str, list[float]] = {"reward model": []}
     with contextlib.ExitStack() as stack:
         for server in [*judges.values(), rm]:
             stack.enter_context(server)
         clients = {
-            f"judge ({name})": stack.enter_context(JudgeClient(f"{j.url}/v1", "tiny-judge", concurrency=CONCURRENCY))
+            judge_name(name, c, concurrencies): stack.enter_context(
+                JudgeClient(f"{j.url}/v1", "tiny-judge", concurrency=c)
+            )
             for name, j in judges.items()
+            for c in concurrencies
         }
         first = next(iter(judges.values()))
         for name, checkout in client_checkouts.items():
@@ -113,14 +130,14 @@ def scoring(
         times |= {name: [] for name in clients}
         rc = stack.enter_context(RewardClient(rm.url))
         for r in range(rounds + 2):  # two warm-up rounds
-            groups = step_groups(r)  # the reward model's
+            groups = step_groups(r, *shape)  # the reward model's
             prompts = [c[0]["content"] for c, responses in groups for _ in responses]
             responses = [x for _, rs in groups for x in rs]
             for i, (name, client) in enumerate(clients.items()):
                 # groups of their own: a judge server remembers the rewards of the rows it has scored, so a client
                 # sent the same rows after another would time a server with nothing left to score
                 start = time.perf_counter()
-                result = client.judge(step_groups(1000 * (i + 1) + r))
+                result = client.judge(step_groups(1000 * (i + 1) + r, *shape))
                 took = time.perf_counter() - start
                 assert result.stats["transport_failures"] == 0 and result.stats["parse_failures"] == 0, result.stats
                 if r >= 2:
@@ -154,6 +171,12 @@ def summary(rows: list[dict[str, float]]) -> tuple[float, float, float]:
     return statistics.median(steps), statistics.median(rewards), statistics.median(shares)
 
 
+def median_of(rows: list[dict[str, float]], key: str) -> str:
+    """The median of a timer the checkout logs, or '-' where it logs none (the reference beside the scoring)."""
+    values = [r[key] for r in rows if key in r]
+    return f"{statistics.median(values):.3f}" if values else "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20, help="timed rounds of the scoring part")
@@ -163,6 +186,9 @@ def main() -> None:
     parser.add_argument(
         "--client-checkouts", nargs="*", default=[], metavar="NAME=DIR", help="judge clients to compare (scoring)"
     )
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[CONCURRENCY], help="judge clients' (scoring)")
+    parser.add_argument("--prompts", type=int, default=PROMPTS, help="prompts of the scored step (scoring)")
+    parser.add_argument("--group", type=int, default=ROLLOUTS, help="responses per prompt (scoring)")
     parser.add_argument("--skip-scoring", action="store_true")
     parser.add_argument("--skip-steps", action="store_true")
     args = parser.parse_args()
@@ -173,12 +199,13 @@ def main() -> None:
         reward_model = ensure_tiny_world().reward_model
         with tempfile.TemporaryDirectory(prefix="bench-judge-") as folder:
             clients = dict(c.split("=", 1) for c in args.client_checkouts)
-            times = scoring(args.calls, reward_model, Path(folder), checkouts, clients)
+            shape = (args.prompts, args.group)
+            times = scoring(args.calls, reward_model, Path(folder), checkouts, clients, tuple(args.concurrency), shape)
         rm = statistics.median(times["reward model"])
-        print(f"\nscoring one step ({PROMPTS} x {ROLLOUTS}), median of {args.calls} calls each, taking turns")
+        rows = args.prompts * args.group
+        print(f"\nscoring one step ({args.prompts} x {args.group}), median of {args.calls} calls each, taking turns")
         for name, found in times.items():
-            what = f"{PROMPTS * ROLLOUTS} comparisons at concurrency {CONCURRENCY}" if name != "reward model" else ""
-            what = what or f"{PROMPTS * ROLLOUTS} rows"
+            what = f"{rows} circular comparisons" if name != "reward model" else f"{rows} rows"
             median = statistics.median(found)
             print(f"  {name:<28} {what:<36} {median:.4f} s   / reward model {median / rm:5.2f}")
 
@@ -192,13 +219,20 @@ def main() -> None:
                 rows[name, step] += steps
                 ratios[name, step].append(summary(steps)[0] / summary(found[name, "rl/reinforce"])[0])
         print(f"\nsteps 2-{args.steps} of {args.rounds} runs each, taking turns (median s; the ratio to the")
-        print("same round's rl/reinforce run, median over rounds, with its range)")
-        print(f"  {'checkout':<10} {'step':<13} {'step s':>7} {'reward s':>9} {'reward share':>13} {'/ reinforce':>12}")
+        print("same round's rl/reinforce run, median over rounds, with its range); reference s: the reference's pass")
+        print("when it runs beside the scoring (inside reward s), prepare s: the phase after the reward")
+        print(f"  {'checkout':<10} {'step':<13} {'step s':>7} {'reward s':>9} {'reference s':>12} {'prepare s':>10} "
+              f"{'reward share':>13} {'/ reinforce':>12}")  # fmt: skip
         for name, step in variants:
             step_s, reward_s, share = summary(rows[name, step])
             r = ratios[name, step]
             ratio = f"{statistics.median(r):6.2f} ({min(r):.2f}-{max(r):.2f})"
-            print(f"  {name:<10} {step:<13} {step_s:7.3f} {reward_s:9.3f} {share:13.0%} {ratio}")
+            reference, prepare = (
+                median_of(rows[name, step], "timers/reference"),
+                median_of(rows[name, step], "timers/prepare"),
+            )
+            print(f"  {name:<10} {step:<13} {step_s:7.3f} {reward_s:9.3f} {reference:>12} {prepare:>10} {share:13.0%} "
+                  f"{ratio}")  # fmt: skip
     print(f"\nload average at the end: {load()}")
 
 

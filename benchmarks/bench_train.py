@@ -18,6 +18,9 @@ Configurations, built afresh and run one after the other in this process on the 
     + compile      the same with torch.compile(model), with --compile
     + lora         the same with LoRA adapters (train.lora: peft on every linear layer but the output layer, rank
                    --lora-dim): only the adapters train and sit in the optimizer, with --lora
+    + dynamic      the same with micro-batches by tokens (train.dynamic_batching: rows sorted by length, each
+                   micro-batch within --micro-batch x the longest row a step can have), with --dynamic-batching;
+                   with --varied-lengths, where responses are 1 to --response-len tokens long, it pads less
 
 With --reference each step first runs the reference policy's log-prob pass over the batch, as a REINFORCE or GRPO
 step's prepare does, and the configuration holds that reference as a run does: a frozen copy of the policy in the
@@ -84,10 +87,12 @@ class Variant:
     checkpointing: bool = False
     compiled: bool = False
     lora: bool = False
+    dynamic: bool = False
 
     @property
     def name(self) -> str:
         options = (" + ckpt", self.checkpointing), (" + compile", self.compiled), (" + lora", self.lora)
+        options += ((" + dynamic", self.dynamic),)
         return self.precision + "".join(text for text, on in options if on)
 
 
@@ -123,6 +128,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lora", action="store_true", help="add each precision with LoRA adapters (train.lora)")
     parser.add_argument("--lora-dim", type=int, default=8, help="the adapters' rank (train.lora.dim)")
     parser.add_argument("--reference", action="store_true", help="hold the reference and run its log-prob pass")
+    parser.add_argument(
+        "--dynamic-batching", action="store_true", help="add each precision with micro-batches by tokens"
+    )
+    parser.add_argument(
+        "--varied-lengths", action="store_true", help="responses 1 to --response-len tokens (seeded), not all full"
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=1, help="configurations take turns this many times")
@@ -163,6 +174,7 @@ def variants(args: argparse.Namespace) -> list[tuple[Variant, Variant]]:
         ("checkpointing", args.activation_checkpointing),
         ("compiled", args.compile),
         ("lora", args.lora),
+        ("dynamic", args.dynamic_batching),
     ):
         if on:
             pairs += [(replace(variant, **{option: True}), variant) for variant in plain]
@@ -170,13 +182,19 @@ def variants(args: argparse.Namespace) -> list[tuple[Variant, Variant]]:
 
 
 def random_rows(args: argparse.Namespace, vocab: int, device: str) -> RolloutBatch:
-    """Full-length rows: prompt_len prompt tokens then response_len response tokens, none of them padding."""
+    """prompt_len prompt tokens then response_len response tokens, none of them padding; with --varied-lengths,
+    1 to response_len response tokens, uniformly (seeded), padded after."""
     g = torch.Generator().manual_seed(0)
     rows, width = args.rows, args.prompt_len + args.response_len
+    responses = torch.full((rows,), args.response_len)
+    if args.varied_lengths:
+        responses = torch.randint(1, args.response_len + 1, (rows,), generator=g)
+    tokens = torch.randint(1, vocab, (rows, width), generator=g)
+    tokens[torch.arange(width)[None, :] >= (args.prompt_len + responses)[:, None]] = 0
     return RolloutBatch(
-        tokens=torch.randint(1, vocab, (rows, width), generator=g).to(device),
+        tokens=tokens.to(device),
         prompt_lengths=torch.full((rows,), args.prompt_len, device=device),
-        response_lengths=torch.full((rows,), args.response_len, device=device),
+        response_lengths=responses.to(device),
         is_end=torch.ones(rows, dtype=torch.bool, device=device),
         prompt_ids=[str(i // 4) for i in range(rows)],
         prompt_texts=[""] * rows,
@@ -274,13 +292,14 @@ def run(
     precision = PRECISIONS[variant.precision]
     autocast = variant.precision == "autocast-bf16"
     seconds = []
+    budget = args.micro_batch * (args.prompt_len + args.response_len) if variant.dynamic else None
     for step in range(args.warmup + args.steps):
         synchronize(args.device)
         start = time.perf_counter()
         for micro in batch.micro_batches(args.micro_batch) if reference else []:
             with torch.autocast(torch.device(args.device).type, dtype=precision, enabled=autocast):
                 reference(micro)
-        for micro in batch.micro_batches(args.micro_batch):
+        for micro in [batch.select(rows) for rows in batch.micro_batch_rows(args.micro_batch, budget)]:
             with torch.autocast(torch.device(args.device).type, dtype=precision, enabled=autocast):
                 loss = micro_loss(forward, micro, normaliser, args.loss)
             loss.backward()
@@ -315,7 +334,8 @@ def describe(args: argparse.Namespace, config: Qwen2Config, batch: RolloutBatch)
             f"Qwen2 {config.hidden_size} x {config.num_hidden_layers}, heads {config.num_attention_heads}/"
             f"{config.num_key_value_heads}, MLP {config.intermediate_size}, vocab {config.vocab_size}"
             f"{' tied' if config.tie_word_embeddings else ''}: {params / 1e6:.1f}M parameters",
-            f"{len(batch)} rows x ({args.prompt_len} + {args.response_len}) tokens, micro-batch {args.micro_batch}, "
+            f"{len(batch)} rows x ({args.prompt_len} + {'1 to ' if args.varied_lengths else ''}{args.response_len}) "
+            f"tokens ({int(batch.sequence_lengths.sum())} in all), micro-batch {args.micro_batch}, "
             f"{args.loss} loss, log-probs: {logprobs}; {args.warmup} warmup + {args.steps} timed steps",
             f"model FLOPs per step {step_flops(config, batch) / 1e9:.1f} G (engine.records.throughput.model_flops)",
         ]

@@ -21,13 +21,17 @@ the same from a bare GPU machine's python as from the repository's venv. Rows (b
     grpo 0.37b step                a random 0.37B Qwen2 (bench_train.py's shape) as the policy of the tiny rl/rlhf
                                    step (GRPO) in bf16: phase times from the run's own timers, its MFU and decode
                                    tokens/s
+    grpo 0.37b 32x8x128 [compiled] the same at 32 prompts x 8 rollouts x 128 new tokens, KL 0; eager and compiled
+    trl grpo 0.37b 32x8x128        benchmarks/trl_step.py: TRL's GRPOTrainer on the same policy at the same shape
     train phase 0.37b              bench_train.py --size 0.37b, bf16 (autocast), 64 rows x (512 + 512), eager and
                                    compiled (train.compile=true): MFU
+    lora train phase 0.37b         bench_train.py --lora --reference: full fine-tuning and LoRA with the reference's
+                                   pass, bf16: step time and peak memory of each
     decode 0.37b vs hf.generate    bench_generate.py on the 0.37B shape, bf16, sampling: tokens/s against HF generate
 
-Targets on one H100 (judged only where the device's name says H100, unless --no-targets): the GRPO step's median
-<= 1.0 s, the train phase >= 30% MFU, decode >= 5x HF generate. Without a CUDA device (and without --cpu-smoke) it
-says so and runs nothing (exit 0).
+Targets on one H100 or H200 (judged only where the device's name says so, unless --no-targets): the GRPO step's
+median <= 1.0 s at 32x8x128 and <= 0.5 s at the tiny shape, the train phase >= 30% MFU, decode >= 5x HF generate.
+Without a CUDA device (and without --cpu-smoke) it says so and runs nothing (exit 0).
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ BENCHMARKS = REPO / "benchmarks"
 NO_CUDA = "no CUDA device: nothing to check"
 TWO_PROCESSES = "profiles:\n  two:\n    executor: local\n    nprocs_per_node: 2\n"
 RUNNING: set[subprocess.Popen] = set()  # the rows' subprocesses now running
-TARGETS = {"step_s": 1.0, "mfu": 0.30, "decode_vs_hf": 5.0}  # on one H100
+TARGETS = {"step_s": {"wide": 1.0, "tiny": 0.5}, "mfu": 0.30, "decode_vs_hf": 5.0}  # on one H100 or H200
 
 
 class Failed(Exception):
@@ -73,7 +77,7 @@ class Context:
     device_name: str
     smoke_steps: int  # --cpu-smoke: train.max_steps of the tiny runs
     timeout: float  # seconds per subprocess
-    targets: bool  # judge the H100 targets
+    targets: bool  # judge the targets (on an H100 or H200)
     env: dict[str, str] = field(default_factory=dict)
     tiny_world: dict[str, str] = field(default_factory=dict)  # TinyWorld's paths, built once before any row
 
@@ -83,7 +87,7 @@ class Context:
 
     @property
     def judge_targets(self) -> bool:
-        return self.targets and "H100" in self.device_name
+        return self.targets and any(name in self.device_name for name in ("H100", "H200"))
 
 
 @dataclass(frozen=True)
@@ -383,40 +387,98 @@ def make_policy(out: Path, size: str, tokenizer_dir: str) -> None:
     tokenizer.save_pretrained(out)
 
 
-def grpo_step(ctx: Context) -> str:
-    """The tiny rl/rlhf step (GRPO) with a random 0.37B policy in bf16; on a CPU the tiny shape, fp32."""
-    cwd = ctx.work / "grpo"
-    policy = cwd / "policy-in"
+# The issue-sized GRPO step: 32 prompts x 8 rollouts x up to 128 new tokens, one optimizer step of the 256 rows in
+# micro-batches of 64, no KL (no reference policy); the same on both sides of the rlsteps-against-TRL rows.
+WIDE = {"prompts": 32, "group": 8, "new_tokens": 128, "micro_batch": 64}
+
+
+def wide_options() -> list[str]:
+    rows = WIDE["prompts"] * WIDE["group"]
+    return [f"rollout.prompts_per_step={WIDE['prompts']}", f"rollout.num_rollouts_per_prompt={WIDE['group']}",
+            f"rollout.sampling.max_new_tokens={WIDE['new_tokens']}", f"rollout.generation_batch_size={rows}",
+            f"rollout.logprob_micro_batch_size={WIDE['micro_batch']}", f"train.global_batch_size={rows}",
+            f"train.micro_batch_size={WIDE['micro_batch']}", "grpo.kl_beta=0.0"]  # fmt: skip
+
+
+def policy_0_37b(ctx: Context) -> tuple[Path, str]:
+    """The random policy the GRPO rows share (made once), and its size's name: 0.37B, or tiny on a CPU."""
     size = "tiny" if ctx.smoke else "0.37b"
-    argv = [sys.executable, __file__, "make-policy", str(policy), size, ctx.tiny_world["policy"]]
-    expect_success(call(ctx, "grpo_make_policy", argv, REPO), "making the random policy")
-    options = [f"inputs.policy={policy}", f"run.device={ctx.device}", "validation.interval=0", "checkpoint.interval=0"]
-    if ctx.smoke:
-        options += [f"train.max_steps={ctx.smoke_steps}", "run.num_threads=1"]
-    else:
-        options += ["run.dtype=bfloat16", "train.max_steps=6"]
-    done = rlsteps(ctx, "grpo", cwd, "run", "rl/rlhf", "-c", "tiny", *options)
-    expect_success(done, "the run")
-    run = run_folder(cwd, "rl/rlhf")
-    if not (run / "policy" / "rlsteps_artifact.json").is_file():
-        raise Failed(f"no output policy at {run / 'policy'}")
+    policy = ctx.work / f"policy-{size}"
+    if not (policy / "config.json").is_file():
+        argv = [sys.executable, __file__, "make-policy", str(policy), size, ctx.tiny_world["policy"]]
+        expect_success(call(ctx, "grpo_make_policy", argv, REPO), "making the random policy")
+    return policy, size
+
+
+def grpo_step(shape: str, compiled: bool = False) -> Callable[[Context], str]:
+    """The tiny rl/rlhf step (GRPO) with a random 0.37B policy in bf16, at the tiny config's shape or WIDE's, eager or
+    with `train.compile=true`; on a CPU the tiny policy in fp32, a step or two."""
+
+    def run(ctx: Context) -> str:
+        policy, size = policy_0_37b(ctx)
+        cwd = ctx.work / f"grpo-{shape}{'-compiled' if compiled else ''}"
+        options = [f"inputs.policy={policy}", f"run.device={ctx.device}", "validation.interval=0",
+                   "checkpoint.interval=0"]  # fmt: skip
+        options += wide_options() if shape == "wide" else []
+        options += ["train.compile=true"] if compiled else []
+        if ctx.smoke:
+            options += [f"train.max_steps={ctx.smoke_steps}", "run.num_threads=1"]
+        else:
+            options += ["run.dtype=bfloat16", "train.max_steps=6"]
+        done = rlsteps(ctx, cwd.name, cwd, "run", "rl/rlhf", "-c", "tiny", *options)
+        expect_success(done, "the run")
+        run_dir = run_folder(cwd, "rl/rlhf")
+        if not (run_dir / "policy" / "rlsteps_artifact.json").is_file():
+            raise Failed(f"no output policy at {run_dir / 'policy'}")
+        return grpo_figures(ctx, run_dir, size, TARGETS["step_s"][shape])
+
+    return run
+
+
+def grpo_figures(ctx: Context, run: Path, size: str, target_s: float) -> str:
+    """The median step (the first left out: it compiles and warms up) and its phases, the first step, MFU, decode."""
 
     def median(key: str) -> float | None:
         values = series(ctx, run, key)
-        values = values[1:] or values  # the first step compiles and warms up
+        values = values[1:] or values
         return statistics.median(values) if values else None
 
     phases = {name: median(f"timers/{name}") for name in ("step", "rollout", "reward", "prepare", "train")}
     if phases["step"] is None:
         raise Failed("the run logged no timers/step")
+    first = series(ctx, run, "timers/step")[0]
     figures = [f"{size}, median step {phases['step']:.2f} s ("]
     figures[0] += " ".join(f"{name} {s:.2f}" for name, s in phases.items() if name != "step" and s is not None) + ")"
+    figures.append(f"first step {first:.1f} s")
     used, rate = median("perf/train_mfu"), median("perf/generation_tokens_per_s")
     figures.append(f"train MFU {used:.1%}" if used is not None else "train MFU n/a")
     if rate is not None:
         figures.append(f"decode {rate:.0f} tok/s")
-    if ctx.judge_targets and phases["step"] > TARGETS["step_s"]:
-        raise Failed(f"target: step <= {TARGETS['step_s']} s; " + ", ".join(figures))
+    if ctx.judge_targets and phases["step"] > target_s:
+        raise Failed(f"target: step <= {target_s} s; " + ", ".join(figures))
+    return ", ".join(figures)
+
+
+def trl_grpo_step(ctx: Context) -> str:
+    """benchmarks/trl_step.py: TRL's GRPOTrainer on the same policy at WIDE's shape (a CPU: 1 step, tiny shape)."""
+    policy, size = policy_0_37b(ctx)
+    shape = {"prompts": 4, "group": 4, "new_tokens": 8, "micro_batch": 16} if ctx.smoke else WIDE
+    argv = [sys.executable, str(BENCHMARKS / "trl_step.py"), str(policy), "--reward-model",
+            ctx.tiny_world["reward_model"], "--prompts", ctx.tiny_world["train_prompts"], "--out",
+            str(ctx.work / "trl-grpo"), "--steps", "1" if ctx.smoke else "6", "--device", ctx.device,
+            "--prompts-per-step", str(shape["prompts"]), "--group", str(shape["group"]), "--new-tokens",
+            str(shape["new_tokens"]), "--micro-batch", str(shape["micro_batch"])]  # fmt: skip
+    done = call(ctx, "trl_grpo", argv, REPO)
+    if done.returncode == 3 and "trl: not installed" in done.stderr:
+        raise Skipped("trl: not installed (pip install trl==1.16.0)")
+    expect_success(done, "trl_step.py")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    steps = report["step_seconds"]
+    later = steps[1:] or steps
+    figures = [f"{size}, median step {statistics.median(later):.2f} s", f"first step {steps[0]:.1f} s"]
+    if report.get("peak_gb") is not None:
+        figures.append(f"peak {report['peak_gb']:.1f} GB")
+    figures.append(f"activation checkpointing {'on' if report['gradient_checkpointing'] else 'off'}")
     return ", ".join(figures)
 
 
@@ -427,19 +489,41 @@ def train_phase(ctx: Context) -> str:
              "--micro-batch", "16", "--steps", "4", "--warmup", "2", "--compile"]  # fmt: skip
     if ctx.smoke:
         shape = ["--size", "tiny", "--steps", "1", "--warmup", "0"]
-    done = call(ctx, "train_phase", [sys.executable, str(BENCHMARKS / "bench_train.py"), "--device", ctx.device,
-                                     *shape], REPO)  # fmt: skip
-    expect_success(done, "bench_train.py")
-    rows = re.findall(r"^((?:float32|autocast-bf16)(?: \+ compile)?)\s+([\d.]+) \(.*?\)\s+(\d+)\s+([\d.e+-]+)\s+(\S+)"
-                      r"\s+([\d.]+)", done.stdout, flags=re.MULTILINE)  # fmt: skip
-    if not rows:
-        raise Failed(f"bench_train.py printed no row: {last_line(done.stdout)}")
-    figures = [f"{name}: step {float(step_s):.3f} s, {int(tokens)} tok/s, MFU {share}, peak {float(peak):.1f} GB"
-               for name, step_s, tokens, _, share, peak in rows]  # fmt: skip
+    rows, figures = bench_train_rows(ctx, "train_phase", shape)
     judged = rows[-1][4]  # the compiled configuration where it ran
     if ctx.judge_targets and (judged == "n/a" or float(judged.rstrip("%")) < 100 * TARGETS["mfu"]):
         raise Failed(f"target: MFU >= {TARGETS['mfu']:.0%}; " + "; ".join(figures))
     return "; ".join(figures)
+
+
+def lora_train_phase(ctx: Context) -> str:
+    """bench_train.py --lora --reference: the 0.37B train phase in bf16 with the reference's pass a step makes,
+    full fine-tuning (a reference copy) against LoRA rank 8 (the reference is the base): step time and peak memory.
+    The tiny shape, fp32, on a CPU."""
+    shape = ["--size", "0.37b", "--dtype", "bfloat16", "--rows", "64", "--prompt-len", "512", "--response-len", "512",
+             "--micro-batch", "16", "--steps", "3", "--warmup", "1", "--lora", "--reference"]  # fmt: skip
+    if ctx.smoke:
+        shape = ["--size", "tiny", "--steps", "1", "--warmup", "0", "--lora", "--reference"]
+    rows, figures = bench_train_rows(ctx, "lora_train_phase", shape)
+    if len(rows) != 2:
+        raise Failed(f"bench_train.py printed {len(rows)} rows, not full fine-tuning and LoRA: " + "; ".join(figures))
+    (_, full_s, *_, full_gb), (_, lora_s, *_, lora_gb) = rows
+    ratios = f"LoRA {float(full_s) / float(lora_s):.2f}x the speed, {float(lora_gb) / float(full_gb):.2f}x the memory"
+    return "; ".join([*figures, ratios])
+
+
+def bench_train_rows(ctx: Context, name: str, shape: list[str]) -> tuple[list[tuple[str, ...]], list[str]]:
+    """bench_train.py's table: (configuration, step s, tokens/s, FLOPs, MFU, peak GB) rows, and their figures."""
+    argv = [sys.executable, str(BENCHMARKS / "bench_train.py"), "--device", ctx.device, *shape]
+    done = call(ctx, name, argv, REPO)
+    expect_success(done, "bench_train.py")
+    rows = re.findall(r"^((?:float32|autocast-bf16)(?: \+ (?:compile|lora))?)\s+([\d.]+) \(.*?\)\s+(\d+)\s+"
+                      r"([\d.e+-]+)\s+(\S+)\s+([\d.]+)", done.stdout, flags=re.MULTILINE)  # fmt: skip
+    if not rows:
+        raise Failed(f"bench_train.py printed no row: {last_line(done.stdout)}")
+    figures = [f"{config}: step {float(step_s):.3f} s, {int(tokens)} tok/s, MFU {share}, peak {float(peak):.1f} GB"
+               for config, step_s, tokens, _, share, peak in rows]  # fmt: skip
+    return rows, figures
 
 
 def decode_vs_hf(ctx: Context) -> str:
@@ -469,8 +553,13 @@ CHECKS = [
     Check("compiled decode (CUDA graphs)", compiled_decode, cuda_only="CUDA graphs need a GPU"),
     Check("megatron GPTModel", megatron_gpt_model),
     Check("vllm rollouts (sync, sleep)", vllm_rollouts, cuda_only="vLLM's sleep mode needs a GPU", alone=True),
-    Check("grpo 0.37b step", grpo_step, alone=True),
+    Check("grpo 0.37b 32x8x128", grpo_step("wide"), alone=True),
+    Check("trl grpo 0.37b 32x8x128", trl_grpo_step, alone=True),
+    Check("grpo 0.37b step", grpo_step("tiny"), alone=True),
+    Check("grpo 0.37b 32x8x128 compiled", grpo_step("wide", compiled=True), cuda_only="compiles for minutes on a CPU",
+          alone=True),
     Check("train phase 0.37b", train_phase, alone=True),
+    Check("lora train phase 0.37b", lora_train_phase, alone=True),
     Check("decode 0.37b vs hf.generate", decode_vs_hf, alone=True),
 ]  # fmt: skip
 
@@ -494,7 +583,9 @@ def run_check(check: Check, ctx: Context, selected: bool) -> Result:
     except Exception as error:  # a bug in a row's judging: that row fails, the table goes on
         status, figures = "FAILED", f"{type(error).__name__}: {error}"
     result = Result(check.name, status, time.perf_counter() - start, figures)
-    print(f"  {result.status:<7} {result.check} ({result.seconds:.0f} s)", file=sys.stderr, flush=True)
+    # the figures as each row ends: a run stopped from outside still shows what its finished rows measured
+    line = f"  {result.status:<7} {result.check} ({result.seconds:.0f} s): {result.figures}"
+    print(line, file=sys.stderr, flush=True)
     return result
 
 
@@ -536,7 +627,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", metavar="TEXT", help="run the rows whose names contain any of these")
     parser.add_argument("--jobs", type=int, default=4, help="rows run side by side on a GPU (timed rows run alone)")
     parser.add_argument("--timeout", type=float, default=480, help="seconds per subprocess")
-    parser.add_argument("--no-targets", action="store_true", help="report the H100 targets' figures, never fail them")
+    parser.add_argument("--no-targets", action="store_true", help="report the targets' figures, never fail them")
     parser.add_argument("--work", type=Path, help="scratch folder (kept); default: a temporary one, removed if all ok")
     return parser.parse_args(argv)
 

@@ -85,6 +85,19 @@ MATCHED_STEP = {
 }
 
 
+PLAIN_SAMPLING = dict(temperature=1.0, top_p=1.0, top_k=0)  # TRL's sampling as rlsteps's: no truncation
+# a TRL trainer that trains and times, nothing else: no checkpoints, evaluation, reporting or progress bar
+QUIET_TRAINER = dict(
+    seed=0,
+    save_strategy="no",
+    eval_strategy="no",
+    report_to="none",
+    logging_steps=1,
+    disable_tqdm=True,
+    dataloader_num_workers=0,
+)
+
+
 def trl_config(kind: str, out: Path):
     """The TRL config matching the rlsteps step's tiny config key by key."""
     from trl import GRPOConfig, RLOOConfig
@@ -105,18 +118,10 @@ def trl_config(kind: str, out: Path):
         generation_batch_size=PROMPTS_PER_STEP * GROUP,
         num_iterations=1,
         max_completion_length=MAX_NEW_TOKENS,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
         use_cpu=True,
         bf16=False,
-        seed=0,
-        save_strategy="no",
-        eval_strategy="no",
-        report_to="none",
-        logging_steps=1,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
+        **PLAIN_SAMPLING,
+        **QUIET_TRAINER,
     )
     if kind == "rloo":  # rl/reinforce: cosine to min_lr_ratio 0.1, raw advantages (no std)
         return RLOOConfig(

@@ -17,9 +17,13 @@ the 64 validation prompts, the share of exact matches. The rlsteps runs use the 
 val/reward/exact_match. TRL's validation is a callback here that generates with the trainer's model between steps
 (Hugging Face generate; excluded from the step times).
 
+Paired, per question: the answers right after the last step and not before it (gained), the other way (lost), and
+the one-sided sign test's p-value of that many gains among the changed answers (McNemar's exact test: how often a
+policy that did not improve would gain as many by chance); rlsteps' final answers are its output policy's.
+
 Seconds per step: rlsteps's timers/step (rollouts, rewards, update); TRL's, the time of its training step
 (on_step_begin to on_step_end, generation included). Results go to OUT/<system>.json, a table on stdout and the
-curve to --plot.
+curve to --plot (OUT/accuracy.png unless given; README's figure: `--plot benchmarks/trl_verifiable.png`).
 
 With --lora every system trains LoRA adapters with the same peft config instead of the whole policy: rank
 --lora-dim, alpha --lora-alpha, no dropout, every linear layer but the output layer (rlsteps's train.lora, TRL's
@@ -30,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -72,7 +78,9 @@ def load_avg() -> str:
 # rlsteps: the shipped configs, run as a user runs them
 
 
-def run_rlsteps(system: str, policy: Path, steps: int, out: Path, threads: int | None, lora: dict | None) -> dict:
+def run_rlsteps(
+    system: str, policy: Path, steps: int, out: Path, threads: int | None, lora: dict | None, seed: int = SEED
+) -> dict:
     run_dir = out / f"{named(system, lora)}-run"
     command = [
         sys.executable,
@@ -85,6 +93,7 @@ def run_rlsteps(system: str, policy: Path, steps: int, out: Path, threads: int |
         f"inputs.policy={policy}",
         f"train.max_steps={steps}",
         f"output.dir={run_dir}",
+        f"seed={seed}",
         *([f"run.num_threads={threads}"] if threads else []),
         *(["train.lora.enabled=true", f"train.lora.dim={lora['r']}", f"train.lora.alpha={lora['lora_alpha']}",
            f"train.lr={lora['lr']}"] if lora else []),
@@ -93,6 +102,7 @@ def run_rlsteps(system: str, policy: Path, steps: int, out: Path, threads: int |
     subprocess.run(command, check=True, cwd=out)
     result = rlsteps_result(named(system, lora), run_dir)
     result["wall_s"] = time.time() - started
+    result["final_correct"] = [o["exact_match"] for o in policy_outcomes(run_dir / "policy")]
     return result
 
 
@@ -135,6 +145,15 @@ def _as_list(answer: str | list[str]) -> list[str]:
 
 
 def greedy_validation(model, tokenizer, rows: list[dict]) -> dict[str, float]:
+    outcomes = greedy_outcomes(model, tokenizer, rows)
+    return {
+        "exact_match": sum(o["exact_match"] for o in outcomes) / len(rows),
+        "one_word": sum(o["one_word"] for o in outcomes) / len(rows),
+    }
+
+
+def greedy_outcomes(model, tokenizer, rows: list[dict]) -> list[dict[str, bool]]:
+    """Each validation question's greedy answer judged: exact match, and one word (right or wrong)."""
     import torch
 
     from rlsteps.engine.rewards.verifiable import exact_match, one_word
@@ -142,7 +161,7 @@ def greedy_validation(model, tokenizer, rows: list[dict]) -> dict[str, float]:
     was_training = model.training
     model.eval()
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    matched = formatted = 0
+    outcomes = []
     with torch.no_grad():
         for start in range(0, len(rows), 32):
             batch = rows[start : start + 32]
@@ -153,11 +172,41 @@ def greedy_validation(model, tokenizer, rows: list[dict]) -> dict[str, float]:
             output = model.generate(**encoded, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
             for row, ids in zip(batch, output):
                 response = tokenizer.decode(ids[encoded.input_ids.shape[1] :], skip_special_tokens=True)
-                matched += exact_match(row["messages"], response, row["answer"]) or 0.0
-                formatted += one_word(row["messages"], response)
+                outcomes.append(
+                    {
+                        "exact_match": bool(exact_match(row["messages"], response, row["answer"])),
+                        "one_word": bool(one_word(row["messages"], response)),
+                    }
+                )
     tokenizer.padding_side = side
     model.train(was_training)
-    return {"exact_match": matched / len(rows), "one_word": formatted / len(rows)}
+    return outcomes
+
+
+def paired_change(first: list[bool], last: list[bool]) -> dict[str, float]:
+    """Questions answered right at the last validation and not the first (gained), the other way (lost), and the
+    one-sided sign test's p-value of so many gains among the changed answers (McNemar's exact test): how often a
+    policy that did not improve would gain at least this many by chance."""
+    gained = sum(b and not a for a, b in zip(first, last))
+    lost = sum(a and not b for a, b in zip(first, last))
+    changed = gained + lost
+    p = sum(math.comb(changed, k) for k in range(gained, changed + 1)) / 2**changed if changed else 1.0
+    return {"gained": gained, "lost": lost, "sign_p": p}
+
+
+@functools.cache
+def base_correct(policy: Path) -> list[bool]:
+    """Which validation questions the policy before training answers right, greedy (computed once)."""
+    return [o["exact_match"] for o in policy_outcomes(policy)]
+
+
+def policy_outcomes(path: Path) -> list[dict[str, bool]]:
+    """The greedy outcomes of a policy on disk: a Hugging Face folder, or an rlsteps run's output (checkpoint_megatron,
+    LoRA merged)."""
+    from rlsteps.engine.policy.model import load_policy
+
+    model, tokenizer = load_policy(path)
+    return greedy_outcomes(model, tokenizer, load_rows("val"))
 
 
 def run_trl(
@@ -167,6 +216,7 @@ def run_trl(
     out: Path,
     threads: int | None,
     lora: dict | None,
+    seed: int = SEED,
     first_validation: bool = True,
 ) -> dict:
     import torch
@@ -176,7 +226,7 @@ def run_trl(
 
     if threads:
         torch.set_num_threads(threads)
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
     rows = load_rows("train")  # every answer a list of accepted answers: one column type
@@ -201,7 +251,7 @@ def run_trl(
         num_iterations=1,
         steps_per_generation=1,
         use_cpu=True,
-        seed=SEED,
+        seed=seed,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
@@ -212,7 +262,7 @@ def run_trl(
     else:
         trainer_cls, args = GRPOTrainer, GRPOConfig(**common)
 
-    accuracy, one_word, step_seconds = {}, {}, []
+    accuracy, one_word, step_seconds, last = {}, {}, [], []
 
     class Measure(TrainerCallback):
         started = 0.0
@@ -231,8 +281,9 @@ def run_trl(
                 self._validate(state.global_step, model)
 
         def _validate(self, step, model):
-            figures = greedy_validation(model, tokenizer, val)
-            accuracy[step], one_word[step] = figures["exact_match"], figures["one_word"]
+            last[:] = greedy_outcomes(model, tokenizer, val)
+            accuracy[step] = sum(o["exact_match"] for o in last) / len(val)
+            one_word[step] = sum(o["one_word"] for o in last) / len(val)
             print(
                 f"{system} step {step}: val exact_match {accuracy[step]:.3f} one_word {one_word[step]:.3f}", flush=True
             )
@@ -254,6 +305,7 @@ def run_trl(
         "one_word": one_word,
         "step_seconds": step_seconds,
         "wall_s": time.time() - started,
+        "final_correct": [o["exact_match"] for o in last],  # the last validation's, after the last step
     }
 
 
@@ -277,14 +329,16 @@ def named(system: str, lora: dict | None) -> str:
 
 def report(results: list[dict]) -> str:
     steps = sorted({int(s) for r in results for s in r["accuracy"]})
-    head = "| system | " + " | ".join(f"step {s}" for s in steps) + " | s/step (median) | wall s |"
-    lines = [head, "|" + "---|" * (len(steps) + 3)]
+    head = "| system | " + " | ".join(f"step {s}" for s in steps) + " | gained / lost (sign test p) |"
+    lines = [head + " s/step (median) | wall s |", "|" + "---|" * (len(steps) + 4)]
     for r in results:
         accuracy = {int(k): v for k, v in r["accuracy"].items()}
         cells = [f"{accuracy[s]:.2f}" if s in accuracy else "" for s in steps]
+        paired = r.get("paired")
+        change = f"{paired['gained']} / {paired['lost']} ({paired['sign_p']:.3f})" if paired else ""
         median = statistics.median(r["step_seconds"]) if r["step_seconds"] else float("nan")
         wall = f"{r['wall_s']:.0f}" if r.get("wall_s") else ""
-        lines.append(f"| {r['system']} | " + " | ".join(cells) + f" | {median:.1f} | {wall} |")
+        lines.append(f"| {r['system']} | " + " | ".join(cells) + f" | {change} | {median:.1f} | {wall} |")
     return "\n".join(lines)
 
 
@@ -329,11 +383,14 @@ def main() -> None:
         action="store_true",
         help="TRL: no validation before the first step (the policy's figure then is the same for every system)",
     )
-    parser.add_argument("--plot", type=Path, default=REPO / "benchmarks" / "trl_verifiable.png")
+    # default: beside the results (OUT/accuracy.png); README's figure is written only when asked for by name, so a
+    # run of one system or with --lora never replaces the four systems' plot
+    parser.add_argument("--plot", type=Path, help="the curve's PNG (default: OUT/accuracy.png)")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (the same peft config for each)")
     parser.add_argument("--lora-dim", type=int, default=8)
     parser.add_argument("--lora-alpha", type=int, default=32)
     parser.add_argument("--lora-lr", type=float, default=1e-4)
+    parser.add_argument("--seed", type=int, default=SEED, help="each run's seed (rlsteps' seed, TRL's and torch's)")
     options = parser.parse_args()
     lora = dict(r=options.lora_dim, lora_alpha=options.lora_alpha, lr=options.lora_lr) if options.lora else None
     if options.policy is None:
@@ -345,17 +402,21 @@ def main() -> None:
     for system, run_dir in options.from_run:
         (options.out / f"{system}.json").write_text(json.dumps(rlsteps_result(system, Path(run_dir)), indent=1))
     for system in options.systems if not options.from_run else []:
-        arguments = (system, options.policy.resolve(), options.steps, options.out.resolve(), options.threads, lora)
+        arguments = (
+            system, options.policy.resolve(), options.steps, options.out.resolve(), options.threads, lora, options.seed
+        )  # fmt: skip
         if system in RLSTEPS_STEP:
             result = run_rlsteps(*arguments)
         else:
             result = run_trl(*arguments, first_validation=not options.no_first_validation)
         result["load_avg_end"] = load_avg()
+        result["paired"] = paired_change(base_correct(options.policy), result["final_correct"])
         (options.out / f"{named(system, lora)}.json").write_text(json.dumps(result, indent=1))
     results = [json.loads(p.read_text()) for s in SYSTEMS if (p := options.out / f"{named(s, lora)}.json").is_file()]
     print(report(results))
-    plot(results, options.plot)
-    print(f"load average at end: {load_avg()}; curve: {options.plot}")
+    curve = options.plot or options.out / "accuracy.png"
+    plot(results, curve)
+    print(f"load average at end: {load_avg()}; curve: {curve}")
 
 
 if __name__ == "__main__":

@@ -93,6 +93,22 @@ def wait_for(path: Path, timeout: float, process: subprocess.Popen | None = None
         time.sleep(0.2)
 
 
+def straight_and_resumed(step: str, slug: str, overrides: list[str], tmp_path: Path) -> tuple[Path, Path]:
+    """The same tiny run twice: once straight through, once SIGKILLed after its step-2 checkpoint and rerun, which
+    must say it resumes from step 2. Returns the two runs' directories (straight, resumed)."""
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    straight.mkdir(), interrupted.mkdir()
+    assert rlsteps("run", step, "-c", "tiny", *overrides, cwd=straight).returncode == 0
+
+    process = start_rlsteps("run", step, "-c", "tiny", *overrides, cwd=interrupted, log=tmp_path / "first.log")
+    wait_for(run_dir(interrupted, slug) / "checkpoints" / "step_2" / "COMPLETE", 300, process)
+    kill_group(process)
+    resumed = rlsteps("run", step, "-c", "tiny", *overrides, cwd=interrupted)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr and "step 2" in resumed.stderr
+    return run_dir(straight, slug), run_dir(interrupted, slug)
+
+
 def run_dir(cwd: Path, step_slug: str, config: str = "tiny") -> Path:
     return cwd / ".rlsteps" / "runs" / f"{step_slug}-{config}"
 

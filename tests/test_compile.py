@@ -167,3 +167,17 @@ def test_an_unknown_key_suggests_adding_it_only_where_the_schema_takes_new_keys(
     assert "(use +inputs.extra_prompts=... to add a new input)" in inputs.value.fix
     job = compile_job(rs, "tiny", overrides=["+inputs.extra_prompts=x.jsonl"])
     assert job.config["inputs"]["extra_prompts"] == "x.jsonl"
+
+
+def test_a_key_the_schema_has_but_the_config_files_leave_out_is_an_override():
+    """train.compile and train.lora.dim sit at their defaults in every shipped config: an override sets them; a key
+    neither the config nor the schema has is still refused with the closest key."""
+    from rlsteps.engine.config import STEP_SCHEMAS
+
+    cfg = OmegaConf.create({"train": {"lr": 1.0}})
+    merged = apply_overrides(cfg, ["train.compile=true", "train.lora.dim=4"], STEP_SCHEMAS["grpo"])
+    assert merged.train.compile is True and merged.train.lora.dim == 4
+    with pytest.raises(UsageError, match="unknown config key 'train.compiled'"):
+        apply_overrides(cfg, ["train.compiled=true"], STEP_SCHEMAS["grpo"])
+    with pytest.raises(UsageError, match="unknown config key 'train.compile'"):
+        apply_overrides(cfg, ["train.compile=true"])  # no schema: the config's own keys only

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from distributed_update import fixed_batch, fixed_model, train_phase  # noqa: E402
-from rlsteps.engine.distributed import SINGLE  # noqa: E402
+from rlsteps.engine.distributed import SINGLE, weighted_by_rows  # noqa: E402
 
 # Slow (torchrun with gloo, two processes a case): the fast tier, -m 'not slow', leaves it out
 pytestmark = pytest.mark.slow
@@ -212,3 +212,11 @@ def test_gathered_weights_that_do_not_fit_the_architecture_write_no_output(tmp_p
     del state["model.layers.0.mlp.up_proj.weight"]
     with pytest.raises(RuntimeError, match="missing .'model.layers.0.mlp.up_proj.weight'.*none is written"):
         unsharded_copy(tmp_path / "policy", state)
+
+
+def test_statistics_over_processes_are_weighted_by_rows_and_a_process_without_rows_counts_for_nothing():
+    # 3 rows at 1.0 and 1 row at 5.0: (3 + 5) / 4; a process with no rows (all filtered out) and a NaN left out
+    parts = [({"kl": 1.0, "only_here": 2.0, "note": "text"}, 3), ({"kl": 5.0}, 1), ({"kl": float("nan")}, 0)]
+    assert weighted_by_rows(parts) == {"kl": 2.0, "only_here": 2.0}  # a key one process has: over its rows only
+    assert weighted_by_rows([({"kl": 1.0}, 0), ({"kl": 3.0}, 0)]) == {"kl": 1.0}  # no rows anywhere: as they are
+    assert weighted_by_rows([]) == {}

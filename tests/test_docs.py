@@ -77,7 +77,7 @@ def test_readme_is_short_and_starts_with_the_two_commands():
     first_two = bash_blocks(ROOT / "README.md")[:2]
     assert all(c.startswith(SET_UP) for c in first_two)
     assert first_two[0].endswith("rlsteps run rl/rs -c tiny")
-    assert re.search(r"&& python -m pytest( -n 2 --dist loadgroup)?$", first_two[1]), first_two[1]
+    assert re.search(r"&& python -m pytest( -n 2 --dist loadgroup)?( -m 'not long')?$", first_two[1]), first_two[1]
 
 
 def test_every_relative_link_names_a_file_that_exists():

@@ -38,7 +38,7 @@ def judge_url(tiny_world, tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_judge_url(tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm-tiny") / "vllm.log"
-    with vllm_judge(tiny_judge(), log, served_name=TINY_JUDGE_NAME, dtype="float32", eager=True) as url:
+    with vllm_judge(tiny_judge(), log, served_name=TINY_JUDGE_NAME, dtype="float32") as url:
         yield url
 
 

@@ -422,6 +422,12 @@ def test_a_batch_job_trains_on_slurm_and_jobs_reports_it(tiny_world, project, mo
 
 
 @needs_cluster
+def test_cancel_waits_for_the_clusters_kill_wait():
+    # scancel sends SIGTERM and SIGKILL only KillWait later: a cancel that waited less reported a job still COMPLETING
+    assert slurm.kill_wait_s() == 30  # read from the cluster (None if scontrol's line were not found): its default
+
+
+@needs_cluster
 @pytest.mark.slow
 def test_a_cancelled_job_is_cancelled_and_keeps_its_log(tiny_world, project):
     done = rlsteps("run", "rs", *TINY_RUN, "-b", "ci", "train.max_steps=200", cwd=project, timeout=120)

@@ -24,7 +24,7 @@ from rlsteps.engine.config import GRPOConfig, ReinforceConfig
 from rlsteps.engine.policy.logprobs import batched_token_logprobs, token_logprobs
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
 from rlsteps.engine.rewards.sources import Scores
-from rlsteps.engine.run.update import PolicyUpdate, StepStats
+from rlsteps.engine.run.update import PolicyUpdate, StepStats, micro_batch_plan
 
 VOCAB, PROMPTS, PER_PROMPT = 96, 2, 4
 ROWS = PROMPTS * PER_PROMPT
@@ -77,7 +77,10 @@ REWARDS = Scores(
 )
 
 
-def recipe(name: str, micro: int = 4, global_batch: int = ROWS) -> Recipe:
+MAX_PROMPT, MAX_NEW = 5, 7  # the rollouts' longest: with train.dynamic_batching, micro-batches of 4 x 12 tokens
+
+
+def recipe(name: str, micro: int = 4, global_batch: int = ROWS, dynamic: bool = False) -> Recipe:
     section = {
         "grpo-k3": ("grpo", {"kl_beta": 0.05, "eps_low": 0.2, "eps_high": 0.28}, False),
         "grpo-tis-dynamic": ("grpo", {"kl_beta": 0.05, "dynamic_sampling": True, "overlong_filtering": True}, True),
@@ -89,10 +92,14 @@ def recipe(name: str, micro: int = 4, global_batch: int = ROWS) -> Recipe:
         "algorithm": algorithm,
         "inputs": {"prompts": "-", "policy": "-"},
         "output": {"dir": "-"},
-        "rollout": {"prompts_per_step": PROMPTS, "num_rollouts_per_prompt": PER_PROMPT},
+        "data": {"max_prompt_tokens": MAX_PROMPT},
+        "rollout": {
+            "prompts_per_step": PROMPTS, "num_rollouts_per_prompt": PER_PROMPT,
+            "sampling": {"max_new_tokens": MAX_NEW},
+        },
         "train": {
             "global_batch_size": global_batch, "micro_batch_size": micro, "lr": 1e-3, "warmup_steps": 0,
-            "truncated_importance_sampling": tis, "importance_sampling_cap": 1.5,
+            "truncated_importance_sampling": tis, "importance_sampling_cap": 1.5, "dynamic_batching": dynamic,
         },
         algorithm: options,
     }  # fmt: skip
@@ -103,16 +110,17 @@ def uses_sampler(name: str) -> bool:
     return "tis" in name
 
 
-def as_the_update_runs(model: torch.nn.Module, micro: int):
+def as_the_update_runs(model: torch.nn.Module, name: str):
     """The policy's log-probs without gradient, over the micro-batches the update runs, in train mode."""
+    chosen = recipe(name)
 
     def logprobs(batch: RolloutBatch) -> torch.Tensor:
-        out, row = torch.zeros(len(batch), batch.tokens.shape[1] - 1), 0
+        out = torch.zeros(len(batch), batch.tokens.shape[1] - 1)
         with torch.no_grad():
-            for m in batch.micro_batches(micro):
+            for rows in micro_batch_plan(batch, chosen.cfg.train, chosen):
+                m = batch.select(rows)
                 values = token_logprobs(model, m.tokens, m.attention_mask(), positions=m.response_mask())
-                out[row : row + len(m), : values.shape[1]] = values
-                row += len(m)
+                out[rows, : values.shape[1]] = values
         return out
 
     return logprobs
@@ -169,7 +177,7 @@ CASES = ["grpo-k3", "grpo-tis-dynamic", "reinforce-absolute-kl", "reinforce-tis"
 
 @pytest.mark.parametrize("name", CASES)
 def test_one_pass_gives_the_two_pass_gradient_exactly(name):
-    two_grads, two_stats = gradient(name, True, lambda model: as_the_update_runs(model, 4))
+    two_grads, two_stats = gradient(name, True, lambda model: as_the_update_runs(model, name))
     one_grads, one_stats = gradient(name, False)
     assert all(torch.equal(a, b) for a, b in zip(one_grads, two_grads))
     assert one_stats == two_stats  # the loss among them
@@ -178,7 +186,7 @@ def test_one_pass_gives_the_two_pass_gradient_exactly(name):
 
 @pytest.mark.parametrize("name", CASES)
 def test_one_pass_makes_the_two_pass_step_exactly_with_its_statistics(name):
-    two_stats, two_weights, two_steps = step(name, True, lambda model: as_the_update_runs(model, 4))
+    two_stats, two_weights, two_steps = step(name, True, lambda model: as_the_update_runs(model, name))
     one_stats, one_weights, one_steps = step(name, False)
     assert one_steps == two_steps == 1
     assert one_stats == two_stats  # prepare's statistics (KL, rewards with KL, sampler gap) from the update's forward

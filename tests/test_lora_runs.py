@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from run_helpers import FAST, artifact_metadata, kill_group, rlsteps, run_dir, series, start_rlsteps, wait_for, weights
+from run_helpers import FAST, artifact_metadata, rlsteps, run_dir, series, straight_and_resumed, weights
 
 pytestmark = pytest.mark.slow
 
@@ -53,17 +53,7 @@ def test_a_lora_run_killed_after_a_checkpoint_resumes_to_the_same_bits(tiny_worl
         "validation.interval=0",
         *FAST,
     ]
-    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    straight.mkdir(), interrupted.mkdir()
-    assert rlsteps("run", "rl/rlhf", "-c", "tiny", *short, cwd=straight).returncode == 0
-
-    process = start_rlsteps("run", "rl/rlhf", "-c", "tiny", *short, cwd=interrupted, log=tmp_path / "first.log")
-    wait_for(run_dir(interrupted, "rl_rlhf") / "checkpoints" / "step_2" / "COMPLETE", 300, process)
-    kill_group(process)
-    resumed = rlsteps("run", "rl/rlhf", "-c", "tiny", *short, cwd=interrupted)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from" in resumed.stderr and "step 2" in resumed.stderr
-    a, b = run_dir(straight, "rl_rlhf"), run_dir(interrupted, "rl_rlhf")
+    a, b = straight_and_resumed("rl/rlhf", "rl_rlhf", short, tmp_path)
     for one, other in ((adapters(a), adapters(b)), (weights(a / "policy"), weights(b / "policy"))):
         assert one.keys() == other.keys()
         assert all(torch.equal(one[k], other[k]) for k in one), [k for k in one if not torch.equal(one[k], other[k])]

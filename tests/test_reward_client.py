@@ -220,9 +220,8 @@ def test_client_refuses_mismatched_inputs_and_urls_without_scheme() -> None:
 
 # --- LocalServer --------------------------------------------------------------------------
 
-HEALTHY_BUT_STUBBORN = """
-    import argparse, http.server, signal
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+HEALTH_SERVER = """
+    import argparse, http.server
     parser = argparse.ArgumentParser()
     parser.add_argument("--host"); parser.add_argument("--port", type=int)
     args = parser.parse_args()
@@ -232,6 +231,10 @@ HEALTHY_BUT_STUBBORN = """
     print("serving", flush=True)
     http.server.HTTPServer((args.host, args.port), Health).serve_forever()
 """
+HEALTHY_BUT_STUBBORN = """
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+""" + HEALTH_SERVER.lstrip("\n")
 
 
 def write_module(folder: Path, name: str, source: str) -> dict[str, str]:

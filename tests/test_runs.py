@@ -9,7 +9,17 @@ import torch
 from omegaconf import OmegaConf
 
 from policy_speech import against_sft, validation_prompts
-from run_helpers import FAST, artifact_metadata, kill_group, rlsteps, run_dir, series, start_rlsteps, wait_for, weights
+from run_helpers import (
+    FAST,
+    artifact_metadata,
+    rlsteps,
+    run_dir,
+    series,
+    start_rlsteps,
+    straight_and_resumed,
+    wait_for,
+    weights,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +77,8 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     agreement = series(run, "train/token_mult_prob_error")  # the built-in sampler is the trainer's own model
     assert len(agreement) == 16 and all(1.0 <= x < 1.001 for x in agreement), agreement
     assert "rollouts: the built-in sampler, 128 rows per batch" in done.stderr
+    # the reference's log-probs computed while the rewards were scored (rl/rs has no reference)
+    assert len(series(run, "timers/reference")) == (0 if step == "rl/rs" else 16)
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert {s["split"] for s in samples} == {"train", "val"} and len(
         [s for s in samples if s["split"] == "train"]
@@ -99,31 +111,22 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
 def test_rerun_resumes_and_a_sigkilled_run_ends_with_the_same_weights(tiny_world, tmp_path):
     """Kill a run with SIGKILL after its step-2 checkpoint; the rerun ends where an uninterrupted run ends."""
     short = ["train.max_steps=4", "checkpoint.interval=2", "validation.interval=0", *FAST]
-    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    straight.mkdir(), interrupted.mkdir()
-    assert rlsteps("run", "rs", "-c", "tiny", *short, cwd=straight).returncode == 0
-
-    process = start_rlsteps("run", "rs", "-c", "tiny", *short, cwd=interrupted, log=tmp_path / "first.log")
-    wait_for(run_dir(interrupted, "rl_rs") / "checkpoints" / "step_2" / "COMPLETE", 300, process)
-    kill_group(process)
-    resumed = rlsteps("run", "rs", "-c", "tiny", *short, cwd=interrupted)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from" in resumed.stderr and "step 2" in resumed.stderr
-
-    a, b = weights(run_dir(straight, "rl_rs") / "policy"), weights(run_dir(interrupted, "rl_rs") / "policy")
+    straight_run, resumed_run = straight_and_resumed("rs", "rl_rs", short, tmp_path)
+    a, b = weights(straight_run / "policy"), weights(resumed_run / "policy")
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
-    assert artifact_metadata(run_dir(interrupted, "rl_rs"))["counters"]["step"] == 4
+    assert artifact_metadata(resumed_run)["counters"]["step"] == 4
 
-    written, server_log = artifact_metadata(run_dir(straight, "rl_rs")), run_dir(straight, "rl_rs") / "rm_server.log"
+    straight = tmp_path / "straight"  # finished: run again there
+    written, server_log = artifact_metadata(straight_run), straight_run / "rm_server.log"
     served = server_log.read_text()
     again = rlsteps("run", "rs", "-c", "tiny", *short, cwd=straight)  # finished: says so, starts and writes nothing
     assert again.returncode == 0 and "already done: " in again.stderr and "after 4 steps" in again.stderr
-    assert server_log.read_text() == served and artifact_metadata(run_dir(straight, "rl_rs")) == written
+    assert server_log.read_text() == served and artifact_metadata(straight_run) == written
     longer = rlsteps("run", "rs", "-c", "tiny", *short[1:], "train.max_steps=5", cwd=straight)  # a changed config
     assert longer.returncode == 0 and "already done" not in longer.stderr, longer.stderr[-3000:]
-    assert artifact_metadata(run_dir(straight, "rl_rs"))["counters"]["step"] == 5
+    assert artifact_metadata(straight_run)["counters"]["step"] == 5
 
 
 def test_reward_server_down_mid_run_stops_after_a_checkpoint_and_the_rerun_resumes(tiny_world, tmp_path):

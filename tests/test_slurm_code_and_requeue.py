@@ -137,24 +137,6 @@ def test_a_job_runs_its_own_wheel_in_an_environment_without_rlsteps(tiny_world, 
     assert artifact_metadata(run_dir(project, "rl_rs"))["counters"]["step"] == 2
 
 
-@needs_cluster
-@pytest.mark.slow
-def test_a_job_checkpointed_before_its_time_limit_is_requeued_and_resumes(tiny_world, project):  # noqa: F811
-    """scancel --signal=USR1 delivers what --signal=USR1@SECONDS delivers before the limit: to the job's tasks.
-    A tiny step takes ~0.2 s: the run is long enough that the signal lands well before its last step."""
-    add_profile(project, "  again:\n    extends: ci\n    requeue: true\n")
-    done = rlsteps("run", "rs", *TINY_RUN, "-b", "again", "train.max_steps=100", cwd=project, timeout=120)
-    assert done.returncode == 0, done.stderr
-    record = submitted_record(project)
-    wait_until(record, lambda: "step 2/100" in train_log(project), timeout=300, poll_s=0.05)
-    subprocess.run(["scancel", "--signal=USR1", record.job_id], check=True)
-    wait_until(record, ended(record), timeout=600)
-    log = "\n".join(jobs.job_logs(record))
-    assert jobs.job_status(record).state is JobState.SUCCEEDED, log
-    assert "as asked (SIGUSR1" in log and "requeueing job" in log and "resuming from" in log, log
-    assert artifact_metadata(run_dir(project, "rl_rs"))["counters"]["step"] == 100
-
-
 # ----- torchrun in the task: two ranks, USR1, the marker and the requeue, with a stand-in worker -----------------
 
 FAKE_WORKER = """\
@@ -304,11 +286,6 @@ def test_torchrun_on_slurm_outlives_usr1_and_the_job_is_requeued(tiny_world, pro
     subprocess.run(["scancel", record.job_id], check=True)
     assert_torchrun_outlived_usr1(log())
     assert (Path(record.job_dir) / slurm_script.CHECKPOINTED_FILE).exists()
-
-
-def train_log(cwd: Path) -> str:
-    path = run_dir(cwd, "rl_rs") / "train.log"
-    return path.read_text() if path.exists() else ""
 
 
 def test_the_dry_run_prints_the_script_verbatim_when_piped(project):  # noqa: F811

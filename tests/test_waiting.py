@@ -21,7 +21,7 @@ from rlsteps.engine.rewards import waiting
 from rlsteps.engine.rewards.judge.client import JudgeClient, JudgeUnavailable
 from rlsteps.engine.rewards.process import LocalServer, ServerStartError
 from rlsteps.engine.rewards.rm.client import RewardClient, RewardServerUnavailable
-from test_reward_client import write_module
+from test_reward_client import HEALTH_SERVER, write_module
 
 BEAT_S = 0.25  # the heartbeat in these tests (30 s in a run)
 SLACK_S = 1.0  # a thread's lateness on a loaded machine
@@ -104,21 +104,9 @@ def test_a_server_the_run_starts_is_waited_for_aloud_with_its_log(tmp_path, hear
     assert said[0]["of"] is None and int(said[-1]["attempt"]) > int(said[0]["attempt"])  # polls, counted
 
 
-SERVING = """
-import argparse, http.server
-parser = argparse.ArgumentParser()
-parser.add_argument("--host"); parser.add_argument("--port", type=int)
-args = parser.parse_args()
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(b'{"status": "ok"}')
-http.server.HTTPServer((args.host, args.port), Health).serve_forever()
-"""
-
-
 def test_a_stopped_server_is_ended_at_once_not_after_the_grace_period(tmp_path):
     """A server stopped with SIGSTOP (the stall users try) handles its SIGTERM only once it is continued."""
-    env = write_module(tmp_path, "serving_server", SERVING)
+    env = write_module(tmp_path, "serving_server", HEALTH_SERVER)
     with LocalServer("serving_server", log_path=tmp_path / "server.log", env=env, stop_grace_s=60) as server:
         process = server.process
         os.kill(process.pid, signal.SIGSTOP)

@@ -127,3 +127,5 @@ def cancel(job: str = typer.Argument(..., help=JOB_ARGUMENT)) -> None:
     fit.print_lines(
         out, fit.wrap(Text.assemble(f"{name}: ", _state(status.state.value), f"  {status.detail}"), out.width, 4, 0)
     )
+    if not status.state.ended:
+        err.print(f"the cancel was sent and {name} has not ended yet; `rlsteps jobs status {record.job_id}` follows it")

@@ -131,7 +131,39 @@ class RolloutBatch:
         )
 
     def micro_batches(self, size: int) -> list[RolloutBatch]:
-        return [self.select(list(range(i, min(i + size, len(self))))) for i in range(0, len(self), size)]
+        return [self.select(rows) for rows in self.micro_batch_rows(size)]
+
+    def micro_batch_rows(self, size: int, max_tokens: int | None = None, whole_groups: bool = False) -> list[list[int]]:
+        """The rows of each micro-batch. Without a token budget: `size` rows at a time, in order. With one (dynamic
+        batching): units (single rows, or whole prompt groups with whole_groups; a group's rows are adjacent)
+        sorted by length, longest first, each micro-batch taking units while its rows times its longest sequence
+        stay within max_tokens: short rows share a micro-batch, padded to each other's length rather than to a long
+        one's. A unit over the budget on its own makes a micro-batch of its own."""
+        if max_tokens is None:
+            return [list(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
+        lengths = self.sequence_lengths.tolist()
+        units = _group_runs(self.prompt_ids) if whole_groups else [[row] for row in range(len(self))]
+        units.sort(key=lambda unit: -max(lengths[row] for row in unit))  # stable: equal lengths keep their order
+        plan: list[list[int]] = []
+        width = 0
+        for unit in units:
+            if plan and (len(plan[-1]) + len(unit)) * width <= max_tokens:
+                plan[-1].extend(unit)
+            else:
+                plan.append(list(unit))
+                width = max(lengths[row] for row in unit)  # the longest: units come longest first
+        return plan
+
+
+def _group_runs(prompt_ids: list[str]) -> list[list[int]]:
+    """The rows of each run of equal prompt ids, in order."""
+    runs: list[list[int]] = []
+    for row, pid in enumerate(prompt_ids):
+        if runs and prompt_ids[runs[-1][0]] == pid:
+            runs[-1].append(row)
+        else:
+            runs.append([row])
+    return runs
 
 
 def _select_rows(value: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tensor:

@@ -123,6 +123,12 @@ class TrainConfig(Section):
     # the policy's training forward through torch.compile (inductor): the first steps pay the compiling (a minute
     # for a 0.37B policy), later ones run faster (1.87x the train phase of a 0.37B policy in bf16 on one H100)
     compile: bool = False
+    # micro-batches by tokens rather than rows (NeMo-RL's dynamic batching): rows sorted by length share a micro-batch
+    # while rows x its longest sequence stay within micro_batch_size x the longest sequence a row can have
+    # (data.max_prompt_tokens + rollout.sampling.max_new_tokens), so no micro-batch needs more memory than
+    # micro_batch_size rows could; the same gradient to rounding, in fewer and less padded passes where responses
+    # vary in length. Off by default while the tiny runs' figures are the padded path's (docs/scaling-out.md)
+    dynamic_batching: bool = False
     lora: LoraConfig = LoraConfig()
 
     @model_validator(mode="after")

@@ -129,6 +129,28 @@ def all_gather(world: World, obj: T) -> list[T]:
     return gathered
 
 
+def row_weighted_mean(world: World, stats: dict[str, float], rows: int) -> dict[str, float]:
+    """Per-process statistics (of `rows` rows each) over all processes, weighted by their rows. Every process
+    calls it and gets the same result."""
+    if not world.is_distributed:
+        return stats
+    return weighted_by_rows(all_gather(world, (stats, rows)))
+
+
+def weighted_by_rows(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """Each numeric statistic any part has, weighted by the rows of the parts that have it; a part of no rows counts
+    for nothing. With no rows anywhere, the first part's statistics as they are."""
+    counted = [(stats, rows) for stats, rows in parts if rows > 0]
+    if not counted:
+        return dict(parts[0][0]) if parts else {}
+    keys = dict.fromkeys(k for stats, _ in counted for k, v in stats.items() if isinstance(v, int | float))
+    means = {}
+    for key in keys:
+        having = [(stats[key], rows) for stats, rows in counted if isinstance(stats.get(key), int | float)]
+        means[key] = sum(value * rows for value, rows in having) / sum(rows for _, rows in having)
+    return means
+
+
 def from_main(world: World, obj: T) -> T:
     """The main process's `obj` on every process (what the others pass is ignored)."""
     if not _active(world):

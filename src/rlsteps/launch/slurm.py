@@ -30,7 +30,8 @@ from rlsteps.launch.slurm_script import (
 )
 
 POLL_S = 1.0
-CANCEL_WAIT_S = 20.0
+KILL_WAIT_DEFAULT_S = 30  # Slurm's default KillWait: SIGTERM, then SIGKILL this long after
+CANCEL_MARGIN_S = 30.0  # beyond KillWait: the epilog and the node's clean-up (COMPLETING) on a busy node
 
 STATES = {
     JobState.PENDING: {
@@ -183,7 +184,7 @@ class SlurmLauncher:
             )
         _require("scancel")
         _run_checked(["scancel", record.job_id], f"scancel could not cancel Slurm job {record.job_id}")
-        deadline = time.monotonic() + CANCEL_WAIT_S
+        deadline = time.monotonic() + (kill_wait_s() or KILL_WAIT_DEFAULT_S) + CANCEL_MARGIN_S
         while not self._over(record) and time.monotonic() < deadline:
             time.sleep(0.5)
 
@@ -342,6 +343,14 @@ def _require(tool: str) -> None:
             f"{tool} not found: this machine has no Slurm client",
             fix="run rlsteps on a Slurm login node, or install the Slurm client (Debian: slurm-client)",
         )
+
+
+def kill_wait_s() -> int | None:
+    """The cluster's KillWait: how long after scancel's SIGTERM a job's processes are killed; None where scontrol
+    does not say."""
+    shown = _slurm_command(["scontrol", "show", "config"])
+    found = re.search(r"^KillWait\s*=\s*(\d+)", shown.stdout, re.MULTILINE) if shown.returncode == 0 else None
+    return int(found.group(1)) if found else None
 
 
 def _slurm_command(argv: list[str]) -> subprocess.CompletedProcess:

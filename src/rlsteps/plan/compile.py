@@ -25,10 +25,10 @@ from omegaconf.errors import (
     OmegaConfBaseException,
     UnsupportedInterpolationType,
 )
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rlsteps.catalog import Step, load_catalog
-from rlsteps.engine.config import NEMO_RL_SECTIONS  # torch-free
+from rlsteps.engine.config import NEMO_RL_SECTIONS, STEP_SCHEMAS  # torch-free
 from rlsteps.errors import UsageError
 from rlsteps.launch.job import Job, Mode, sanitise_name
 from rlsteps.plan import resolvers
@@ -83,14 +83,16 @@ def _base_path(path: Path, base: str) -> Path:
     return path.parent / base
 
 
-def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+def apply_overrides(cfg: DictConfig, overrides: list[str], schema: type[BaseModel] | None = None) -> DictConfig:
+    """The overrides merged over cfg. A key must be in cfg, or a field of schema (the step's config schema) that the
+    config files leave at its default (train.compile), or a NeMo-RL key where the config speaks NeMo-RL's language."""
     for item in overrides:
         key, sep, _ = item.partition("=")
         if not sep or not key.strip("+"):
             raise UsageError(f"override '{item}' is not key=value", fix="write e.g. train.lr=1e-5")
         adding = key.startswith("+") or _names_a_new_entry(key)
         key = key.lstrip("+")
-        if not adding and not _has_key(cfg, key):
+        if not adding and not _has_key(cfg, key) and not _schema_has_key(schema, key):
             _check_nemo_rl_key(cfg, key)
         try:
             value = OmegaConf.from_dotlist([f"{key}={item.split('=', 1)[1]}"])
@@ -142,13 +144,22 @@ def overrides_for(step: Step, config_ref: str, overrides: list[str], strict: boo
     setting means for a stage of another kind, such as a convert stage among RL steps. strict: an override this
     config lacks raises the unknown-key UsageError instead."""
     cfg = load_config_chain(config_source(step, config_ref))
+    schema = step_schema(step)
     if strict:
-        apply_overrides(cfg, overrides)
+        apply_overrides(cfg, overrides, schema)
     return [
         item
         for item in overrides
-        if item.startswith("+") or _has_key(cfg, key := item.partition("=")[0]) or _nemo_rl_key(cfg, key)
+        if item.startswith("+")
+        or _has_key(cfg, key := item.partition("=")[0])
+        or _schema_has_key(schema, key)
+        or _nemo_rl_key(cfg, key)
     ]
+
+
+def step_schema(step: Step) -> type[BaseModel] | None:
+    """The config schema of the step's algorithm (None for an algorithm without one: _validate refuses it)."""
+    return STEP_SCHEMAS.get(step.algorithm)
 
 
 def compile_job(
@@ -170,7 +181,7 @@ def compile_job(
     cfg = load_config_chain(source)
     if profile is not None and profile.config_overlay:
         cfg = OmegaConf.merge(cfg, profile.config_overlay)
-    cfg = apply_overrides(cfg, list(overrides))
+    cfg = apply_overrides(cfg, list(overrides), step_schema(step))
     try:
         unset = sorted(OmegaConf.missing_keys(cfg))  # resolves interpolations on its way
     except OmegaConfBaseException as err:
@@ -218,7 +229,6 @@ def _nemo_rl_step(
 ) -> tuple[dict[str, Any], str, list[str]]:
     """rl/nemo_rl/rlhf's job config, algorithm and notes for the engine it runs on: NeMo-RL on a Slurm or Lepton
     profile (engine auto), else the embedded engine with the config mapped onto rl/rlhf's recipe."""
-    from rlsteps.engine.config import STEP_SCHEMAS  # torch-free
     from rlsteps.engine.nemo_rl.embedded import EMBEDDED_STEP, to_embedded
 
     validated = _validate(step, cfg)
@@ -303,12 +313,10 @@ def _resolvers() -> list[str]:
 
 def _validate(step: Step, cfg: dict[str, Any]) -> dict[str, Any]:
     """The config as the worker sees it (defaults filled in), or a UsageError naming every problem."""
-    from rlsteps.engine.config import STEP_SCHEMAS  # torch-free
-
     algorithm = cfg.get("algorithm", step.algorithm)
     if algorithm != step.algorithm:
         raise UsageError(f"config says algorithm '{algorithm}' but {step.id} runs '{step.algorithm}'")
-    schema = STEP_SCHEMAS.get(step.algorithm)
+    schema = step_schema(step)
     if schema is None:
         raise UsageError(f"{step.id}: no config schema for algorithm '{step.algorithm}'")
     try:
@@ -344,6 +352,16 @@ def _passed_through(cfg: DictConfig, dotted: str) -> bool:
     """A key under a pass-through section this config has: any key there is another tool's to judge."""
     section, dot, rest = dotted.partition(".")
     return bool(dot and rest) and section in PASS_THROUGH_SECTIONS and _has_key(cfg, section)
+
+
+def _schema_has_key(schema: type[BaseModel] | None, dotted: str) -> bool:
+    """Whether dotted names a field of the schema, through its nested sections (train.lora.dim)."""
+    model: Any = schema
+    for part in dotted.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return False
+        model = model.model_fields[part].annotation
+    return True
 
 
 def _has_key(cfg: Any, dotted: str) -> bool:

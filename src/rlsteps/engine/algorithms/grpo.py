@@ -146,6 +146,9 @@ class GRPO(Recipe):
     def needs_reference(self) -> bool:
         return self.cfg.grpo.kl_beta > 0
 
+    def reference_of_every_row(self) -> bool:
+        return self.needs_reference and not self.cfg.grpo.dynamic_sampling  # it drops groups before asking
+
     def prepare(self, batch, scores, policy_logprobs, reference_logprobs):
         g = self.cfg.grpo
         valid = scores.valid & batch.is_end if g.overlong_filtering else scores.valid.clone()  # [B] rows that count

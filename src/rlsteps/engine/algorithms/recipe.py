@@ -58,6 +58,11 @@ class Recipe:
     def __init__(self, cfg: RecipeConfig) -> None:
         self.cfg = cfg
 
+    def reference_of_every_row(self) -> bool:
+        """Whether prepare asks for the reference's log-probs of the very batch it is given (no row filtered out
+        first): the step then computes them while the rewards are scored, which they do not depend on."""
+        return self.needs_reference
+
     def train_rows_per_step(self) -> int:
         return self.cfg.rollout.prompts_per_step * self.cfg.rollout.num_rollouts_per_prompt
 
@@ -78,6 +83,11 @@ class Recipe:
     def _micro_batches_self_contained(self) -> bool:
         """Whether a micro-batch's loss reads the log-probs of its own rows only (true of per-token losses)."""
         return True
+
+    def loss_reads_whole_groups(self) -> bool:
+        """Whether a micro-batch's loss reads every row of each prompt group in it (a baseline made in the loss):
+        micro-batches must then hold whole groups. Per-token losses read their own rows only."""
+        return False
 
     def prepare(
         self, batch: RolloutBatch, scores: Scores, policy_logprobs: LogprobFn, reference_logprobs: LogprobFn | None

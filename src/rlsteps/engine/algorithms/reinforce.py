@@ -65,8 +65,10 @@ def reinforce_loss(
     if importance_weights is not None:
         token_loss = token_loss * importance_weights
     loss = token_loss.sum() / max(normaliser, 1.0)
-    stats = {"loss": loss.item(), "tokens": float(mask.sum()), "advantage_mean": float(advantages.mean())}
-    return loss, stats
+    tokens = float(mask.sum())
+    # over the loss tokens, as the update weighs every micro-batch's statistics: the same however rows are batched
+    advantage_mean = float((advantages * mask).sum()) / max(tokens, 1.0)
+    return loss, {"loss": loss.item(), "tokens": tokens, "advantage_mean": advantage_mean}
 
 
 class ReinforceRLOO(Recipe):
@@ -86,6 +88,12 @@ class ReinforceRLOO(Recipe):
         adjacent, every group has num_rollouts_per_prompt rows)."""
         micro, per_prompt = self.cfg.train.micro_batch_size, self.cfg.rollout.num_rollouts_per_prompt
         return micro % per_prompt == 0 or micro >= self.train_rows_per_step()
+
+    def loss_reads_whole_groups(self) -> bool:
+        """With one optimizer step the loss makes each row's baseline from its group's KL. Wherever micro-batches can
+        hold whole groups, they do, with two passes too: both then make the same micro-batches (and, from the same
+        log-probs, the same gradient bit for bit); where they cannot (two passes), rows go one by one."""
+        return self._micro_batches_self_contained()
 
     def prepare(self, batch, scores, policy_logprobs, reference_logprobs):
         ended = batch.is_end & scores.valid

@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -29,11 +31,11 @@ from rlsteps.engine.config import RecipeConfig
 from rlsteps.engine.distributed import (
     SINGLE,
     World,
-    all_gather,
     from_main,
     gather_to_main,
     reduce_max,
     reduce_sum,
+    row_weighted_mean,
 )
 from rlsteps.engine.generation.rollouts import Sampler
 from rlsteps.engine.inputs.data import Prompt, prompt_indices
@@ -59,6 +61,7 @@ from rlsteps.engine.rewards.sources import RewardSource, Scores
 from rlsteps.engine.run.update import PolicyUpdate, UpdateResult
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class RunStopped(RuntimeError):
@@ -118,11 +121,21 @@ class StepRun:
                 seed=(cfg.seed, c.step),
                 prompt_positions=mine,
             )
-        with self.timers("reward"):
-            scored = self._score_or_stop(batch, len(indices), cfg.rollout.num_rollouts_per_prompt, c.step + 1)
+        reference = self._reference()
+        early = reference is not None and self.recipe.reference_of_every_row()
+        with self.timers("reward"):  # and beside the scoring, when prepare will ask for them, the reference's log-probs
+            scored, ref_logprobs = self._score_or_stop(
+                batch,
+                len(indices),
+                cfg.rollout.num_rollouts_per_prompt,
+                c.step + 1,
+                beside=self._timed("reference", lambda: reference(batch)) if early else None,
+            )
+        if early:
+            reference = _computed_for(batch, ref_logprobs, reference)
         with self.timers("prepare"):
-            train_batch, stats = self.recipe.prepare(batch, scored.mine, self._logprobs(self.model), self._reference())
-            stats = {**_row_weighted_mean(self.world, stats, len(batch)), **scored.rollout_stats}
+            train_batch, stats = self.recipe.prepare(batch, scored.mine, self._logprobs(self.model), reference)
+            stats = {**row_weighted_mean(self.world, stats, len(batch)), **scored.rollout_stats}
         with self.timers("train"):
             result = self.update(train_batch)
         if result.optimizer_steps:
@@ -220,25 +233,36 @@ class StepRun:
             self.samples.write(records)
         return records
 
-    def _score_or_stop(self, batch: RolloutBatch, prompts: int, per_prompt: int, step: int) -> _Scored:
+    def _score_or_stop(
+        self, batch: RolloutBatch, prompts: int, per_prompt: int, step: int, beside: Callable[[], T] | None = None
+    ) -> tuple[_Scored, T | None]:
         """The main process scores every process's rollouts; each gets its own rows' scores back. A reward source
-        that stays down stops every process, after a checkpoint: never train on missing rewards."""
+        that stays down stops every process, after a checkpoint: never train on missing rewards.
+
+        beside: work of every process that needs no reward (the reference's log-probs), run while the main process
+        waits for its reward sources (they score in a thread of their own); its result comes back with the scores.
+        Every collective stays on this thread, in the same order on every process."""
         parts = gather_to_main(self.world, batch)
-        outcome = None
-        if parts is not None:
-            whole = _in_prompt_order(parts, self.world, prompts, per_prompt)
-            outcome = self._score_on_main(whole)
-            if isinstance(outcome, Scores):
-                self._write_samples(step, "train", whole, outcome)
-                signs = rollout_signs(whole)
-                if self.watch is not None:
-                    self.watch.rollouts(step, whole, signs)
-                outcome = _Scored(outcome, {**rollout_stats(whole, outcome), **signs})
+        whole = None if parts is None else _in_prompt_order(parts, self.world, prompts, per_prompt)
+        outcome, beside_result = run_beside(lambda: None if whole is None else self._score_on_main(whole), beside)
+        if isinstance(outcome, Scores):
+            self._write_samples(step, "train", whole, outcome)
+            signs = rollout_signs(whole)
+            if self.watch is not None:
+                self.watch.rollouts(step, whole, signs)
+            outcome = _Scored(outcome, {**rollout_stats(whole, outcome), **signs})
         outcome = from_main(self.world, outcome)
         if isinstance(outcome, str):
             self._stop_without_rewards(f"at step {self.counters.step + 1}", outcome)
         outcome.mine = outcome.whole.select(_rows_of(self.world.mine(prompts), per_prompt))
-        return outcome
+        return outcome, beside_result
+
+    def _timed(self, name: str, work: Callable[[], T]) -> Callable[[], T]:
+        def timed() -> T:
+            with self.timers(name):
+                return work()
+
+        return timed
 
     def _score_on_main(self, batch: RolloutBatch, alone: bool = False) -> Scores | str:
         """The rewards of the batch (alone: one response per prompt, greedy validation), or why there are none."""
@@ -358,6 +382,37 @@ class _Scored:
     mine: Scores | None = None  # this process's rows
 
 
+def run_beside(first: Callable[[], Any], second: Callable[[], T] | None) -> tuple[Any, T | None]:
+    """first() and second() at once: first in a thread of its own (it waits on servers: reward models, judges),
+    second on this one (it may use the device and the process group). Both results; either's exception is raised
+    here once both have ended. Without a second, first runs here alone."""
+    if second is None:
+        return first(), None
+    box: dict[str, Any] = {}
+
+    def run_first() -> None:
+        try:
+            box["value"] = first()
+        except BaseException as error:  # raised on the caller's thread below
+            box["error"] = error
+
+    thread = threading.Thread(target=run_first, name="rlsteps-scoring", daemon=True)
+    thread.start()
+    try:
+        second_result = second()
+    finally:
+        thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"], second_result
+
+
+def _computed_for(batch: RolloutBatch, values: torch.Tensor, compute: Callable[[RolloutBatch], torch.Tensor]):
+    """A log-prob function that answers `batch` itself with the values computed for it beforehand, and computes
+    any other batch."""
+    return lambda asked: values if asked is batch else compute(asked)
+
+
 def _rows_of(positions: list[int], per_prompt: int) -> list[int]:
     """Rows of the prompts at `positions` in a batch of `per_prompt` adjacent rows per prompt."""
     return [j * per_prompt + k for j in positions for k in range(per_prompt)]
@@ -376,16 +431,6 @@ def _in_prompt_order(parts: list[RolloutBatch | None], world: World, prompts: in
         offsets[j % world.size] + (j // world.size) * per_prompt + k for j in range(prompts) for k in range(per_prompt)
     ]
     return whole.select(order)
-
-
-def _row_weighted_mean(world: World, stats: dict[str, float], rows: int) -> dict[str, float]:
-    """A recipe's step statistics over all processes: each process's value weighted by its rows."""
-    if not world.is_distributed:
-        return stats
-    gathered_stats = all_gather(world, (stats, rows))
-    total = sum(r for _, r in gathered_stats) or 1
-    keys = [k for k in stats if isinstance(stats[k], int | float)]
-    return {k: sum(s.get(k, 0.0) * r for s, r in gathered_stats) / total for k in keys}
 
 
 def _mean_of_scored(values: list[float | None]) -> float:

@@ -26,7 +26,15 @@ from torch import nn
 from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.config import TrainConfig
-from rlsteps.engine.distributed import SINGLE, World, all_gather, reduce_floats, reduce_max, reduce_sum
+from rlsteps.engine.distributed import (
+    SINGLE,
+    World,
+    all_gather,
+    reduce_floats,
+    reduce_max,
+    reduce_sum,
+    row_weighted_mean,
+)
 from rlsteps.engine.policy.logprobs import token_logprobs
 from rlsteps.engine.policy.optim import optimizer_step
 from rlsteps.engine.policy.parallel import Precision, set_gradient_sync
@@ -109,20 +117,19 @@ class PolicyUpdate:
     ) -> TokenCount:
         """Gradients of one global batch's share on this process; the tokens it ran. logprobs_out [rows, T-1]: when
         given, filled with the forward's log-probs (detached, on the CPU)."""
-        micro_batches = chunk.micro_batches(self.train.micro_batch_size) if len(chunk) else []
-        count = int(reduce_max(self.world, len(micro_batches)))
-        tokens, row = TokenCount(), 0
+        plan = micro_batch_plan(chunk, self.train, self.recipe) if len(chunk) else []
+        count = int(reduce_max(self.world, len(plan)))
+        tokens = TokenCount()
         for i in range(count):
             set_gradient_sync(self.model, i == count - 1)
-            if i < len(micro_batches):
-                micro = micro_batches[i].to(self.device)
+            if i < len(plan):
+                micro = chunk.select(plan[i]).to(self.device)
                 with self.precision.autocast(self.device):  # log-probs of the response positions only
                     logprobs = token_logprobs(
                         self.forward, micro.tokens, micro.attention_mask(), positions=micro.response_mask()
                     )
                 if logprobs_out is not None:
-                    logprobs_out[row : row + len(micro), : logprobs.shape[1]] = logprobs.detach().cpu()
-                    row += len(micro)
+                    logprobs_out[plan[i], : logprobs.shape[1]] = logprobs.detach().cpu()
                 loss, micro_stats = self.recipe.loss(logprobs, micro, normaliser)
                 stats.add(micro_stats, weight=micro_stats.get("tokens", 0) / normaliser)
                 tokens.add(micro)
@@ -140,15 +147,16 @@ class PolicyUpdate:
         return logprobs.sum() * 0.0
 
 
-def row_weighted_mean(world: World, stats: dict[str, float], rows: int) -> dict[str, float]:
-    """Per-process statistics over all processes, each process's value weighted by its rows (one with no rows, or
-    no statistics, counts for nothing). Every process calls it."""
-    if not world.is_distributed:
-        return stats
-    parts = [(part, r) for part, r in all_gather(world, (stats, rows)) if part and r]
-    total = sum(r for _, r in parts)
-    keys = dict.fromkeys(k for part, _ in parts for k in part)
-    return {k: sum(part[k] * r for part, r in parts if k in part) / total for k in keys}
+def micro_batch_plan(chunk: RolloutBatch, train: TrainConfig, recipe: Recipe) -> list[list[int]]:
+    """Each micro-batch's rows of a global batch's share: micro_batch_size rows in order, or with
+    train.dynamic_batching rows sorted by length within micro_batch_size times the longest sequence a row can have
+    (whole prompt groups where the recipe's loss reads them). The gradient is the same either way: every
+    micro-batch's loss divides by the whole global batch's loss tokens."""
+    budget = None
+    if train.dynamic_batching:
+        cfg = recipe.cfg
+        budget = train.micro_batch_size * (cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_new_tokens)
+    return chunk.micro_batch_rows(train.micro_batch_size, budget, whole_groups=recipe.loss_reads_whole_groups())
 
 
 class StepStats:
