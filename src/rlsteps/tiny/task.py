@@ -62,7 +62,10 @@ ADJECTIVE_REWARD = 0.5
 MAX_COUNTED_POSITIVES = 4
 BEST_TRUE_REWARD = MENTION_REWARD + ADJECTIVE_REWARD * MAX_COUNTED_POSITIVES
 
-SFT_P_POSITIVE = 0.25
+SFT_P_POSITIVE = 0.3
+# a non-positive adjective is negative this often: at 12 in 22 (the lists' own share) each extra adjective lost 0.08
+# of true reward in expectation, so RL first learnt to say fewer of them and never found three or four positives
+SFT_NEGATIVE_SHARE = 0.25
 SFT_P_MENTION = 0.6  # the rest of the time the subject is "It"
 
 _WORD = re.compile(r"[a-z]+")
@@ -70,6 +73,7 @@ _TOKEN = re.compile(r"[^\s,.]+")  # what a reader takes for a word: anything bet
 _NOUN_SET, _POSITIVE_SET, _NEGATIVE_SET = frozenset(NOUNS), frozenset(POSITIVE), frozenset(NEGATIVE)
 _ADJECTIVES = POSITIVE + NEUTRAL + NEGATIVE
 ADJECTIVES = frozenset(_ADJECTIVES)
+_KINDS = {"positive": POSITIVE, "negative": NEGATIVE, "neutral": NEUTRAL}
 POSITIVE_OR_NEUTRAL = frozenset(POSITIVE + NEUTRAL)
 SENTENCE_WORDS = frozenset(("the", "it", "and", *VERBS, *NOUNS, *_ADJECTIVES))  # every word a task sentence says
 
@@ -157,11 +161,15 @@ def draw_response(
 
 
 def _draw_adjectives(rng: random.Random, p_positive: float) -> list[str]:
-    """1-4 distinct adjectives in alphabetical order, each positive with probability p_positive, else neutral or
-    negative."""
+    """1-4 distinct adjectives in alphabetical order, each positive with probability p_positive, else negative with
+    probability SFT_NEGATIVE_SHARE, else neutral."""
     count = rng.randint(1, 4)
-    positives = sum(rng.random() < p_positive for _ in range(count))
-    return sorted(rng.sample(POSITIVE, positives) + rng.sample(NEUTRAL + NEGATIVE, count - positives))
+    kinds = [
+        "positive" if rng.random() < p_positive else "negative" if rng.random() < SFT_NEGATIVE_SHARE else "neutral"
+        for _ in range(count)
+    ]
+    drawn = [rng.sample(words, kinds.count(kind)) for kind, words in _KINDS.items()]
+    return sorted(sum(drawn, []))
 
 
 def render_response(subject: str, verb: str, adjectives: list[str]) -> str:
