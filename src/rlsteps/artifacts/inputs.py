@@ -167,7 +167,7 @@ def check_inputs(
 
 def _check_one(
     catalog: Catalog,
-    spec: Any,
+    spec: ArtifactSpec,
     config: dict[str, Any],
     promised: Mapping[str, str],
     built_before_run: str | None,

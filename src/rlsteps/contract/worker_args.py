@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rlsteps.contract.config import ConvertConfig, RecipeConfig, Section
+    from rlsteps.contract.config import Section
 
 WORKER_PROGRAM = "python -m rlsteps.engine.run.worker"
 WORKER_DESCRIPTION = f"The worker: `{WORKER_PROGRAM} JOB_DIR/config.yaml` runs one step to its end."
 
 
-def load_config(path: Path) -> RecipeConfig | ConvertConfig | Section:
+def load_config(path: Path) -> Section:
     """The compiled config.yaml of a job directory, validated by its step's schema."""
     from omegaconf import OmegaConf
 
