@@ -34,11 +34,11 @@ from pathlib import Path
 import torch
 
 from rlsteps.catalog import load_catalog
+from rlsteps.contract.config import STEP_SCHEMAS
 from rlsteps.engine.algorithms import RECIPES
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.config import STEP_SCHEMAS
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
-from rlsteps.engine.rewards.sources import Scores
+from rlsteps.engine.rewards.scores import Scores
 from rlsteps.engine.run.loop import train
 from rlsteps.engine.run.update import PolicyUpdate
 from rlsteps.plan.compile import compile_job

@@ -226,7 +226,7 @@ def build(variant: Variant, config: Qwen2Config, args: argparse.Namespace) -> to
     with torch.device(args.device):  # initialised where it runs
         model = Qwen2ForCausalLM(config).to(dtype=dtype).train()
     if variant.lora:
-        from rlsteps.engine.config import LoraConfig
+        from rlsteps.contract.config import LoraConfig
         from rlsteps.engine.policy.lora import apply_lora
 
         model = apply_lora(model, LoraConfig(enabled=True, dim=args.lora_dim, alpha=4 * args.lora_dim), seed=0)

@@ -16,14 +16,14 @@ import sys
 import torch
 
 from distributed_update import VOCAB, fixed_model
+from rlsteps.contract.config import RECIPE_SCHEMAS
 from rlsteps.engine.algorithms import RECIPES
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.config import RECIPE_SCHEMAS
 from rlsteps.engine.distributed import join, leave, row_weighted_mean, world_from_env
 from rlsteps.engine.policy.logprobs import batched_token_logprobs
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
 from rlsteps.engine.policy.parallel import Precision, full_state_on_main, gathered, place_policy
-from rlsteps.engine.rewards.sources import Scores
+from rlsteps.engine.rewards.scores import Scores
 from rlsteps.engine.run.update import PolicyUpdate
 from rlsteps.engine.run.worker import end_process
 

@@ -14,10 +14,10 @@ import sys
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlsteps.contract.config import RSConfig
 from rlsteps.engine.algorithms.recipe import ROW_MASK
 from rlsteps.engine.algorithms.rs import RejectionSampling
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.config import RSConfig
 from rlsteps.engine.distributed import join, leave, world_from_env
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
 from rlsteps.engine.policy.parallel import Precision, full_state_on_main, place_policy

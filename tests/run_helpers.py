@@ -12,7 +12,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from rlsteps.engine.records.metrics import metric_series, read_metrics
+from rlsteps.contract.run_files import read_metrics
+from rlsteps.engine.records.metrics import metric_series
 
 FAST = ["run.num_threads=1"]  # one thread: steadier and faster for tiny models on a shared 2-core machine
 

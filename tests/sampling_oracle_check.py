@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from rlsteps.engine.config import VllmConfig
+from rlsteps.contract.config import VllmConfig
 from rlsteps.engine.generation.backend import SamplingParams, eos_token_ids
 from rlsteps.engine.generation.builtin import BuiltinBackend
 from rlsteps.engine.generation.sampling import sample_next_token

@@ -3,7 +3,7 @@
 import json
 import os
 
-from rlsteps.engine.records.artifact import (
+from rlsteps.contract.artifact import (
     METADATA_FILE,
     read_artifact_metadata,
     recover_interrupted_write,

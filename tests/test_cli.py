@@ -148,10 +148,13 @@ def test_reward_model_required_unless_a_url_is_given(tmp_path):
         ["list"],
         ["show", "rs"],
         ["run", "rs", "-c", "tiny", "--dry-run"],
+        ["run", "rl/nemo_rl/rlhf", "-c", "tiny", "--dry-run"],
         ["pipeline", "run", "examples/pipelines/tiny.yaml", "--dry-run"],
     ],
 )
 def test_fast_paths_import_neither_torch_nor_transformers(argv):
+    """Nor anything of the engine but the `serve` commands the command line registers: the rest of what a submission
+    needs of the worker is rlsteps.contract."""
     code = (
         "import sys, io, contextlib\n"
         "from rlsteps.cli import main\n"
@@ -159,6 +162,11 @@ def test_fast_paths_import_neither_torch_nor_transformers(argv):
         f"    code = main({argv!r})\n"
         "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
+        "serve = ('rlsteps.engine.rewards.judge.command', 'rlsteps.engine.rewards.rm.command',\n"
+        "         'rlsteps.engine.rewards.serve_command', 'rlsteps.engine.rewards.auth')\n"
+        "engine = [m for m in sys.modules if m.startswith('rlsteps.engine.') and m not in serve\n"
+        "          and not hasattr(sys.modules[m], '__path__')]\n"
+        "assert not engine, engine\n"
         "print(code)\n"
     )
     import subprocess

@@ -172,7 +172,7 @@ def test_an_unknown_key_suggests_adding_it_only_where_the_schema_takes_new_keys(
 def test_a_key_the_schema_has_but_the_config_files_leave_out_is_an_override():
     """train.compile and train.lora.dim sit at their defaults in every shipped config: an override sets them; a key
     neither the config nor the schema has is still refused with the closest key."""
-    from rlsteps.engine.config import STEP_SCHEMAS
+    from rlsteps.contract.config import STEP_SCHEMAS
 
     cfg = OmegaConf.create({"train": {"lr": 1.0}})
     merged = apply_overrides(cfg, ["train.compile=true", "train.lora.dim=4"], STEP_SCHEMAS["grpo"])

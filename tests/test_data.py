@@ -8,15 +8,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from rlsteps.engine.inputs.data import (
-    Prompt,
-    PromptFileError,
-    check_prompt_file,
-    encode_prompt_text,
-    load_prompts,
-    prompt_indices,
-    steps_per_epoch,
-)
+from rlsteps.contract.prompts import Prompt, PromptFileError, check_prompt_file, encode_prompt_text, load_prompts
+from rlsteps.engine.inputs.data import prompt_indices, steps_per_epoch
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
@@ -223,14 +216,14 @@ def test_check_prompt_file_parses_every_line_without_a_tokenizer_and_imports_no_
     bad.write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"messages": [{"role": "robot", "content": "x"}]}))
     with pytest.raises(PromptFileError, match=r"bad.jsonl:2: messages\[0\].role must be one of"):
         check_prompt_file(str(bad))
-    code = "import sys, rlsteps.engine.inputs.data; print('torch' in sys.modules)"
+    code = "import sys, rlsteps.contract.prompts; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
 def test_a_large_file_tells_its_progress_reading_then_measuring(tmp_path, monkeypatch):
     """A line at most every PROGRESS_S (10 s in a run; every chance here) while the file is read, then measured,
     and one at the end: 200k prompts take minutes, which must not pass in silence."""
-    from rlsteps.engine.inputs import data
+    from rlsteps.contract import prompts as data
 
     monkeypatch.setattr(data, "PROGRESS_S", 0.0)
     count = 3 * data.LENGTH_BATCH

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlsteps.engine.checkpoints.disk import free_bytes
+from rlsteps.contract.disk import free_bytes
 from rlsteps.engine.checkpoints.resume import CheckpointManager
 from rlsteps.engine.records.metrics import append_whole, open_records
 from rlsteps.errors import DiskFull
@@ -183,7 +183,7 @@ def test_a_checkpoint_write_that_meets_a_full_disk_leaves_no_partial_checkpoint(
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]  # no tmp_step_2/
 
     # no room for another like step_1
-    monkeypatch.setattr("rlsteps.engine.checkpoints.disk.free_bytes", lambda directory: 10)
+    monkeypatch.setattr("rlsteps.contract.disk.free_bytes", lambda directory: 10)
     with pytest.raises(DiskFull, match=r"checkpoint needs .* MB\): free 1 MB or move output.dir"):
         manager.save(2, None, None, {}, {**info, "optimizer_steps": 2}, write_policy=write_policy)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]

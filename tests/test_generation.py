@@ -18,7 +18,8 @@ from transformers import (
 )
 
 from model_fixtures import decoder_shape
-from rlsteps.engine.config import RolloutConfig, SamplingConfig
+from rlsteps.contract.config import RolloutConfig, SamplingConfig
+from rlsteps.contract.prompts import Prompt
 from rlsteps.engine.generation.backend import Generation, SamplingParams
 from rlsteps.engine.generation.builtin import DecodeOptions, PreallocatedLayer, generate, preallocated_cache
 from rlsteps.engine.generation.rollouts import (
@@ -39,7 +40,6 @@ from rlsteps.engine.generation.sampling import (
     top_p_filter,
 )
 from rlsteps.engine.generation.uniforms import position_uniforms, splitmix64, splitmix64_stream
-from rlsteps.engine.inputs.data import Prompt
 from rlsteps.engine.policy.logprobs import batched_token_logprobs
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.models import build_random_causal_lm

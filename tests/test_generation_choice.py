@@ -32,7 +32,7 @@ def test_processes_on_this_node_read_torchruns_local_world_size(monkeypatch):
 
 
 def test_without_vllm_the_backend_says_how_to_install_it(monkeypatch, tmp_path):
-    from rlsteps.engine.config import VllmConfig
+    from rlsteps.contract.config import VllmConfig
     from rlsteps.engine.generation import vllm_backend
 
     monkeypatch.setattr(vllm_backend, "vllm_installed", lambda: False)

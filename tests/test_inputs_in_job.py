@@ -12,7 +12,7 @@ import pytest
 
 from rlsteps.artifacts.inputs import Reach, check_inputs, inputs_in_job, raise_for
 from rlsteps.catalog import load_catalog
-from rlsteps.engine.inputs.input_check import InputProblem, check_inputs_in_job
+from rlsteps.contract.input_check import InputProblem, check_inputs_in_job
 from rlsteps.engine.run import preflight
 from rlsteps.errors import ArtifactError, UsageError
 from rlsteps.launch import code
@@ -169,9 +169,9 @@ def test_what_runs_before_the_preflight_parses_on_an_older_python():
     worker = ROOT / "src" / "rlsteps" / "engine" / "run" / "worker.py"
     tree = ast.parse(worker.read_text())
     top_level = {node.module for node in tree.body if isinstance(node, ast.ImportFrom)}
-    assert top_level == {"__future__", "pathlib", "typing", "rlsteps.engine.run"}  # and plain stdlib imports
+    assert top_level == {"__future__", "pathlib", "typing", "rlsteps.engine.run", "rlsteps.contract.worker_args"}
     for module in ("__init__.py", "engine/__init__.py", "engine/run/__init__.py", "engine/run/worker.py",
-                   "engine/run/preflight.py"):  # fmt: skip
+                   "engine/run/preflight.py", "contract/__init__.py", "contract/worker_args.py"):  # fmt: skip
         ast.parse((ROOT / "src" / "rlsteps" / module).read_text(), feature_version=(3, 8))
 
 

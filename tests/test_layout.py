@@ -11,14 +11,30 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlsteps"
 
 # room -> the rooms it may import from. errors, catalog and secrets are the shared vocabulary; dotted (keys of nested
 # dicts) serves every room, and install (the version, the source, the catalog's folder) every room that records them.
+# The submitting side (cli, plan, launch, artifacts) meets the worker in contract alone: of the engine, only the
+# command line's `serve` commands are imported (test_the_submitting_side_meets_the_engine_in_the_contract).
 ALLOWED = {
-    "cli": {"plan", "artifacts", "launch", "engine", "catalog", "secrets", "errors", "dotted", "install"},
-    "plan": {"artifacts", "launch", "tiny", "examples", "engine", "catalog", "secrets", "errors", "dotted", "install"},
-    "artifacts": {"engine", "catalog", "errors", "dotted"},
-    "launch": {"secrets", "errors", "engine", "dotted", "install"},  # the engine's torch-free job files (NeMo-RL's)
-    "tiny": {"engine", "dotted"},
+    "cli": {"plan", "artifacts", "launch", "engine", "contract", "catalog", "secrets", "errors", "dotted", "install"},
+    "plan": {
+        "artifacts",
+        "launch",
+        "nemo_rl",
+        "tiny",
+        "examples",
+        "contract",
+        "catalog",
+        "secrets",
+        "errors",
+        "dotted",
+        "install",
+    },  # fmt: skip
+    "artifacts": {"contract", "catalog", "errors", "dotted"},
+    "launch": {"nemo_rl", "contract", "secrets", "errors", "dotted", "install"},  # NeMo-RL's job files
+    "nemo_rl": {"contract", "errors", "dotted"},  # the compile for NeMo-RL: a peer of plan, torch-free
+    "tiny": {"engine", "contract", "dotted"},
     "examples": {"tiny"},  # the examples' files and models, cached where the tiny world is
-    "engine": {"dotted", "secrets", "errors", "install"},  # vocabulary: masking, exit codes, the code's version
+    "engine": {"contract", "dotted", "secrets", "errors", "install"},  # vocabulary: masking, exit codes, the version
+    "contract": {"errors", "dotted"},  # torch-free: what submitting and running agree on
     "catalog": {"errors", "dotted", "install"},
     "install": set(),  # this install: its version, its source, where its catalog lies
     "secrets": {"dotted"},
@@ -43,6 +59,33 @@ def _imported_rooms(path: Path) -> set[str]:
             continue
         rooms.update(m.split(".")[1] for m in modules if m.startswith("rlsteps."))
     return rooms
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in SRC.rglob("*.py")}
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """The rlsteps modules a module imports, lazy imports included (`from pkg import module` names the module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rlsteps"):
+            found.update(
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names
+            )
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("rlsteps"))
+    return {_owning_module(name) for name in found} - {_module_name(path)}
+
+
+def _owning_module(name: str) -> str:
+    while name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
 
 
 def test_every_module_belongs_to_a_known_room():
@@ -79,6 +122,86 @@ def test_the_arrows_have_no_cycle():
     assert [room for room in ALLOWED if reaches(room, room)] == []
 
 
+def test_no_module_imports_itself_around_a_cycle():
+    """Module by module, lazy imports included: no chain of imports leads back to where it started."""
+    graph = {name: _imported_modules(path) for name, path in MODULES.items()}
+    cycles = [scc for scc in _strongly_connected(graph) if len(scc) > 1]
+    assert cycles == []
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components, iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                components.append(component)
+    return components
+
+
+# what the command line's `serve` commands reach of the engine: their entry points and what those import at the top
+SERVE_ENTRIES = {"rlsteps.engine.rewards.judge.command", "rlsteps.engine.rewards.rm.command"}
+
+
+def test_the_submitting_side_meets_the_engine_in_the_contract():
+    """cli, plan, launch and artifacts import the engine's `serve` commands and nothing else of it."""
+    submitting = [name for name in MODULES if name.split(".")[1:2] in (["cli"], ["plan"], ["launch"], ["artifacts"])]
+    reached = {
+        f"{name} -> {target}"
+        for name in submitting
+        for target in _imported_modules(MODULES[name])
+        if target.startswith("rlsteps.engine") and target not in SERVE_ENTRIES
+    }
+    assert reached == set()
+    assert {t for name in submitting for t in _imported_modules(MODULES[name]) if t in SERVE_ENTRIES} == SERVE_ENTRIES
+
+
+def test_the_contract_imports_no_heavy_package():
+    """Torch-free, at the top and in every function: the submitting side may call any of it."""
+    heavy = ("torch", "transformers", "megatron", "vllm", "peft", "safetensors", "numpy")
+    found = [
+        f"{name} imports {alias.name if isinstance(node, ast.Import) else node.module}"
+        for name, path in MODULES.items()
+        if name.startswith("rlsteps.contract")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [node])
+        if (alias.name if isinstance(node, ast.Import) else node.module or "").split(".")[0] in heavy
+    ]
+    assert found == []
+
+
 def test_readme_and_ci_run_the_same_test_command():
     readme = (SRC.parents[1] / "README.md").read_text()
     ci = (SRC.parents[1] / ".ci" / "run").read_text()
@@ -87,10 +210,11 @@ def test_readme_and_ci_run_the_same_test_command():
 
 
 # The engine's top level holds only the vocabulary its rooms share; everything else lives in a room (docs/layout.md).
-ENGINE_VOCABULARY = {"__init__", "config", "batch", "distributed", "device"}
+ENGINE_VOCABULARY = {"__init__", "batch", "distributed", "device"}
 ENGINE_ROOMS = {
     "run", "inputs", "checkpoints", "records", "algorithms", "policy", "generation", "rewards", "megatron", "nemo_rl"
 }  # fmt: skip
+ENGINE_ROOM_NAMES = {f"rlsteps.engine.{room}" for room in ENGINE_ROOMS}
 
 
 def test_the_engine_keeps_its_modules_in_rooms():
@@ -100,3 +224,16 @@ def test_the_engine_keeps_its_modules_in_rooms():
     assert (top, rooms) == (ENGINE_VOCABULARY, ENGINE_ROOMS)
     layout = (SRC.parents[1] / "docs" / "layout.md").read_text()
     assert [room for room in sorted(rooms) if f"| `{room}/` |" not in layout] == []
+
+
+def test_the_engines_vocabulary_reaches_into_none_of_its_rooms():
+    """The engine's top level (batch, distributed, device) is what its rooms share: an import of a room from it would
+    be an arrow back up the house."""
+    upward = [
+        f"{name} -> {target}"
+        for name in MODULES
+        if name.count(".") == 2 and name.startswith("rlsteps.engine.") and name not in ENGINE_ROOM_NAMES
+        for target in _imported_modules(MODULES[name])
+        if any(target == room or target.startswith(room + ".") for room in ENGINE_ROOM_NAMES)
+    ]
+    assert upward == []

@@ -16,14 +16,14 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlsteps.contract.config import GRPOConfig, ReinforceConfig
 from rlsteps.engine.algorithms.grpo import GRPO
 from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.algorithms.reinforce import ReinforceRLOO
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.config import GRPOConfig, ReinforceConfig
 from rlsteps.engine.policy.logprobs import batched_token_logprobs, token_logprobs
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler
-from rlsteps.engine.rewards.sources import Scores
+from rlsteps.engine.rewards.scores import Scores
 from rlsteps.engine.run.update import PolicyUpdate, StepStats, micro_batch_plan
 
 VOCAB, PROMPTS, PER_PROMPT = 96, 2, 4

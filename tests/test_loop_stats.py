@@ -40,7 +40,7 @@ def test_no_optimizer_step_gives_no_loss_statistics():
 
 
 def _recipe_config(**train):
-    from rlsteps.engine.config import RSConfig
+    from rlsteps.contract.config import RSConfig
 
     return RSConfig.model_validate(
         {

@@ -12,9 +12,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from distributed_update import VOCAB, config, fixed_batch, fixed_model  # noqa: E402
+from rlsteps.contract.config import LoraConfig, ReinforceConfig  # noqa: E402
 from rlsteps.engine.algorithms.reinforce import ReinforceRLOO  # noqa: E402
 from rlsteps.engine.algorithms.rs import RejectionSampling  # noqa: E402
-from rlsteps.engine.config import LoraConfig, ReinforceConfig  # noqa: E402
 from rlsteps.engine.policy.logprobs import batched_token_logprobs  # noqa: E402
 from rlsteps.engine.policy.lora import adapters_off, apply_lora, merged_parameters  # noqa: E402
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler  # noqa: E402
@@ -133,7 +133,7 @@ def test_the_output_is_the_merged_policy_and_peft_reads_the_adapter_folder_besid
     from peft import PeftModel
 
     from model_fixtures import build_tokenizer
-    from rlsteps.engine.config import OutputConfig
+    from rlsteps.contract.config import OutputConfig
     from rlsteps.engine.records.output import write_policy_output
 
     model = adapted()

@@ -41,6 +41,7 @@ from transformers import (
 
 from model_fixtures import build_tokenizer, decoder_shape
 from random_weights import randomized
+from rlsteps.contract.artifact import METADATA_FILE, read_artifact_metadata
 from rlsteps.engine.megatron.compat import gpt_model_runtime
 from rlsteps.engine.megatron.format import (
     load_megatron_checkpoint,
@@ -62,7 +63,6 @@ from rlsteps.engine.megatron.layout import (
     to_megatron,
 )  # fmt: skip
 from rlsteps.engine.policy.model import load_policy, save_policy
-from rlsteps.engine.records.artifact import METADATA_FILE, read_artifact_metadata
 
 ITERATION = 7  # the llama_tied checkpoint's iteration, to see it in the folder names
 
@@ -511,7 +511,7 @@ from pathlib import Path
 
 
 def write(target, model_dir, ready=None):
-    from rlsteps.engine.records.artifact import write_artifact
+    from rlsteps.contract.artifact import write_artifact
     from rlsteps.engine.policy.model import load_policy, save_policy
 
     model, tokenizer = load_policy(model_dir)

@@ -9,15 +9,8 @@ import types
 import pytest
 import torch
 
-from rlsteps.engine.records.metrics import (
-    MetricsWriter,
-    Timers,
-    TrainingProgress,
-    metric_series,
-    plot_metrics,
-    read_metrics,
-    trend,
-)
+from rlsteps.contract.run_files import read_metrics
+from rlsteps.engine.records.metrics import MetricsWriter, Timers, TrainingProgress, metric_series, plot_metrics, trend
 
 
 def test_lines_are_appended_flushed_and_read_back(tmp_path):

@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from rlsteps.engine.nemo_rl.batches import GLOBAL_BATCH, LOGPROB_BATCH, MICRO_BATCH, PROMPTS, Split, repair
+from rlsteps.nemo_rl.batches import GLOBAL_BATCH, LOGPROB_BATCH, MICRO_BATCH, PROMPTS, Split, repair
 
 
 def split(prompts=32, generations=8, batch=256, dp=8, micro=None, logprob=None) -> Split:

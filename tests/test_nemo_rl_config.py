@@ -8,12 +8,12 @@ import pytest
 import yaml
 
 from rlsteps.catalog import load_catalog
-from rlsteps.engine.config import STEP_SCHEMAS
-from rlsteps.engine.nemo_rl.key_map import get, pairs
-from rlsteps.engine.nemo_rl.master_config import Cluster, NemoRlConfigError, compile_master_config
-from rlsteps.engine.nemo_rl.schedule import megatron_scheduler
+from rlsteps.contract.config import STEP_SCHEMAS
 from rlsteps.errors import UsageError
 from rlsteps.launch.ray_job import master_config_yaml
+from rlsteps.nemo_rl.key_map import get, pairs
+from rlsteps.nemo_rl.master_config import Cluster, NemoRlConfigError, compile_master_config
+from rlsteps.nemo_rl.schedule import megatron_scheduler
 from rlsteps.plan.compile import compile_job
 
 RUN = PurePosixPath("/lustre/runs/rlhf")
@@ -168,7 +168,7 @@ def test_what_nemo_rls_lora_cannot_run_is_refused_or_set_with_a_note():
 
 
 def test_rl_nemo_rl_rlhfs_lora_cfg_runs_as_train_lora_on_the_embedded_engine():
-    from rlsteps.engine.nemo_rl.embedded import to_embedded
+    from rlsteps.nemo_rl.embedded import to_embedded
 
     base = compile_job(load_catalog().find("rl/rlhf"), "tiny").config
     seed = {"policy": {"dtensor_cfg": {"lora_cfg": {"enabled": True, "dim": 4, "alpha": 16, "dropout": 0.0,

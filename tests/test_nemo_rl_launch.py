@@ -16,7 +16,7 @@ import yaml
 import required
 from rlsteps.artifacts.detect import detect_types
 from rlsteps.catalog import load_catalog
-from rlsteps.engine.nemo_rl.layout import MASTER_CONFIG_FILE, NODE_SCRIPT_FILE
+from rlsteps.contract.nemo_rl_job import MASTER_CONFIG_FILE, NODE_SCRIPT_FILE
 from rlsteps.errors import UsageError
 from rlsteps.launch import slurm
 from rlsteps.plan.runner import RunRequest, compile_request

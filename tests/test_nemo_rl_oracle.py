@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import rlsteps.engine.nemo_rl as engine_nemo_rl
+import rlsteps.nemo_rl as nemo_rl_compiler
 import upstream
 
 # Slow (runs NeMo-RL's and NeMo-Gym's own code in processes of their own): the fast tier, -m 'not slow', leaves it out
@@ -144,7 +144,7 @@ def test_response_rows(tmp_path):
 
 
 def test_shipped_schema_is_nemo_rl_s():
-    shipped = Path(engine_nemo_rl.__file__).parent / "master_config_schema.json"
+    shipped = Path(nemo_rl_compiler.__file__).parent / "master_config_schema.json"
     schema = upstream.master_config_schema()
     assert json.loads(shipped.read_text()) == schema, "regenerate: python tests/nemo_rl_oracle.py schema > " + str(
         shipped

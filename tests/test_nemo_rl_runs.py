@@ -14,8 +14,8 @@ import yaml
 
 import upstream
 from rlsteps.catalog import load_catalog
+from rlsteps.contract.nemo_rl_job import MASTER_CONFIG_FILE
 from rlsteps.engine.nemo_rl.data import write_rows
-from rlsteps.engine.nemo_rl.layout import MASTER_CONFIG_FILE
 from rlsteps.engine.rewards.combined import RewardTerm
 from rlsteps.errors import UsageError
 from rlsteps.launch.ray_job import DRIVERS

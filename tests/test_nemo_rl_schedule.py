@@ -13,9 +13,10 @@ import pytest
 import required
 import upstream
 from rlsteps.catalog import load_catalog
-from rlsteps.engine.config import STEP_SCHEMAS
-from rlsteps.engine.nemo_rl import schedule
+from rlsteps.contract.config import STEP_SCHEMAS
+from rlsteps.contract.nemo_rl_job import optimizer_steps_per_step
 from rlsteps.engine.policy.optim import lr_multiplier
+from rlsteps.nemo_rl import schedule
 from rlsteps.plan.compile import compile_job
 
 # Slow (runs NeMo-RL's schedulers in a process of their own): the fast tier, -m 'not slow', leaves it out
@@ -81,7 +82,7 @@ def nemo_rl_rates(cfgs: list[dict], policies: list[dict] | None = None) -> list:
         {
             "policy": policy if policy is not None else policy_section(cfg),
             "grpo_steps": cfg["train"]["max_steps"],
-            "per_step": schedule.optimizer_steps_per_step(cfg),
+            "per_step": optimizer_steps_per_step(cfg),
         }
         for cfg, policy in zip(cfgs, policies or [None] * len(cfgs), strict=True)
     ]
@@ -146,7 +147,7 @@ def megatron_rates(cfg: dict, gbs: int = 16) -> list[float]:
     )
     rates = []
     for _ in range(cfg["train"]["max_steps"]):
-        rates.extend([optimizer.param_groups[0]["lr"]] * schedule.optimizer_steps_per_step(cfg))
+        rates.extend([optimizer.param_groups[0]["lr"]] * optimizer_steps_per_step(cfg))
         scheduler.step(increment=gbs)
     return rates
 

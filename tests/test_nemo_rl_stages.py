@@ -15,10 +15,11 @@ import rlsteps
 import upstream
 from rlsteps.artifacts.detect import detect_types
 from rlsteps.catalog import load_catalog
-from rlsteps.engine.config import STEP_SCHEMAS
-from rlsteps.engine.inputs.data import PromptFileError
-from rlsteps.engine.inputs.input_check import InputProblem
-from rlsteps.engine.nemo_rl import schedule, stages
+from rlsteps.contract.config import STEP_SCHEMAS
+from rlsteps.contract.input_check import InputProblem
+from rlsteps.contract.nemo_rl_job import optimizer_steps_per_step
+from rlsteps.contract.prompts import PromptFileError
+from rlsteps.engine.nemo_rl import stages
 from rlsteps.engine.nemo_rl.data import write_rows
 from rlsteps.engine.policy.model import load_policy
 from rlsteps.plan.compile import compile_job
@@ -175,7 +176,7 @@ def test_finish_writes_the_checkpoint_of_the_last_total_step_with_nemo_rls_count
     assert target == Path(cfg.output.dir) / "policy"
     assert "checkpoint_megatron" in detect_types(load_catalog(), str(target))
     written = json.loads((target / "rlsteps_artifact.json").read_text())
-    per_step = schedule.optimizer_steps_per_step(cfg.model_dump(mode="json"))
+    per_step = optimizer_steps_per_step(cfg.model_dump(mode="json"))
     assert written["counters"] == {"step": 7, "consumed_samples": 28, "epoch": 2, "optimizer_steps": 7 * per_step}
     assert written["producer"] | {"rlsteps": None} == {
         "step": "rl/reinforce",
@@ -287,7 +288,7 @@ def test_nemo_gym_rows_are_prompts_too_and_pass_through_whole(tmp_path):
          "agent_ref": {"type": "responses_api_agents", "name": "my_agent"}},
     ]  # fmt: skip
     source = write_jsonl(tmp_path / "gym.jsonl", gym)
-    from rlsteps.engine.inputs.data import load_prompts
+    from rlsteps.contract.prompts import load_prompts
 
     first, second = load_prompts(str(source), tokenizer=None)
     assert (first.id, first.conversation) == ("3", [{"role": "user", "content": "Name a cat."}])

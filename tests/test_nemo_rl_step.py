@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rlsteps.catalog import load_catalog
-from rlsteps.engine.nemo_rl.layout import MASTER_CONFIG_FILE
+from rlsteps.contract.nemo_rl_job import MASTER_CONFIG_FILE
 from rlsteps.errors import UsageError
 from rlsteps.plan.runner import RunRequest, compile_request
 from run_helpers import rlsteps

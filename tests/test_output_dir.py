@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import required
-from rlsteps.engine.run.output_dir import make_output_dir
+from rlsteps.contract.output_dir import make_output_dir
 from rlsteps.errors import UsageError
 from test_bad_inputs import files_under, leftover_processes, marked
 from test_disk_full import fill

@@ -217,7 +217,7 @@ def test_a_slurm_batch_pipeline_submits_dependent_jobs_and_returns_at_once(proje
 
 
 def test_a_stage_is_fresh_only_with_the_same_config_hash_and_input_versions(project):
-    from rlsteps.engine.records.artifact import input_versions
+    from rlsteps.contract.artifact import input_versions
     from rlsteps.plan.compile import worker_config_hash
     from rlsteps.plan.pipeline import PipelineRequest, _set_aside_stale_run, freshness, load_pipeline, plan_pipeline
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cli_helpers import REPO
-from rlsteps.engine.records.artifact import fingerprint
+from rlsteps.contract.artifact import fingerprint
 from run_helpers import rlsteps, weights
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlsteps.engine.inputs.data import PromptFileError, load_prompts, prompt_lengths
-from rlsteps.engine.inputs.prompt_tokenizer import tokenizer_from_files
+from rlsteps.contract.prompt_tokenizer import tokenizer_from_files
+from rlsteps.contract.prompts import PromptFileError, load_prompts, prompt_lengths
 from rlsteps.engine.policy.model import load_policy_tokenizer
 from rlsteps.tiny.layout import load_tiny_world
 from test_data import word_tokenizer

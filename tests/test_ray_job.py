@@ -17,7 +17,7 @@ import yaml
 import required
 from rlsteps.catalog import load_catalog
 from rlsteps.cli.app import main
-from rlsteps.engine.nemo_rl.layout import NODE_SCRIPT_FILE
+from rlsteps.contract.nemo_rl_job import NODE_SCRIPT_FILE
 from rlsteps.engine.nemo_rl.ray_nodes import stop_stale
 from rlsteps.errors import UsageError
 from rlsteps.launch import ray_job, slurm

@@ -9,14 +9,14 @@ import math
 import pytest
 import torch
 
+from rlsteps.contract.config import GRPOConfig, ReinforceConfig, RSConfig
 from rlsteps.engine.algorithms import RECIPES
 from rlsteps.engine.algorithms.grpo import GRPO
 from rlsteps.engine.algorithms.recipe import ROW_MASK, loss_mask
 from rlsteps.engine.algorithms.reinforce import ReinforceRLOO
 from rlsteps.engine.algorithms.rs import RejectionSampling
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.config import GRPOConfig, ReinforceConfig, RSConfig
-from rlsteps.engine.rewards.sources import Scores
+from rlsteps.engine.rewards.scores import Scores
 
 PAD = 0
 ROOT2 = math.sqrt(2)

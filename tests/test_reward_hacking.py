@@ -10,8 +10,8 @@ import pandas
 import pytest
 import torch
 
+from rlsteps.contract.config import RewardHackingConfig
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.config import RewardHackingConfig
 from rlsteps.engine.records.reward_hacking import (
     HackingWatch,
     Remedies,

@@ -12,8 +12,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from rlsteps.contract.config import RSConfig
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.config import RSConfig
 from rlsteps.engine.rewards.combined import CombinedSource, RewardTerm
 from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionError, RewardFunctionFailed
 from rlsteps.engine.rewards.judge.client import JudgeAnswer, JudgeResult, JudgeUnavailable

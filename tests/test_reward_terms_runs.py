@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from rlsteps.engine.records.metrics import metric_series, read_metrics
+from rlsteps.contract.run_files import read_metrics
+from rlsteps.engine.records.metrics import metric_series
 from run_helpers import FAST, rlsteps, run_dir, series
 
 TRUE_REWARD = "rlsteps.tiny.task:true_reward"

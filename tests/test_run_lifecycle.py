@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from rlsteps.catalog import load_catalog
-from rlsteps.engine.run import run_lock
-from rlsteps.engine.run.signals import STOP_WITH_PARENT
+from rlsteps.contract import run_lock
+from rlsteps.contract.run_files import STOP_WITH_PARENT
+from rlsteps.contract.worker_args import build_parser
 from rlsteps.launch import local
 from rlsteps.launch.base import JobState
 from rlsteps.plan import compile as compile_module
@@ -193,7 +194,7 @@ def test_an_error_raised_while_a_signal_unwinds_the_worker_ends_it_with_the_sign
 
     monkeypatch.setattr(worker, "run", run)
     monkeypatch.setattr(signals, "_unwound_by", [sig] if sig else [])
-    args = worker.build_parser().parse_args(["unused.yaml"])
+    args = build_parser().parse_args(["unused.yaml"])
     if code is None:
         with pytest.raises(RuntimeError, match="unexpected pos"):
             worker._run_to_an_exit_code(args, signals)
@@ -274,7 +275,7 @@ def test_an_attached_run_is_recorded_when_it_starts_and_its_id_is_its_job_direct
 
 def hold_lock_in_a_process(run_dir: Path, job: str) -> subprocess.Popen:
     code = (
-        "import sys, time; from pathlib import Path; from rlsteps.engine.run.run_lock import RunLock; "
+        "import sys, time; from pathlib import Path; from rlsteps.contract.run_lock import RunLock; "
         f"RunLock(Path({str(run_dir)!r}), job={job!r}).acquire(); print('held', flush=True); time.sleep(120)"
     )
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from rlsteps.contract.config import RSConfig
 from rlsteps.engine.algorithms.grpo import clipped_policy_loss
 from rlsteps.engine.algorithms.reinforce import reinforce_loss
 from rlsteps.engine.algorithms.sampler_gap import (
@@ -13,7 +14,6 @@ from rlsteps.engine.algorithms.sampler_gap import (
     token_mult_prob_error,
     truncated_importance_weights,
 )
-from rlsteps.engine.config import RSConfig
 
 HALF, QUARTER = math.log(0.5), math.log(0.25)
 TRAINER = torch.tensor([[HALF, QUARTER, 0.0]])  # the trainer: p = 0.5, 0.25 on the response, a prompt slot after

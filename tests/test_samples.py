@@ -6,7 +6,7 @@ import torch
 
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.records.samples import SampleLog, describe_sample, sample_records
-from rlsteps.engine.rewards.sources import Scores
+from rlsteps.engine.rewards.scores import Scores
 
 
 def _batch() -> RolloutBatch:

@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
+from rlsteps.contract.config import GRPOConfig, ReinforceConfig, RSConfig
 from rlsteps.engine.algorithms.grpo import GRPO
 from rlsteps.engine.algorithms.reinforce import ReinforceRLOO
 from rlsteps.engine.algorithms.rs import RejectionSampling
-from rlsteps.engine.config import GRPOConfig, ReinforceConfig, RSConfig
 from rlsteps.engine.run.step import run_beside
 
 

@@ -9,7 +9,7 @@ import pytest
 from cli_helpers import invoke
 from rlsteps.artifacts.store import ArtifactStore, parse_reference, resolve_reference, store_root
 from rlsteps.catalog import load_catalog
-from rlsteps.engine.records.artifact import METADATA_FILE, fingerprint
+from rlsteps.contract.artifact import METADATA_FILE, fingerprint
 from rlsteps.errors import ArtifactError, UsageError
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rlsteps.engine.run.worker_log import FAILURE_FILE
+from rlsteps.contract.run_files import FAILURE_FILE
 from rlsteps.errors import InputRefusedInJob, RunFailed, UsageError
 from rlsteps.plan.worker_exit import worker_failure
 

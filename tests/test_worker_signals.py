@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlsteps.engine.checkpoints.resume import CHECKPOINTS_DIR
+from rlsteps.contract.run_files import CHECKPOINTS_DIR
 from rlsteps.engine.run.signals import EXIT_CHECKPOINTED, EXIT_TERMINATED
 from rlsteps.launch.base import JobState
 from run_helpers import descendants, processes

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from rlsteps.engine.inputs.world_check import world_size_problems
+from rlsteps.contract.world_check import world_size_problems
 
 
 def rl_config(prompts: int = 16, rows: int = 64, micro: int = 4, algorithm: str = "rs") -> dict:
@@ -74,7 +74,7 @@ def test_the_refusal_names_the_profiles_processes_and_every_problem_at_once(tiny
 def test_the_module_imports_without_torch_or_pydantic():
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['pydantic'] = None\n"
-        "import rlsteps.engine.inputs.world_check as w\n"
+        "import rlsteps.contract.world_check as w\n"
         "print(w.world_size_problems({'algorithm': 'convert'}, 2)[0][:11])"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

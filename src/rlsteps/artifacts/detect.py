@@ -1,9 +1,9 @@
-"""What an artifact reference holds, by the catalog's types (the detectors are rlsteps.engine.inputs.detect)."""
+"""What an artifact reference holds, by the catalog's types (the detectors are rlsteps.contract.detect)."""
 
 from __future__ import annotations
 
 from rlsteps.catalog import Catalog
-from rlsteps.engine.inputs.detect import detect, exists
+from rlsteps.contract.detect import detect, exists
 
 __all__ = ["detect_types", "detectors_of", "exists"]
 

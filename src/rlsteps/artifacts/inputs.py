@@ -14,8 +14,8 @@ from typing import Any
 
 from rlsteps.artifacts.detect import detect_types, detectors_of, exists
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
+from rlsteps.contract.input_check import InputInJob, InputProblem, damaged_weights, missing, wrong_type
 from rlsteps.dotted import get
-from rlsteps.engine.inputs.input_check import InputInJob, InputProblem, damaged_weights, missing, wrong_type
 from rlsteps.errors import ArtifactError
 
 PUBLISH_FIX = "or publish it to the artifact store (rlsteps artifacts publish) and pass {key}=artifact:NAME"
@@ -162,25 +162,47 @@ def check_inputs(
     built_before_run: a folder the run fills before it starts (the tiny world): missing inputs in it are pending.
     reach: which paths the job sees (inputs on cluster paths are the job's to check).
     """
-    resolved = []
-    for s in step.consumes:
-        ref = lookup(config, s.key)
-        item = (
-            promised_input(catalog, s.name, s.key, ref, s.type, promised[s.name])
-            if s.name in promised
-            else check_input(catalog, s.name, s.key, ref, s.type, reach, s.hub_id)
-        )
-        if item.status == "missing" and built_before_run and str(ref).startswith(built_before_run):
-            item = replace(item, status="pending")
-        resolved.append(item)
-    return resolved
+    return [_check_one(catalog, s, config, promised, built_before_run, reach) for s in step.consumes]
+
+
+def _check_one(
+    catalog: Catalog,
+    spec: ArtifactSpec,
+    config: dict[str, Any],
+    promised: Mapping[str, str],
+    built_before_run: str | None,
+    reach: Reach,
+) -> ResolvedInput:
+    ref = lookup(config, spec.key)
+    item = (
+        promised_input(catalog, spec.name, spec.key, ref, spec.type, promised[spec.name])
+        if spec.name in promised
+        else check_input(catalog, spec.name, spec.key, ref, spec.type, reach, spec.hub_id)
+    )
+    if item.status == "missing" and built_before_run and str(ref).startswith(built_before_run):
+        item = replace(item, status="pending")
+    return item
 
 
 def resolve_inputs(
-    catalog: Catalog, step: Step, config: dict[str, Any], promised: Mapping[str, str] = {}, reach: Reach = Reach()
+    catalog: Catalog,
+    step: Step,
+    config: dict[str, Any],
+    promised: Mapping[str, str] = {},
+    reach: Reach = Reach(),
+    checked: list[ResolvedInput] | None = None,
 ) -> list[ResolvedInput]:
-    """Check every input the manifest declares; raise ArtifactError (exit 3) naming the first problem."""
-    resolved = check_inputs(catalog, step, config, promised, reach=reach)
+    """Check every input the manifest declares; raise ArtifactError (exit 3) naming the first problem.
+
+    checked: the inputs as the compile found them (runner.compile_request); only those it could not see yet are
+    looked at again (pending: in the tiny world built since, or an earlier pipeline stage's output)."""
+    if checked is None:
+        resolved = check_inputs(catalog, step, config, promised, reach=reach)
+    else:
+        resolved = [
+            _check_one(catalog, spec, config, promised, None, reach) if item.status == "pending" else item
+            for spec, item in zip(step.consumes, checked, strict=True)
+        ]
     for spec, item in zip(step.consumes, resolved):
         if item.status == "unreachable":
             raise refusal(catalog, item, reach)

@@ -22,7 +22,7 @@ from fsspec.core import url_to_fs
 from omegaconf import OmegaConf
 
 from rlsteps.catalog import Catalog
-from rlsteps.engine.records.artifact import METADATA_FILE, fingerprint
+from rlsteps.contract.artifact import METADATA_FILE, fingerprint
 from rlsteps.errors import ArtifactError, UsageError
 
 ROOT_ENV = "RLSTEPS_ARTIFACTS"

@@ -146,8 +146,8 @@ def run_step(
         argv=tuple((ctx.obj or {}).get("argv", ())),
     )
     catalog = _catalog()
+    compiled = compile_request(catalog, request, say=render.sayer(err))
     if dry_run:
-        compiled = compile_request(catalog, request, say=render.sayer(err))
         fit.print_lines(out, render.dry_run(compiled, out.width))
         sys.stdout.write(render.job_files(compiled))
         if compiled.output_problem is not None:  # after everything is shown, as the run would stop on it
@@ -156,7 +156,7 @@ def run_step(
         if refused:  # after everything is shown: a script that checks with the dry run stops here
             raise ArtifactError(*refused)
         return
-    submission = execute(catalog, request, say=render.sayer(err))
+    submission = execute(catalog, compiled, say=render.sayer(err))
     if submission.exit_code is None:
         out.print(f"submitted job {submission.job_id} ({submission.job_dir})")
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rlsteps.contract.run_files import run_directory
 from rlsteps.errors import UsageError
 from rlsteps.launch import code, ray_job
 from rlsteps.launch.base import worker_command
@@ -102,7 +103,9 @@ class LeptonProfile(BaseModel):
         return self.nodes * self.nprocs
 
     @property
-    def run_dir(self) -> str | None:
+    def working_dir(self) -> str | None:
+        """Where the job starts on Lepton, and a relative output.dir lies: the profile's workdir, else its first
+        mount."""
         return self.workdir or (self.mounts[0].get("mount_path") if self.mounts else None)
 
     def secret_refs(self) -> dict[str, str]:
@@ -174,8 +177,8 @@ def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile, shipped: d
         *(code.unpack_lines(f"{config_dir}/{code.wheel_name()}", shipped) if shipped else []),
         *profile.pre_launch_commands,
     ]
-    if profile.run_dir:
-        lines.append(f"mkdir -p {shlex.quote(profile.run_dir)} && cd {shlex.quote(profile.run_dir)}")
+    if profile.working_dir:
+        lines.append(f"mkdir -p {shlex.quote(profile.working_dir)} && cd {shlex.quote(profile.working_dir)}")
     if ray_job.uses_nemo_rl(job):
         return "\n".join(lines + _ray_node_lines(job, profile, config_dir)) + "\n"
     # python -m rlsteps.engine.run.worker CONFIG ...
@@ -203,7 +206,7 @@ def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile, shipped: d
 
 def ray_job_of(job: Job, profile: LeptonProfile, config_dir: str) -> ray_job.RayJob:
     """engine=nemo_rl: every replica is one node of the Ray job; their shared state lives on the mount."""
-    if not profile.run_dir:
+    if not profile.working_dir:
         raise UsageError(
             "engine=nemo_rl on Lepton needs a shared mount: the nodes meet through files under the run directory",
             fix="add a mount to the profile (or set workdir to a folder on one)",
@@ -212,7 +215,7 @@ def ray_job_of(job: Job, profile: LeptonProfile, config_dir: str) -> ray_job.Ray
         nodes=profile.nodes,
         gpus_per_node=profile.gpus_per_node or 0,
         job_dir=PurePosixPath(config_dir),
-        run_dir=ray_job.absolute_run_dir(job, Path(profile.run_dir)),
+        run_dir=run_directory(job.config, profile.working_dir),
         python="python",
     )
     mounts = ray_job.shared_folders(m["mount_path"] for m in profile.mounts if m.get("mount_path"))
@@ -297,8 +300,8 @@ def build_spec(job: Job, job_dir_name: str, profile: LeptonProfile) -> Any:
 def summary(job: Job, profile: LeptonProfile, job_id: str, chunks: int) -> str:
     where = f"workspace {profile.workspace}" if profile.workspace else "the logged-in workspace"
     outputs = (
-        f"relative outputs under {profile.run_dir}"
-        if profile.run_dir
+        f"relative outputs under {profile.working_dir}"
+        if profile.working_dir
         else "no mount: outputs are lost when the job ends"
     )
     how = (

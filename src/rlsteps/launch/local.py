@@ -13,7 +13,7 @@ to the job's process group and SIGKILL to whatever is left after a grace period.
 An attached worker runs in a process group of its own, and rlsteps passes on what ends it: SIGINT, SIGTERM or SIGHUP
 is sent to the worker once (it stops its servers and exits 130 or 143, and rlsteps with it), a second one or the
 grace period kills it. If rlsteps itself is killed outright, the kernel sends the worker SIGTERM (PR_SET_PDEATHSIG),
-and the worker watches its parent as well (signals.STOP_WITH_PARENT): no worker outlives the command that started it.
+and the worker watches its parent as well (STOP_WITH_PARENT): no worker outlives the command that started it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlsteps.engine.run.signals import EXIT_FILE_ENV, STOP_WITH_PARENT, TERMINAL_LOG  # standard library only
+from rlsteps.contract.run_files import (  # standard library only
+    EXIT_FILE_ENV,
+    STOP_WITH_PARENT,
+    TERMINAL_LOG,
+    run_directory,
+)
 from rlsteps.errors import UsageError
 from rlsteps.launch.base import (
     RECORD_FILE,
@@ -229,8 +234,8 @@ class LocalLauncher:
 
 
 def _run_log(job: Job) -> Path:
-    """The worker's train.log in the run directory (output.dir, relative to where rlsteps ran)."""
-    return (Path(str(job.config.get("output", {}).get("dir", "."))) / "train.log").absolute()
+    """The worker's train.log in the run directory (output.dir; a relative one under where rlsteps ran)."""
+    return Path(run_directory(job.config, Path.cwd()) or Path.cwd()) / "train.log"
 
 
 def _from_exit_code(code: int, where: str, note: str = "") -> JobStatus:
@@ -386,7 +391,7 @@ def _attached_preexec() -> Callable[[], None]:
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        prctl = None  # not Linux: the worker's own watch of its parent (signals.STOP_WITH_PARENT) remains
+        prctl = None  # not Linux: the worker's own watch of its parent (STOP_WITH_PARENT) remains
     parent = os.getpid()
 
     def prepare() -> None:

@@ -29,16 +29,16 @@ import os
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from rlsteps.engine.nemo_rl.layout import MASTER_CONFIG_FILE, NODE_SCRIPT_FILE, NemoRlPaths
-from rlsteps.engine.nemo_rl.master_config import Cluster, MasterConfig, NemoRlConfigError, compile_master_config
+from rlsteps.contract.nemo_rl_job import MASTER_CONFIG_FILE, NODE_SCRIPT_FILE, NemoRlPaths
 from rlsteps.errors import UsageError
 from rlsteps.launch.base import comment_safe
 from rlsteps.launch.job import Job
+from rlsteps.nemo_rl.master_config import Cluster, MasterConfig, NemoRlConfigError, compile_master_config
 
 EXIT_CODE_FILE = "exit_code"
 # The node's index in the job: torchrun's, Slurm's or Lepton's, whichever launched it.
@@ -151,19 +151,13 @@ def _under(path: PurePosixPath, folders: Iterable[PurePosixPath]) -> bool:
     return any(path == folder or path.is_relative_to(folder) for folder in folders)
 
 
-def absolute_run_dir(job: Job, workdir: Path) -> PurePosixPath:
-    """output.dir as the job's machines see it: relative paths resolve in the job's working directory."""
-    out = PurePosixPath(job.config["output"]["dir"])
-    return out if out.is_absolute() else PurePosixPath(workdir) / out
-
-
 def master_config(job: Job, ray: RayJob) -> MasterConfig:
     if ray.gpus_per_node < 1 and not job.config["nemo_rl_job"].get("driver"):
         raise UsageError(
             "engine=nemo_rl needs GPUs: NeMo-RL trains and generates on them",
             fix="run on a profile with gpus_per_node of 1 or more (and NeMo-RL's container)",
         )
-    from rlsteps.engine.config import STEP_SCHEMAS  # torch-free
+    from rlsteps.contract.config import STEP_SCHEMAS  # torch-free
 
     config = job.worker_config()  # secrets stay ${oc.env:...}: the job's environment carries them
     validated = STEP_SCHEMAS[config["algorithm"]].model_validate(config).model_dump(mode="json")
@@ -206,7 +200,7 @@ def job_files(job: Job, ray: RayJob) -> dict[str, str]:
 
 
 def master_config_yaml(compiled: MasterConfig) -> str:
-    from rlsteps.engine.nemo_rl import NEMO_RL_VERSION
+    from rlsteps.nemo_rl import NEMO_RL_VERSION
 
     header = [f"# NeMo-RL GRPO master config compiled by rlsteps (NeMo-RL {NEMO_RL_VERSION})."]
     if compiled.notes:

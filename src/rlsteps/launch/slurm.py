@@ -89,7 +89,7 @@ class SlurmLauncher:
             f"{'attached (logs streamed here)' if job.mode == 'attached' else 'detached'}",
             f"partition {profile.partition_for(job.mode) or '(cluster default)'}",
             f"{profile.nodes} node(s) x {profile.gpus_per_node} GPU(s), {per_node} per node",
-            f"job dir {where.run_dir}",
+            f"job dir {where.job_dir}",
         ]
         if where.container:
             notes.append(where.container.describe())
@@ -99,7 +99,7 @@ class SlurmLauncher:
                 )
             if where.container.warning:
                 notes.append(f"warning: {where.container.warning}")
-            missing = containers.unmounted([where.run_dir, where.workdir], profile.container_mounts)
+            missing = containers.unmounted([where.job_dir, where.workdir], profile.container_mounts)
             if missing:
                 notes.append(
                     f"warning: not mounted in the container: {', '.join(map(str, missing))}; "
@@ -118,7 +118,7 @@ class SlurmLauncher:
         return LaunchPlan(
             launcher=self.name,
             summary=f"submit {job.step_id} to Slurm with sbatch: " + "; ".join(notes),
-            command=["sbatch", "--parsable", str(where.run_dir / SCRIPT_FILE)],
+            command=["sbatch", "--parsable", str(where.job_dir / SCRIPT_FILE)],
             files=files,
             code=where.wheel.name if where.wheel else None,
         )
@@ -126,24 +126,24 @@ class SlurmLauncher:
     def submit(self, job: Job, plan: LaunchPlan, job_dir: Path) -> Submission:
         self.check(job)
         where = place(job, load_profile(job), job_dir)
-        if where.run_dir != job_dir:
-            if where.run_dir.exists():
-                raise UsageError(f"{where.run_dir} already exists", fix="submit again: the next job gets a new name")
-            shutil.copytree(job_dir, where.run_dir)
-        if (where.run_dir / containers.SQUASH_SCRIPT).exists():
+        if where.job_dir != job_dir:
+            if where.job_dir.exists():
+                raise UsageError(f"{where.job_dir} already exists", fix="submit again: the next job gets a new name")
+            shutil.copytree(job_dir, where.job_dir)
+        if (where.job_dir / containers.SQUASH_SCRIPT).exists():
             _require("srun")
             _run_checked(
-                ["bash", str(where.run_dir / containers.SQUASH_SCRIPT)],
+                ["bash", str(where.job_dir / containers.SQUASH_SCRIPT)],
                 "squashing the container image failed",
-                fix=f"see the enroot output above; the script is {where.run_dir / containers.SQUASH_SCRIPT}",
+                fix=f"see the enroot output above; the script is {where.job_dir / containers.SQUASH_SCRIPT}",
             )
         job_id = _sbatch(plan.command, job)
-        submission = Submission(job_id=job_id, job_dir=where.run_dir)
+        submission = Submission(job_id=job_id, job_dir=where.job_dir)
         if job.mode != "attached":
             return submission
         record = self.record(job, submission)
         record.save()  # visible to `rlsteps jobs` while it runs
-        return Submission(job_id=job_id, job_dir=where.run_dir, exit_code=self._stream_until_done(record))
+        return Submission(job_id=job_id, job_dir=where.job_dir, exit_code=self._stream_until_done(record))
 
     def record(self, job: Job, submission: Submission) -> JobRecord:
         profile = load_profile(job)
@@ -308,7 +308,7 @@ def shared_places(profile: SlurmProfile, where: Placement) -> tuple[PurePosixPat
     filesystem the nodes share), the profile's cluster_paths, and, unless they are a machine's own folders
     (/tmp, say), the filesystems the first two are on (their mount points here, never the root) and the host sides
     of the profile's container_mounts."""
-    declared = [where.run_dir.parent, where.workdir]
+    declared = [where.job_dir.parent, where.workdir]
     seen_here = [*map(_filesystem, declared), *(containers.host_side(m) for m in profile.container_mounts)]
     return ray_job.shared_folders(
         [*declared, *profile.cluster_paths, *(f for f in seen_here if not ray_job.machine_own(f))]

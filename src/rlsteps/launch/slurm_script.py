@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rlsteps.contract.run_files import run_directory
 from rlsteps.errors import UsageError
 from rlsteps.launch import code, containers, ray_job
 from rlsteps.launch.base import comment_safe, validated_profile, worker_command
@@ -138,7 +139,7 @@ def load_profile(job: Job) -> SlurmProfile:
 class Placement:
     """Where the job lives on the cluster and what runs it."""
 
-    run_dir: Path  # the job directory the cluster sees (the profile's job_dir, else the local one)
+    job_dir: Path  # the job directory the cluster sees (the profile's job_dir, else the local one)
     workdir: Path  # the job's working directory: relative output paths resolve here, as in a local run
     python: str
     container: containers.ContainerPlan | None
@@ -154,9 +155,9 @@ def place(job: Job, profile: SlurmProfile, job_dir: Path) -> Placement:
         )
         container = containers.plan_container(profile.container_image, cache, job.force_squash)
     python = profile.python or ("python" if container else sys.executable)
-    run_dir = jobs_root / job_dir.name
-    wheel = run_dir / code.wheel_name() if profile.code == "ship" else None
-    return Placement(run_dir=run_dir, workdir=Path.cwd(), python=python, container=container, wheel=wheel)
+    cluster_job_dir = jobs_root / job_dir.name
+    wheel = cluster_job_dir / code.wheel_name() if profile.code == "ship" else None
+    return Placement(job_dir=cluster_job_dir, workdir=Path.cwd(), python=python, container=container, wheel=wheel)
 
 
 class Expansion(str):
@@ -172,8 +173,8 @@ def ray_job_of(job: Job, profile: SlurmProfile, where: Placement) -> ray_job.Ray
     return ray_job.RayJob(
         nodes=profile.nodes,
         gpus_per_node=profile.gpus_per_node,
-        job_dir=PurePosixPath(where.run_dir),
-        run_dir=ray_job.absolute_run_dir(job, where.workdir),
+        job_dir=PurePosixPath(where.job_dir),
+        run_dir=run_directory(job.config, where.workdir),
         python=where.python,
     )
 
@@ -184,7 +185,7 @@ def task_command(job: Job, profile: SlurmProfile, where: Placement) -> list[str]
     if ray_job.uses_nemo_rl(job):
         node = ray_job.node_command(ray_job_of(job, profile, where), Expansion('"$attempt"'))
         return code.on_path(str(where.wheel), node) if where.wheel else node
-    worker = worker_command(where.python, where.run_dir, job.passthrough)
+    worker = worker_command(where.python, where.job_dir, job.passthrough)
     if profile.world_size == 1:
         return code.on_path(str(where.wheel), worker) if where.wheel else worker
     torchrun = [
@@ -197,7 +198,7 @@ def task_command(job: Job, profile: SlurmProfile, where: Placement) -> list[str]
         "/bin/sh",
         "-c",
         RANK_WRAPPER,
-        str(where.run_dir / CHECKPOINTED_FILE),
+        str(where.job_dir / CHECKPOINTED_FILE),
         *worker,
     ]
     task = code.on_path(str(where.wheel), torchrun) if where.wheel else torchrun
@@ -242,7 +243,7 @@ def directives(job: Job, profile: SlurmProfile, where: Placement) -> list[tuple[
         ("mem", profile.mem),
         ("time", profile.time),
         ("exclusive", profile.exclusive or None),
-        ("output", output_pattern(where.run_dir)),
+        ("output", output_pattern(where.job_dir)),
         ("open-mode", "append"),
         ("chdir", where.workdir),
         ("export", "ALL"),
@@ -340,7 +341,7 @@ def _run_lines(srun: str, profile: SlurmProfile, where: Placement) -> list[str]:
     torchrun = profile.world_size > 1
     if not torchrun and not profile.requeue:
         return [srun, ""]
-    marker = shlex.quote(str(where.run_dir / CHECKPOINTED_FILE))
+    marker = shlex.quote(str(where.job_dir / CHECKPOINTED_FILE))
     lines = [f"rm -f {marker}"] if torchrun else []
     lines += ["set +e", srun, "code=$?", "set -e"]
     if torchrun:

@@ -28,7 +28,7 @@ from omegaconf.errors import (
 from pydantic import BaseModel, ValidationError
 
 from rlsteps.catalog import Step, load_catalog
-from rlsteps.engine.config import NEMO_RL_SECTIONS, STEP_SCHEMAS  # torch-free
+from rlsteps.contract.config import NEMO_RL_SECTIONS, STEP_SCHEMAS  # torch-free
 from rlsteps.errors import UsageError
 from rlsteps.launch.job import Job, Mode, sanitise_name
 from rlsteps.plan import resolvers
@@ -105,7 +105,7 @@ def apply_overrides(cfg: DictConfig, overrides: list[str], schema: type[BaseMode
 def _names_a_new_entry(key: str) -> bool:
     """rewards.NAME.FIELD=..., validation.reward_functions.NAME=...: a new entry of a section whose entries the user
     names, with a field such an entry has (any other key of it is still an unknown key)."""
-    from rlsteps.engine.config import RewardEntry  # torch-free
+    from rlsteps.contract.config import RewardEntry  # torch-free
 
     fields_of_entry = {"rewards": set(RewardEntry.model_fields), "validation.reward_functions": {""}}  # "": a value
     for section, fields in fields_of_entry.items():
@@ -118,7 +118,7 @@ def _names_a_new_entry(key: str) -> bool:
 def _check_nemo_rl_key(cfg: DictConfig, key: str) -> None:
     """A key this config lacks: welcome where NeMo-RL's schema has it (its own config, or the pass-through section),
     else refused with the closest key."""
-    from rlsteps.engine.nemo_rl.schema import closest, is_known  # torch-free
+    from rlsteps.nemo_rl.schema import closest, is_known  # torch-free
 
     nemo_rl_key = _nemo_rl_key(cfg, key)
     if nemo_rl_key is None:
@@ -192,12 +192,12 @@ def compile_job(
             fix="pass " + " ".join(f"{key}=VALUE" for key in unset),
         )
     resolved = _resolve(cfg, list(overrides))
-    _validate(step, resolved)
+    validated = _validate(step, resolved)
     algorithm, notes = step.algorithm, []
     if step.algorithm == "nemo_rl_grpo":
-        resolved, algorithm, notes = _nemo_rl_step(step, source, resolved, profile, list(overrides))
+        resolved, algorithm, notes = _nemo_rl_step(step, source, resolved, validated, profile, list(overrides))
         if algorithm != step.algorithm:  # on the embedded engine: the unset keys by their rl/rlhf names
-            from rlsteps.engine.nemo_rl.embedded import embedded_key
+            from rlsteps.nemo_rl.embedded import embedded_key
 
             unset = [embedded_key(key) for key in unset]
     created = datetime.now().astimezone()  # to the microsecond: jobs compiled in one second still list in order
@@ -225,13 +225,18 @@ def compile_job(
 
 
 def _nemo_rl_step(
-    step: Step, source: Path, cfg: dict[str, Any], profile: Profile | None, overrides: list[str]
+    step: Step,
+    source: Path,
+    cfg: dict[str, Any],
+    validated: dict[str, Any],
+    profile: Profile | None,
+    overrides: list[str],
 ) -> tuple[dict[str, Any], str, list[str]]:
     """rl/nemo_rl/rlhf's job config, algorithm and notes for the engine it runs on: NeMo-RL on a Slurm or Lepton
-    profile (engine auto), else the embedded engine with the config mapped onto rl/rlhf's recipe."""
-    from rlsteps.engine.nemo_rl.embedded import EMBEDDED_STEP, to_embedded
+    profile (engine auto), else the embedded engine with the config mapped onto rl/rlhf's recipe. `validated`: cfg
+    with its schema's defaults."""
+    from rlsteps.nemo_rl.embedded import EMBEDDED_STEP, to_embedded
 
-    validated = _validate(step, cfg)
     engine = validated["engine"]
     if engine == "auto":
         engine = "nemo_rl" if profile is not None and profile.executor in ("slurm", "lepton") else "embedded"
@@ -319,13 +324,25 @@ def _validate(step: Step, cfg: dict[str, Any]) -> dict[str, Any]:
     schema = step_schema(step)
     if schema is None:
         raise UsageError(f"{step.id}: no config schema for algorithm '{step.algorithm}'")
+    nemo_rl = step.algorithm == "nemo_rl_grpo"
+    if nemo_rl:
+        from rlsteps.nemo_rl.key_map import with_derived_keys  # torch-free
+
+        cfg = with_derived_keys(cfg)
     try:
-        return schema.model_validate(cfg).model_dump(mode="json")
+        validated = schema.model_validate(cfg).model_dump(mode="json")
     except ValidationError as err:
         problems = [_describe(e) for e in err.errors()]
         keys = [".".join(str(part) for part in e["loc"]) for e in err.errors() if e["type"] != "value_error"]
         fix = f"give {', '.join(dict.fromkeys(keys))} a value of the type it takes" if keys else _SCHEMA_FIX
         raise UsageError("invalid config: " + "; ".join(problems), fix=fix) from None
+    if nemo_rl:
+        from rlsteps.nemo_rl.schema import unknown_keys_problem  # torch-free
+
+        problem = unknown_keys_problem(validated, NEMO_RL_SECTIONS)
+        if problem:
+            raise UsageError("invalid config: " + problem, fix=_SCHEMA_FIX)
+    return validated
 
 
 _SCHEMA_FIX = "change the keys the message names (key=value, or in the config file)"
@@ -333,7 +350,7 @@ _SCHEMA_FIX = "change the keys the message names (key=value, or in the config fi
 
 def worker_config_hash(step: Step, cfg: dict[str, Any]) -> str:
     """The config hash the worker writes into its output artifact for this config."""
-    from rlsteps.engine.records.artifact import config_hash
+    from rlsteps.contract.artifact import config_hash
 
     return config_hash(_validate(step, cfg))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rlsteps.artifacts.inputs import Conversion, lookup, output_ref, produced_type, raise_for, required_here
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
-from rlsteps.engine.records.artifact import input_versions, read_artifact_metadata
+from rlsteps.contract.artifact import input_versions, read_artifact_metadata
 from rlsteps.errors import RunFailed, UsageError
 from rlsteps.launch.base import JobRecord, Submission, get_launcher
 from rlsteps.plan.chain import RUNS_DIR, ChainJob, chain_file, previous_chain, write_chain
@@ -287,7 +287,7 @@ def run_pipeline(catalog: Catalog, request: PipelineRequest, say: Callable[[str]
         try:
             # run here, an upstream output exists by now and is checked as it is; in batch it is still a promise
             promised = plan.request.promised if batch else ()
-            submission = execute(catalog, replace(plan.request, after=after, promised=promised), say=say)
+            submission = execute(catalog, plan.compiled.after(after, promised), say=say)
         except RunFailed as failed:
             fix = (
                 "fix the cause and rerun the same command: finished stages are skipped and this one "

@@ -31,7 +31,7 @@ def measure_of(config: dict[str, Any], say: Callable[[str], None] | None = None)
     limit, policy = lookup(config, "data.max_prompt_tokens"), lookup(config, "inputs.policy")
     if not isinstance(limit, int) or config.get("engine") == "nemo_rl":
         return None
-    from rlsteps.engine.inputs.prompt_tokenizer import tokenizer_from_files  # neither torch nor transformers
+    from rlsteps.contract.prompt_tokenizer import tokenizer_from_files  # neither torch nor transformers
 
     tokenizer, why = tokenizer_from_files(str(policy)) if policy else (None, "inputs.policy is not set")
     if tokenizer is None:
@@ -57,7 +57,7 @@ def refuse_bad_prompt_files(inputs: list[ResolvedInput]) -> None:
 
 
 def _checked(item: ResolvedInput, measure: Measure | None, say: Callable[[str], None] | None) -> ResolvedInput:
-    from rlsteps.engine.inputs.input_check import prompt_file_problem  # torch-free
+    from rlsteps.contract.input_check import prompt_file_problem  # torch-free
 
     if item.required_type != PROMPT_TYPE or item.status != "ok":
         return item

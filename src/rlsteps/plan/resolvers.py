@@ -35,7 +35,7 @@ def _example_path(part: str) -> str:
 
 
 def register() -> None:
-    from rlsteps.engine.nemo_rl.template import register_resolvers  # ${mul:...} and its kin, in NeMo-RL's configs
+    from rlsteps.nemo_rl.template import register_resolvers  # ${mul:...} and its kin, in NeMo-RL's configs
 
     if not OmegaConf.has_resolver("tiny"):
         OmegaConf.register_resolver("tiny", _tiny_path)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlsteps.artifacts.inputs import (
@@ -20,7 +20,8 @@ from rlsteps.artifacts.inputs import (
 )
 from rlsteps.artifacts.store import SCHEME, resolve_reference
 from rlsteps.catalog import Catalog, Step
-from rlsteps.engine.run.run_lock import holder  # standard library only
+from rlsteps.contract.run_files import run_directory
+from rlsteps.contract.run_lock import holder  # standard library only
 from rlsteps.errors import ArtifactError, Interrupted, RlstepsError, RunFailed, Terminated, UsageError
 from rlsteps.launch.base import Launcher, LaunchPlan, Submission, get_launcher
 from rlsteps.launch.job import Job, Mode
@@ -48,13 +49,23 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class Compiled:
+    """A request compiled once: what a dry run shows, and what execute() submits (it compiles nothing again)."""
+
     job: Job
-    plan: LaunchPlan
+    launcher: Launcher
+    plan: LaunchPlan  # against the job directory the job would get (planned_job_dir); execute plans the real one
     job_dir: Path
     inputs: list[ResolvedInput]
     needs: list[str]  # what the run needs that the config does not give yet (key=VALUE lines)
     refused: list[ArtifactError] = field(default_factory=list)  # given inputs the run would refuse (exit 3)
     output_problem: RlstepsError | None = None  # what stops the run from writing into output.dir (exit 2, or 1)
+    promised: tuple[tuple[str, str], ...] = ()  # (input name, type) an earlier pipeline stage will write
+
+    def after(self, job_ids: tuple[str, ...], promised: tuple[tuple[str, str], ...]) -> Compiled:
+        """This compile for a pipeline stage submitted once its upstream stages are: waiting for their batch jobs,
+        and with their outputs promised (batch) or on disk by now (here: checked as they are)."""
+        job = self.job.model_copy(update={"depends_on": list(job_ids)})
+        return replace(self, job=job, promised=promised)
 
 
 def compile_request(catalog: Catalog, request: RunRequest, say: Callable[[str], None] | None = None) -> Compiled:
@@ -89,7 +100,7 @@ def compile_request(catalog: Catalog, request: RunRequest, say: Callable[[str], 
     config = job.config
     for key in job.unset_keys:  # an unset input is "not set" in the dry run's table, not a path named ???
         config = with_value(config, key, None)
-    built_before_run = _tiny_world_built_by(job)
+    built_before_run = _tiny_world_built_by(launcher, job)
     reach = reach_of(launcher, job)
     step = input_step(catalog, step, job)
     inputs = check_inputs(catalog, step, config, dict(request.promised), built_before_run, reach)
@@ -100,13 +111,20 @@ def compile_request(catalog: Catalog, request: RunRequest, say: Callable[[str], 
     plan = launcher.plan(job, job_dir)
     needs = _needs(catalog, step, config, inputs, job.unset_keys)
     if job.algorithm != catalog.find(job.step_id).algorithm:  # said with the keys the user sets (NeMo-RL's)
-        from rlsteps.engine.nemo_rl.embedded import nemo_rl_key  # torch-free
+        from rlsteps.nemo_rl.embedded import nemo_rl_key  # torch-free
 
         needs = [nemo_rl_key(key) + sep + rest for key, sep, rest in (line.partition("=") for line in needs)]
     refused = [error for item in inputs if (error := refusal(catalog, item, reach)) is not None]
-    output = output_dir_problem(job, reach)
     return Compiled(
-        job=job, plan=plan, job_dir=job_dir, inputs=inputs, needs=needs, refused=refused, output_problem=output
+        job=job,
+        launcher=launcher,
+        plan=plan,
+        job_dir=job_dir,
+        inputs=inputs,
+        needs=needs,
+        refused=refused,
+        output_problem=output_dir_problem(job, reach),
+        promised=request.promised,
     )
 
 
@@ -115,7 +133,7 @@ def input_step(catalog: Catalog, step: Step, job: Job) -> Step:
     recipe it runs (rl/nemo_rl/rlhf on the embedded engine runs rl/rlhf's, with rl/rlhf's keys)."""
     if job.algorithm == step.algorithm:
         return step
-    from rlsteps.engine.nemo_rl.embedded import EMBEDDED_STEP  # torch-free
+    from rlsteps.nemo_rl.embedded import EMBEDDED_STEP  # torch-free
 
     return catalog.find(EMBEDDED_STEP)
 
@@ -123,7 +141,7 @@ def input_step(catalog: Catalog, step: Step, job: Job) -> Step:
 def check_processes(launcher: Launcher, job: Job) -> None:
     """Refuse a config the profile's processes cannot split, with every problem at once, before anything is
     written or submitted (the dry run says it too)."""
-    from rlsteps.engine.inputs.world_check import world_size_problems  # torch-free
+    from rlsteps.contract.world_check import world_size_problems  # torch-free
 
     nodes, per_node = launcher.processes(job)
     problems = world_size_problems(job.config, nodes * per_node)
@@ -151,12 +169,12 @@ def _needs(catalog: Catalog, step: Step, config: dict, inputs: list[ResolvedInpu
     return needs + [f"{key}=VALUE" for key in unset if key not in input_keys]
 
 
-def _tiny_world_built_by(job: Job) -> str | None:
+def _tiny_world_built_by(launcher: Launcher, job: Job) -> str | None:
     """The tiny world's folder when this run builds it before it starts (here, or on Slurm's shared filesystem)."""
     from rlsteps.tiny.layout import tiny_world_dir  # torch-free
 
     world = job.config.get("tiny_world")
-    if world is None or not get_launcher(job.executor).sees_local_files:  # built here, where the job can see it
+    if world is None or not launcher.sees_local_files:  # built here, where the job can see it
         return None
     return str(tiny_world_dir(int(world.get("seed", 0))))
 
@@ -171,20 +189,22 @@ def _with_store_references(step: Step, job: Job) -> Job:
     return job if config is job.config else job.model_copy(update={"config": config})
 
 
-def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = print) -> Submission:
-    """Compile, prepare the inputs, write the job directory, and submit."""
-    compiled = compile_request(catalog, request)
-    job = compiled.job
-    launcher = get_launcher(job.executor)
+def execute(catalog: Catalog, compiled: Compiled, say: Callable[[str], None] = print) -> Submission:
+    """Submit a compiled request: the inputs prepared and confirmed, the job directory written. Only what may have
+    changed since the compile is asked again: output.dir (a pipeline sets a stale run aside), and the inputs the
+    compile could not see yet (the tiny world, built here first; an earlier stage's output)."""
+    job, launcher = compiled.job, compiled.launcher
     launcher.check(job)  # a refusal writes nothing
     if launcher.sees_local_files:
         _refuse_run_directory_in_use(job)  # before anything starts: one run per output.dir
-    if compiled.output_problem is not None:
-        raise compiled.output_problem
+    reach = reach_of(launcher, job)
+    output_problem = output_dir_problem(job, reach)
+    if output_problem is not None:
+        raise output_problem
     step = input_step(catalog, catalog.find(job.step_id), job)
-    if _tiny_world_built_by(job) is not None:
+    if _tiny_world_built_by(launcher, job) is not None:
         _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
-    inputs = resolve_inputs(catalog, step, job.config, dict(request.promised), reach_of(launcher, job))
+    inputs = resolve_inputs(catalog, step, job.config, dict(compiled.promised), reach, checked=compiled.inputs)
     if launcher.sees_local_files:  # the job reads this machine's files: check them before it starts
         refuse_bad_prompt_files(inputs)
     job_dir = create_job_dir(job)
@@ -209,21 +229,22 @@ def execute(catalog: Catalog, request: RunRequest, say: Callable[[str], None] = 
 def output_dir_problem(job: Job, reach: Reach) -> RlstepsError | None:
     """What would stop the run from writing into its output.dir, asked on this machine when the job's machines see
     its files (not under the profile's cluster paths); None when nothing would, or where it cannot be asked."""
-    from rlsteps.engine.checkpoints.disk import first_checkpoint_bytes  # torch-free
-    from rlsteps.engine.checkpoints.resume import CHECKPOINTS_DIR, CheckpointManager
-    from rlsteps.engine.run.output_dir import output_dir_problem as problem_of
+    from rlsteps.contract.disk import first_checkpoint_bytes  # torch-free
+    from rlsteps.contract.output_dir import output_dir_problem as problem_of
+    from rlsteps.contract.run_files import CHECKPOINTS_DIR, next_checkpoint_bytes
 
     run_dir = _local_run_dir(job)
     if run_dir is None or not reach.sees_local_files or any(_under(run_dir, p) for p in reach.cluster_paths):
         return None
     policy = lookup(job.config, "inputs.policy")
     hint = first_checkpoint_bytes(Path(str(policy))) if policy else None
-    return problem_of(run_dir, CheckpointManager(run_dir / CHECKPOINTS_DIR, size_hint=hint).needed_bytes())
+    return problem_of(run_dir, next_checkpoint_bytes(run_dir / CHECKPOINTS_DIR, hint))
 
 
 def _local_run_dir(job: Job) -> Path | None:
-    run_dir = (job.config.get("output") or {}).get("dir")
-    return Path(str(run_dir)).absolute() if run_dir and "???" not in str(run_dir) else None
+    """output.dir on this machine (a relative one under the directory rlsteps runs in); None while unset."""
+    run_dir = run_directory(job.config, Path.cwd())
+    return None if run_dir is None else Path(run_dir)
 
 
 def _under(path: Path, folder: str) -> bool:
@@ -233,10 +254,10 @@ def _under(path: Path, folder: str) -> bool:
 def _refuse_run_directory_in_use(job: Job) -> None:
     """A run directory whose lock a live run holds is refused now, in seconds, naming that run and how to stop it
     (the worker's own claim of the lock is what counts; this is the early answer)."""
-    run_dir = (job.config.get("output") or {}).get("dir")
-    found = holder(Path(str(run_dir))) if run_dir else None
+    run_dir = _local_run_dir(job)
+    found = holder(run_dir) if run_dir is not None else None
     if found is not None:
-        problem = f"output.dir {run_dir} is in use by {found.describe()}: one run per output.dir"
+        problem = f"output.dir {job.config['output']['dir']} is in use by {found.describe()}: one run per output.dir"
         raise UsageError(problem, fix=found.fix())
 
 
@@ -256,7 +277,7 @@ def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:
 
 
 def _check_worker_arguments(passthrough: list[str]) -> None:
-    from rlsteps.engine.run.worker import build_parser, unknown_worker_arguments  # torch-free
+    from rlsteps.contract.worker_args import build_parser, unknown_worker_arguments  # torch-free
 
     unknown = unknown_worker_arguments(passthrough)
     if unknown:

@@ -11,7 +11,7 @@ import re
 import signal
 from pathlib import Path
 
-from rlsteps.engine.records.metrics import read_metrics
+from rlsteps.contract.run_files import METRICS_FILE, read_metrics
 from rlsteps.errors import InputRefusedInJob, RlstepsError, RunFailed, UsageError
 
 PEAK_MEMORY_KEYS = ("perf/peak_memory_gb", "perf/peak_rss_gb")  # a GPU's allocator peak, else the process's RSS
@@ -31,7 +31,7 @@ def worker_failure(step_id: str, code: int, job_dir: Path, run_dir: Path | None)
 
 def _cause_left(job_dir: Path) -> tuple[str | None, str | None]:
     """The failed worker's last error line (FAILURE_FILE) and the fix at its end, if it wrote one."""
-    from rlsteps.engine.run.worker_log import FAILURE_FILE  # torch-free
+    from rlsteps.contract.run_files import FAILURE_FILE  # torch-free
 
     try:
         line = (job_dir / FAILURE_FILE).read_text().strip()
@@ -62,7 +62,7 @@ def _signal_cause(number: int, run_dir: Path | None) -> tuple[str, str] | None:
 def peak_memory_logged(run_dir: Path | None) -> str:
     """The highest peak memory the run wrote to metrics.jsonl, in words."""
     try:
-        records = read_metrics(run_dir / "metrics.jsonl") if run_dir is not None else []
+        records = read_metrics(run_dir / METRICS_FILE) if run_dir is not None else []
     except (OSError, ValueError):  # no metrics yet, or a file someone else broke
         records = []
     for key in PEAK_MEMORY_KEYS:

@@ -122,7 +122,10 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         policy.save_pretrained(root / "policy")
         shutil.copytree(root / "tokenizer", root / "policy", dirs_exist_ok=True)
         log("writing the policy as a Megatron-Core distributed checkpoint too")
-        save_megatron_checkpoint(policy, AutoTokenizer.from_pretrained(root / "policy"), root / "policy_megatron")
+        # local_files_only given, not read from the environment (HF_HUB_OFFLINE): the tokenizer records it in the
+        # tokenizer_config.json it saves, and the world's bytes must not depend on where it was built
+        tokenizer_read_back = AutoTokenizer.from_pretrained(root / "policy", local_files_only=True)
+        save_megatron_checkpoint(policy, tokenizer_read_back, root / "policy_megatron")
 
         log("Bradley-Terry training of the reward model")
         reward_model = reward_model_from_policy(policy)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from rlsteps.contract.config import GRPOConfig
 from rlsteps.engine.algorithms.groups import (
     group_mean,
     group_std,
@@ -23,7 +24,6 @@ from rlsteps.engine.algorithms.groups import (
     number_of_groups,
 )
 from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
-from rlsteps.engine.config import GRPOConfig
 
 
 def group_advantages(

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rlsteps.contract.config import RecipeConfig
 from rlsteps.engine.algorithms.sampler_gap import IMPORTANCE_WEIGHTS, sampler_gap_stats, truncated_importance_weights
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.config import RecipeConfig
 
 if TYPE_CHECKING:  # for annotations only: the math needs no reward client
-    from rlsteps.engine.rewards.sources import Scores
+    from rlsteps.engine.rewards.scores import Scores
 
 LogprobFn = Callable[[RolloutBatch], torch.Tensor]  # batch -> [B, T-1] fp32, no grad
 ROW_MASK = "row_mask"  # extras key: [B] float, 0 = the row stays out of the loss

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from rlsteps.contract.config import ReinforceConfig
 from rlsteps.engine.algorithms.groups import leave_one_out_mean
 from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.config import ReinforceConfig
 
 
 def sequence_kl(

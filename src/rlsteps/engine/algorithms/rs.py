@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from rlsteps.contract.config import RSConfig
 from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
-from rlsteps.engine.config import RSConfig
 
 
 def select_topk(rewards: torch.Tensor, group_index: torch.Tensor, top_n: int) -> torch.Tensor:

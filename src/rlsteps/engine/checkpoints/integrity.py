@@ -22,6 +22,7 @@ from pathlib import Path
 
 from fsspec.implementations.local import LocalFileSystem
 
+from rlsteps.contract.weight_files import dcp_damage, hf_damage, zip_damage
 from rlsteps.engine.checkpoints.resume import (
     POLICY_DIR,
     REQUIRED_INFO,
@@ -32,7 +33,6 @@ from rlsteps.engine.checkpoints.resume import (
     CheckpointManager,
 )
 from rlsteps.engine.distributed import SINGLE, World, from_main
-from rlsteps.engine.inputs.weight_files import dcp_damage, hf_damage, zip_damage
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,23 +41,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rlsteps.engine.checkpoints import disk
+from rlsteps.contract import disk
+from rlsteps.contract.run_files import (
+    COMPLETE,
+    checkpoint_step,
+    complete_checkpoints,
+    next_checkpoint_bytes,
+)
 from rlsteps.engine.distributed import SINGLE, World, barrier, from_main
 from rlsteps.engine.records.metrics import to_json_number
 from rlsteps.errors import DiskFull
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINTS_DIR = "checkpoints"  # <run dir>/checkpoints/step_<N>
 POLICY_DIR = "policy"
 STATE_DIR = "state"
 TRAINER_STATE = "trainer_state.pt"
 TRAINING_INFO = "training_info.json"
-COMPLETE = "COMPLETE"
 TMP_PREFIX = "tmp_"  # tmp_step_<N>: a save in progress
 TRASH_PREFIX = "trash_"  # trash_step_<N>: a checkpoint being replaced or pruned
 REQUIRED_INFO = ("consumed_samples", "epoch", "optimizer_steps")
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 class CheckpointError(RuntimeError):
@@ -142,8 +144,7 @@ class CheckpointManager:
 
     def needed_bytes(self) -> int:
         """What the next checkpoint takes on disk: the latest one's size, else the size hint (0 without one)."""
-        latest = self.latest()
-        return disk.tree_bytes(latest) if latest is not None else (self.size_hint or 0)
+        return next_checkpoint_bytes(self.root, self.size_hint)
 
     def check_room(self, world: World = SINGLE) -> None:
         """DiskFull on every process when the disk of `root` has no room for the next checkpoint."""
@@ -230,10 +231,7 @@ class CheckpointManager:
 
     def list(self) -> list[Path]:
         """Complete checkpoints, oldest step first."""
-        if not self.root.is_dir():
-            return []
-        found = [p for p in self.root.iterdir() if _STEP_DIR.match(p.name) and (p / COMPLETE).is_file()]
-        return sorted(found, key=_step_of)
+        return complete_checkpoints(self.root)
 
     def latest(self) -> Path | None:
         checkpoints = self.list()
@@ -284,14 +282,14 @@ class CheckpointManager:
         for path in self.list():
             value = _read_training_info(path / TRAINING_INFO).get("metrics", {}).get(self.metric)
             if value is not None:
-                scored.append(((value if self.mode == "max" else -value), _step_of(path), path))
+                scored.append(((value if self.mode == "max" else -value), checkpoint_step(path), path))
         return [path for *_, path in sorted(scored, reverse=True)]
 
     def _prune(self, keep: Path) -> None:
         # Checkpoints after the one just written belong to a run this one superseded (it resumed
         # from an earlier step); left in place, latest() would resume the abandoned run.
         for path in self.list():
-            if _step_of(path) > _step_of(keep):
+            if checkpoint_step(path) > checkpoint_step(keep):
                 logger.warning("removing %s: superseded by %s (this run resumed from an earlier step)", path, keep)
                 self._delete(path)
         checkpoints = self.list()
@@ -362,10 +360,6 @@ def _read_training_info(path: Path) -> dict:
 
 def _bytes_in(directory: Path) -> int:
     return disk.tree_bytes(directory) if directory.is_dir() else 0
-
-
-def _step_of(path: Path) -> int:
-    return int(_STEP_DIR.match(path.name).group(1))
 
 
 def _remove_checkpoint_dir(path: Path) -> None:

@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
+from rlsteps.contract.config import RolloutConfig
+from rlsteps.contract.prompts import Prompt, encode_prompt_text
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.config import RolloutConfig
 from rlsteps.engine.generation.backend import Generation, GenerationBackend, SamplingParams
 from rlsteps.engine.generation.builtin import BuiltinBackend
 from rlsteps.engine.generation.sizing import CPU_BATCH
 from rlsteps.engine.generation.uniforms import splitmix64
-from rlsteps.engine.inputs.data import Prompt, encode_prompt_text
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -135,7 +135,7 @@ def check_prompt_positions(positions: Sequence[int], count: int) -> None:
 
 
 def tokenize_prompts(prompts: list[Prompt], tokenizer: Any) -> list[list[int]]:
-    """Token ids of each rendered prompt; the BOS rule is in data.encode_prompt_text."""
+    """Token ids of each rendered prompt; the BOS rule is in rlsteps.contract.prompts.encode_prompt_text."""
     return [encode_prompt_text(prompt.text, tokenizer) for prompt in prompts]
 
 

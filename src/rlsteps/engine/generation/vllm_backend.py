@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlsteps.engine.config import VllmConfig
+from rlsteps.contract.config import VllmConfig
 from rlsteps.engine.generation.backend import Generation, SamplingParams, check_requests
 from rlsteps.engine.policy.lora import has_adapters, merged_parameters
 

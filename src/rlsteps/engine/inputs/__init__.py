@@ -1,2 +1,2 @@
-"""What comes into a run and whether it is usable: prompt data, artifact detection, the input checks, and what a
-process count needs of a config."""
+"""What a run trains on: its prompts read (through rlsteps.contract.prompts, where the input checks also live) and
+their order."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rlsteps.engine.megatron import TOKENIZER_DIR, TRACKER_FILE, find_checkpoint_dir, iteration_folder
+from rlsteps.contract.megatron_files import TOKENIZER_DIR, TRACKER_FILE, find_checkpoint_dir, iteration_folder
 from rlsteps.engine.megatron.common_state import load_in_this_process
 from rlsteps.engine.megatron.compat import import_megatron, in_process_write_results, megatron_runtime
 from rlsteps.engine.megatron.layout import (

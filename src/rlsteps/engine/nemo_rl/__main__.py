@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> None:
     unable = preflight.problem(preflight.CHECKPOINT_NEEDS)
     if unable:
         raise RuntimeError(unable)
+    from rlsteps.contract.worker_args import load_config
     from rlsteps.engine.nemo_rl import stages
     from rlsteps.engine.records.output import job_record
-    from rlsteps.engine.run.worker import load_config
 
     cfg = load_config(args.config)
     job = job_record(args.config)
@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s [{args.stage}] %(message)s", stream=sys.stderr)
-    from rlsteps.engine.inputs.data import PromptFileError
-    from rlsteps.engine.inputs.input_check import EXIT_INPUT, InputProblem
+    from rlsteps.contract.input_check import EXIT_INPUT, InputProblem
+    from rlsteps.contract.prompts import PromptFileError
 
     try:
         run(args)

@@ -15,7 +15,7 @@ from typing import Any
 
 import fsspec
 
-from rlsteps.engine.inputs.data import GYM_ROW_KEY, Prompt, PromptFileError, load_prompts
+from rlsteps.contract.prompts import GYM_ROW_KEY, Prompt, PromptFileError, load_prompts
 
 GYM_ALGORITHMS = ("grpo", "nemo_rl_grpo")  # the recipes whose rewards come from NeMo-Gym's judge
 

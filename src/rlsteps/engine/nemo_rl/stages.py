@@ -23,8 +23,8 @@ import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from rlsteps.contract.nemo_rl_job import NemoRlPaths, optimizer_steps_per_step
 from rlsteps.engine.nemo_rl.data import write_rows
-from rlsteps.engine.nemo_rl.layout import NemoRlPaths
 
 log = logging.getLogger("rlsteps")
 STEP_DIR = re.compile(r"step_(\d+)")  # NeMo-RL's finished checkpoints; tmp_step_N is one still being written
@@ -56,7 +56,7 @@ def paths_of(cfg: Any) -> NemoRlPaths:
 
 
 def prepare(cfg: Any, job: dict[str, Any]) -> None:
-    from rlsteps.engine.inputs.input_check import check_inputs_in_job
+    from rlsteps.contract.input_check import check_inputs_in_job
 
     for checked in check_inputs_in_job(job.get("inputs_in_job") or []):
         log.info("input '%s': %s is a %s (checked in the job)", checked.name, checked.ref, checked.required_type)
@@ -72,7 +72,7 @@ def prepare(cfg: Any, job: dict[str, Any]) -> None:
 
 def place_policy(source: Path, target: Path) -> None:
     """The policy where NeMo-RL loads it: converted to HF from checkpoint_megatron, else a link to the HF folder."""
-    from rlsteps.engine.inputs.input_check import missing
+    from rlsteps.contract.input_check import missing
     from rlsteps.engine.policy.model import is_megatron_checkpoint
 
     if target.exists():
@@ -153,8 +153,8 @@ def copy_missing_tokenizer(sources: list[Path], hf_dir: Path) -> None:
 
 def finish(cfg: Any, job: dict[str, Any]) -> Path:
     """NeMo-RL's last checkpoint as <output.dir>/policy in output.type; the artifact's path."""
+    from rlsteps.contract.artifact import input_versions
     from rlsteps.engine.policy.model import load_policy
-    from rlsteps.engine.records.artifact import input_versions
     from rlsteps.engine.records.output import write_policy_output
 
     paths = paths_of(cfg)
@@ -173,8 +173,6 @@ def counters_of(checkpoint: Path, cfg: dict[str, Any]) -> dict[str, int]:
     """rlsteps's counters from NeMo-RL's GRPOSaveState: step = total_steps (the GRPO steps of the run; N of step_N
     without it), consumed_samples (prompts, as rlsteps counts them), epoch = current_epoch, and optimizer_steps
     (NeMo-RL makes a fixed number per GRPO step)."""
-    from rlsteps.engine.nemo_rl.schedule import optimizer_steps_per_step
-
     info = json.loads((checkpoint / TRAINING_INFO).read_text())
     named = int(STEP_DIR.fullmatch(checkpoint.name).group(1))
     step = int(info.get("total_steps", named))

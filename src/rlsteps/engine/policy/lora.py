@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlsteps.engine.config import LoraConfig
+from rlsteps.contract.config import LoraConfig
 from rlsteps.errors import UsageError
 
 ADAPTER_NAME = "default"  # peft's name for a model's one adapter

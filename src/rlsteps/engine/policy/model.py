@@ -59,7 +59,7 @@ def is_megatron_checkpoint(path: Path) -> bool:
     """A checkpoint root or iter folder (a tracker file that points nowhere counts, so its error is the one shown)."""
     from fsspec.implementations.local import LocalFileSystem
 
-    from rlsteps.engine.megatron import TRACKER_FILE, find_checkpoint_dir
+    from rlsteps.contract.megatron_files import TRACKER_FILE, find_checkpoint_dir
 
     return (path / TRACKER_FILE).is_file() or find_checkpoint_dir(LocalFileSystem(), str(path.absolute()))[
         0

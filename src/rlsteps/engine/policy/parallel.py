@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlsteps.engine.config import LoraConfig
+from rlsteps.contract.config import LoraConfig
 from rlsteps.engine.distributed import World
 
 

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
+from rlsteps.contract.run_files import read_metrics
+
 logger = logging.getLogger(__name__)
 
 RESERVED_KEYS = ("step", "time")
@@ -209,33 +211,6 @@ def _open_wandb(init_kwargs: dict) -> Any:
         logger.warning("wandb is configured but not installed (pip install wandb); metrics go to the JSONL file only")
         return None
     return wandb.init(**init_kwargs)
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics file, in order.
-
-    A truncated last line (a crash mid-write) is skipped. When the step goes backwards, the run
-    was resumed from a checkpoint: the earlier records of the steps it repeats are dropped.
-    """
-    path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    records: list[dict] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            if number == len(lines):
-                logger.warning("%s: skipped a truncated last line", path)
-                break
-            raise ValueError(
-                f"{path}, line {number}: not valid JSON ({error}); the file is corrupt: fix or remove that line"
-            ) from error
-        if records and record["step"] < records[-1]["step"]:
-            records = [r for r in records if r["step"] < record["step"]]
-        records.append(record)
-    return records
 
 
 def metric_series(records: list[dict], key: str) -> tuple[list[int], list[float]]:

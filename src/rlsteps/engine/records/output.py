@@ -31,9 +31,9 @@ def write_policy_output(
     engine: str = "embedded",
 ) -> Path:
     """<output.dir>/policy in cfg.output.type, written whole or not at all (engine.artifact.write_artifact)."""
+    from rlsteps.contract.artifact import config_hash, write_artifact
     from rlsteps.engine.policy.lora import ADAPTER_DIR, has_adapters, merged_model, save_adapter
     from rlsteps.engine.policy.model import save_policy
-    from rlsteps.engine.records.artifact import config_hash, write_artifact
     from rlsteps.install import source, version
 
     form = cfg.output.type

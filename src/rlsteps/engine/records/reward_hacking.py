@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from rlsteps.engine.config import RewardHackingConfig
+from rlsteps.contract.config import RewardHackingConfig
 from rlsteps.engine.records.metrics import append_whole, drop_partial_last_line, metric_series, open_records
 
 if TYPE_CHECKING:

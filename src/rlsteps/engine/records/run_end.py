@@ -7,6 +7,7 @@ import logging
 import subprocess
 from pathlib import Path
 
+from rlsteps.contract.run_files import METRICS_FILE, read_metrics
 from rlsteps.engine.records import metrics
 from rlsteps.engine.records.reward_hacking import RECORD_FILE, recorded_signs
 
@@ -23,7 +24,7 @@ CONTRADICTION_LIMIT = 0.25
 
 def summarise(run_dir: Path, extra_keys: list[str]) -> None:
     """The first and last value of the run's main figures, and what failed along the way, said in the log."""
-    records = metrics.read_metrics(run_dir / "metrics.jsonl")
+    records = read_metrics(run_dir / METRICS_FILE)
     for key in SUMMARISED + extra_keys:
         steps, values = metrics.metric_series(records, key)
         if len(values) >= 2:
@@ -72,7 +73,7 @@ def start_plot(run_dir: Path, extra_keys: list[str]) -> subprocess.Popen | None:
     `extra_keys`); None where none can start."""
     keys = PLOTTED[:2] + extra_keys + PLOTTED[2:]
     try:
-        return metrics.start_plot(run_dir / "metrics.jsonl", run_dir / "metrics.png", keys)
+        return metrics.start_plot(run_dir / METRICS_FILE, run_dir / "metrics.png", keys)
     except OSError as error:
         log.warning("no metrics plot: %s", error)
         return None

@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.records.metrics import append_whole, drop_partial_last_line, open_records
-from rlsteps.engine.rewards.sources import Scores
+from rlsteps.engine.rewards.scores import Scores
 
 
 def sample_records(

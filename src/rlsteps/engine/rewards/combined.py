@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlsteps.engine.config import RecipeConfig
-from rlsteps.engine.rewards.sources import RewardSource, Scores, term_source
+from rlsteps.contract.config import RecipeConfig
+from rlsteps.engine.rewards.scores import RewardSource, Scores
+from rlsteps.engine.rewards.sources import term_source
 
 if TYPE_CHECKING:
     import torch

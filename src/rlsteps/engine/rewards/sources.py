@@ -12,17 +12,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from rlsteps.engine.config import RecipeConfig, RewardEntry
+from rlsteps.contract.config import RecipeConfig, RewardEntry
 from rlsteps.engine.rewards.functions import FunctionScorer
 from rlsteps.engine.rewards.process import LocalServer
+from rlsteps.engine.rewards.scores import RewardSource, Scores, nothing_to_wait_for
 
 if TYPE_CHECKING:  # torch is imported where a score is made: a worker starts its server before it imports torch
-    import torch
-
     from rlsteps.engine.batch import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -37,35 +35,6 @@ JUDGE_CLIENT_OPTIONS = {
     "api_key", "concurrency", "timeout_s", "max_retries", "temperature", "top_p", "max_tokens", "pairing",
     "both_orders", "principle", "structured_output", "extra_body",
 }  # fmt: skip
-
-
-@dataclass
-class Scores:
-    rewards: torch.Tensor  # [B] float
-    valid: torch.Tensor  # [B] bool
-    metrics: dict[str, float] = field(default_factory=dict)
-    details: list[dict] | None = None  # [B] what a sample record shows beside the reward (a judge's answers)
-
-    def select(self, rows: list[int]) -> Scores:
-        """The scores of the given rows (the batch's metrics stay whole)."""
-        return Scores(
-            rewards=self.rewards[rows],
-            valid=self.valid[rows],
-            metrics=self.metrics,
-            details=None if self.details is None else [self.details[i] for i in rows],
-        )
-
-
-class RewardSource(Protocol):
-    def score(self, batch: RolloutBatch) -> Scores: ...
-
-    def score_alone(self, batch: RolloutBatch) -> Scores:
-        """Scores of one response per prompt (greedy validation)."""
-        ...
-
-
-def nothing_to_wait_for() -> None:
-    return None
 
 
 class RewardModelSource:

@@ -16,19 +16,14 @@ from pathlib import Path
 
 import torch
 
+from rlsteps.contract.config import RecipeConfig
+from rlsteps.contract.disk import checkpoint_estimate, disk_full, is_disk_full
+from rlsteps.contract.run_files import CHECKPOINTS_DIR
 from rlsteps.engine.algorithms.recipe import Recipe
-from rlsteps.engine.checkpoints.disk import checkpoint_estimate, disk_full, is_disk_full
 from rlsteps.engine.checkpoints.integrity import DAMAGED_PREFIX, set_aside_damaged
-from rlsteps.engine.checkpoints.resume import (
-    CHECKPOINTS_DIR,
-    STATE_DIR,
-    CheckpointError,
-    CheckpointManager,
-    restore_rng_state,
-)
+from rlsteps.engine.checkpoints.resume import STATE_DIR, CheckpointError, CheckpointManager, restore_rng_state
 from rlsteps.engine.checkpoints.rewind import rewind_records
 from rlsteps.engine.checkpoints.train_state import read_train_state
-from rlsteps.engine.config import RecipeConfig
 from rlsteps.engine.device import resolve_device
 from rlsteps.engine.distributed import (
     SINGLE,
@@ -57,7 +52,7 @@ from rlsteps.engine.records.throughput import (
     peak_flops,
 )
 from rlsteps.engine.rewards.functions import FunctionScorer
-from rlsteps.engine.rewards.sources import RewardSource
+from rlsteps.engine.rewards.scores import RewardSource
 from rlsteps.engine.run import signals
 from rlsteps.engine.run.step import Counters, StepRun
 from rlsteps.engine.run.update import PolicyUpdate

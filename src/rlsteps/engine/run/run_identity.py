@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlsteps.engine.checkpoints.disk import FULL_ERRNOS, disk_full
+from rlsteps.contract.disk import FULL_ERRNOS, disk_full
 from rlsteps.errors import UsageError
 
 RUN_FILE = "run.json"

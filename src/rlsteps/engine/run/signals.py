@@ -25,13 +25,12 @@ import signal
 import threading
 from types import FrameType
 
+from rlsteps.contract.run_files import EXIT_FILE_ENV, STOP_WITH_PARENT, TERMINAL_LOG
+
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped on request after a checkpoint; run again to go on
 EXIT_TERMINATED = 128 + signal.SIGTERM
 CHECKPOINT_SIGNAL = signal.SIGUSR1
-STOP_WITH_PARENT = "RLSTEPS_STOP_WITH_PARENT"  # set by the local launcher: the worker ends with its starter
 PARENT_POLL_S = 0.5
-EXIT_FILE_ENV = "RLSTEPS_EXIT_FILE"  # set by the local launcher: where the worker writes its exit code
-TERMINAL_LOG = "worker.log"  # beside the exit-code file: what the worker writes to a terminal no one reads
 
 STOP_GRACE_S = float(os.environ.get("RLSTEPS_STOP_GRACE_S", "30"))  # the step in progress may end this long after
 

@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from rlsteps.contract.config import RecipeConfig
+from rlsteps.contract.prompts import Prompt
 from rlsteps.engine.algorithms.recipe import Recipe, rollout_stats
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.checkpoints.resume import (
@@ -27,7 +29,6 @@ from rlsteps.engine.checkpoints.resume import (
     capture_rng_state,
 )
 from rlsteps.engine.checkpoints.train_state import write_train_state
-from rlsteps.engine.config import RecipeConfig
 from rlsteps.engine.distributed import (
     SINGLE,
     World,
@@ -38,7 +39,7 @@ from rlsteps.engine.distributed import (
     row_weighted_mean,
 )
 from rlsteps.engine.generation.rollouts import Sampler
-from rlsteps.engine.inputs.data import Prompt, prompt_indices
+from rlsteps.engine.inputs.data import prompt_indices
 from rlsteps.engine.policy.logprobs import batched_token_logprobs
 from rlsteps.engine.policy.lora import adapters_off, has_adapters
 from rlsteps.engine.policy.parallel import (
@@ -57,7 +58,7 @@ from rlsteps.engine.records.throughput import (
     reset_peak_memory,
 )
 from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionFailed
-from rlsteps.engine.rewards.sources import RewardSource, Scores
+from rlsteps.engine.rewards.scores import RewardSource, Scores
 from rlsteps.engine.run.update import PolicyUpdate, UpdateResult
 
 log = logging.getLogger(__name__)

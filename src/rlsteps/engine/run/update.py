@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rlsteps.contract.config import TrainConfig
 from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.batch import RolloutBatch
-from rlsteps.engine.config import TrainConfig
 from rlsteps.engine.distributed import (
     SINGLE,
     World,

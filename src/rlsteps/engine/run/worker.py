@@ -4,10 +4,10 @@ It reads the compiled config (secrets arrive through the environment). A recipe 
 the reward source, runs the shared loop, and writes the typed output artifact and a metrics plot;
 a convert step reads the checkpoint and writes it in the other form.
 
-Before anything else it asks whether its Python can run the engine (engine.preflight), so the module
-imports only the standard library at the top: a missing dependency is one line, not an import traceback.
-Then the main process claims the run directory (engine.run_lock) for its whole life: a second run into the same
-output.dir stops at once with exit 2, naming the run that holds it.
+Before anything else it asks whether its Python can run the engine (rlsteps.engine.run.preflight), so the module
+imports only the standard library at the top (its command line is rlsteps.contract.worker_args): a missing dependency
+is one line, not an import traceback. Then the main process claims the run directory (rlsteps.contract.run_lock) for
+its whole life: a second run into the same output.dir stops at once with exit 2, naming the run that holds it.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import rlsteps
+from rlsteps.contract.worker_args import build_parser, load_config
 from rlsteps.engine.run import preflight
 
 if TYPE_CHECKING:
-    from rlsteps.engine.config import ConvertConfig, RecipeConfig
+    from rlsteps.contract.config import ConvertConfig, RecipeConfig
 
     StepConfig = RecipeConfig | ConvertConfig
 
@@ -33,24 +34,14 @@ log = logging.getLogger("rlsteps")
 _held: list[Any] = []  # the run directory's lock, held until the process ends
 
 
-def load_config(path: Path) -> StepConfig:
-    from omegaconf import OmegaConf
-
-    from rlsteps.engine.config import STEP_SCHEMAS
-
-    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    schema = STEP_SCHEMAS[raw["algorithm"]]
-    return schema.model_validate(raw)
-
-
 def run(config_path: Path, log_level: str = "info") -> int:
-    from rlsteps.engine.config import ConvertConfig
+    from rlsteps.contract.artifact import input_versions
+    from rlsteps.contract.config import ConvertConfig
+    from rlsteps.contract.input_check import check_inputs_in_job
+    from rlsteps.contract.output_dir import make_output_dir
     from rlsteps.engine.distributed import world_from_env
-    from rlsteps.engine.inputs.input_check import check_inputs_in_job
-    from rlsteps.engine.records.artifact import input_versions
     from rlsteps.engine.records.output import job_record, write_policy_output
     from rlsteps.engine.run import signals
-    from rlsteps.engine.run.output_dir import make_output_dir
     from rlsteps.engine.run.worker_log import log_to
 
     cfg = load_config(config_path)
@@ -59,7 +50,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
     log_to(None, log_level, world.rank)  # the terminal alone until the run directory is known to be usable
     make_output_dir(run_dir)
     if world.is_main and not _claim(run_dir, config_path):  # before a line is written there
-        from rlsteps.engine.run.run_lock import EXIT_IN_USE
+        from rlsteps.contract.run_lock import EXIT_IN_USE
 
         return EXIT_IN_USE
     log_to(run_dir / ("train.log" if world.is_main else f"train.rank{world.rank}.log"), log_level, world.rank)
@@ -113,7 +104,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
 
 def _claim(run_dir: Path, config_path: Path) -> bool:
     """Hold the run directory's lock; False (and why, on stderr) when another live run holds it."""
-    from rlsteps.engine.run.run_lock import RunDirectoryLocked, RunLock
+    from rlsteps.contract.run_lock import RunDirectoryLocked, RunLock
 
     job_dir = config_path.resolve().parent
     try:
@@ -126,7 +117,7 @@ def _claim(run_dir: Path, config_path: Path) -> bool:
 
 def _refuse_world_size(cfg: StepConfig, world_size: int) -> None:
     """A world the step cannot be split over (the launchers refuse it before submitting; torchrun by hand may not)."""
-    from rlsteps.engine.inputs.world_check import world_size_problems
+    from rlsteps.contract.world_check import world_size_problems
 
     problems = world_size_problems(cfg.model_dump(mode="json"), world_size)
     if problems:
@@ -135,7 +126,7 @@ def _refuse_world_size(cfg: StepConfig, world_size: int) -> None:
 
 def _finished_output(cfg: StepConfig, run_dir: Path, versions: dict[str, str]) -> str | None:
     """What the run produced, when its output was written from this very config and these input versions."""
-    from rlsteps.engine.records.artifact import config_hash, read_artifact_metadata
+    from rlsteps.contract.artifact import config_hash, read_artifact_metadata
     from rlsteps.engine.records.output import OUTPUT_NAME
 
     target = run_dir / OUTPUT_NAME
@@ -153,7 +144,7 @@ def _finished_output(cfg: StepConfig, run_dir: Path, versions: dict[str, str]) -
 def _check_megatron_output(cfg: StepConfig) -> None:
     """A run that could not write its Megatron output fails now, not after training: no megatron-core,
     or a Hugging Face policy whose architecture has no Megatron GPT layout."""
-    from rlsteps.engine.config import ConvertConfig
+    from rlsteps.contract.config import ConvertConfig
     from rlsteps.engine.megatron.compat import require_megatron
     from rlsteps.engine.megatron.layout import LayoutError, gpt_shape
 
@@ -171,7 +162,8 @@ def _check_megatron_output(cfg: StepConfig) -> None:
 
 def _start_rewards(cfg: RecipeConfig, run_dir: Path, servers: contextlib.ExitStack) -> Any:
     """Claim the run directory, then start the reward source (a local server loads while the worker goes on)."""
-    from rlsteps.engine.checkpoints.resume import CHECKPOINTS_DIR, CheckpointManager
+    from rlsteps.contract.run_files import CHECKPOINTS_DIR
+    from rlsteps.engine.checkpoints.resume import CheckpointManager
     from rlsteps.engine.rewards.combined import open_reward_source
     from rlsteps.engine.run.run_identity import claim_run_directory
 
@@ -216,8 +208,9 @@ def _measured_prompts(cfg: RecipeConfig) -> Any:
     """Every prompt the run reads, rendered with the policy's tokenizer and measured against max_prompt_tokens,
     before the policy loads (while its reward server starts): a bad line is exit 3 with its file:line in seconds.
     The prompts go on to the loop, which then does not read them again."""
-    from rlsteps.engine.inputs.data import PromptFileError, load_run_prompts
-    from rlsteps.engine.inputs.input_check import InputProblem
+    from rlsteps.contract.input_check import InputProblem
+    from rlsteps.contract.prompts import PromptFileError
+    from rlsteps.engine.inputs.data import load_run_prompts
     from rlsteps.engine.policy.model import load_policy_tokenizer
 
     try:
@@ -247,29 +240,6 @@ def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:
     return model, tokenizer, {}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The worker's arguments; `rlsteps run STEP ... -- ARGS` passes ARGS here (checked before any job starts)."""
-    parser = argparse.ArgumentParser(prog="python -m rlsteps.engine.run.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("config", type=Path, help="the compiled config.yaml in the job directory")
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="how much the worker logs (default info)",
-    )
-    return parser
-
-
-def unknown_worker_arguments(passthrough: list[str]) -> list[str]:
-    """The words of `passthrough` the worker would not accept (torch-free: the compiler calls it)."""
-    words = [w for w in passthrough if w not in ("-h", "--help")]  # valid, but parsing them would exit
-    try:
-        _, unknown = build_parser().parse_known_args(["config.yaml", *words])
-    except SystemExit:  # a known option with a bad value; argparse has printed why
-        return words
-    return unknown
-
-
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     unable = preflight.problem()
@@ -290,8 +260,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
+    from rlsteps.contract.input_check import EXIT_INPUT, InputProblem
     from rlsteps.engine.checkpoints.resume import CheckpointError
-    from rlsteps.engine.inputs.input_check import EXIT_INPUT, InputProblem
     from rlsteps.errors import RlstepsError
 
     try:

@@ -12,11 +12,10 @@ import os
 import sys
 from pathlib import Path
 
+from rlsteps.contract.run_files import EXIT_FILE_ENV, FAILURE_FILE
 from rlsteps.engine.checkpoints.rewind import STEP_LOGGER  # the loop's one line per step: train.log only
 from rlsteps.engine.run import signals
 from rlsteps.secrets import MaskingFilter
-
-FAILURE_FILE = "failure"  # beside the exit-code file: the cause of a failed run, one line
 
 
 class CurrentStderrHandler(logging.StreamHandler):
@@ -72,7 +71,7 @@ last_error = LastError()
 
 def record_failure(code: int) -> None:
     """A failed run's cause (its last error line) beside its exit-code file, for the CLI's one-line error."""
-    path = os.environ.get(signals.EXIT_FILE_ENV)
+    path = os.environ.get(EXIT_FILE_ENV)
     if code in (0, signals.EXIT_CHECKPOINTED) or not path or not last_error.message:
         return
     if os.environ.get("RANK", "0") != "0":
@@ -84,7 +83,7 @@ def record_failure(code: int) -> None:
 def record_exit_code(code: int) -> None:
     """Where the launcher asks for it (EXIT_FILE_ENV), the exit code in a file, renamed into place: the run's state
     once it has ended, whether or not the rlsteps that started it is still there to see it end."""
-    path = os.environ.get(signals.EXIT_FILE_ENV)
+    path = os.environ.get(EXIT_FILE_ENV)
     if not path or os.environ.get("RANK", "0") != "0":
         return
     note = "the rlsteps run that started it had ended\n" if signals.parent_gone() else ""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlsteps.engine.rewards.judge.scoring import DEFAULT_SCORE
-from rlsteps.engine.rewards.sources import Scores, nothing_to_wait_for
+from rlsteps.engine.rewards.scores import Scores, nothing_to_wait_for
 
 if TYPE_CHECKING:
     from rlsteps.engine.batch import RolloutBatch

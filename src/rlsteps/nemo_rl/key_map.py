@@ -78,3 +78,13 @@ def nemo_rl_inputs(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def pairs(algorithm: str) -> tuple[tuple[str, str], ...]:
     return SHARED + (GRPO_ONLY if algorithm == "grpo" else ())
+
+
+def with_derived_keys(cfg: Any) -> Any:
+    """An rl/nemo_rl/rlhf config with what the job's stages read derived from its NeMo-RL keys: `inputs` (the policy,
+    prompts and judge NeMo-RL's keys name) and `nemo_rl_job.policy_backend` (megatron or dtensor)."""
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("policy"), dict):
+        return cfg
+    backend = "megatron" if get(cfg, "policy.megatron_cfg.enabled") else "dtensor"
+    job = {**(cfg.get("nemo_rl_job") or {}), "policy_backend": backend}
+    return {**cfg, "inputs": nemo_rl_inputs(cfg), "nemo_rl_job": job}

@@ -16,7 +16,7 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from rlsteps.engine.checkpoints.disk import disk_full, is_disk_full
+from rlsteps.contract.disk import disk_full, is_disk_full
 
 METADATA_FILE = "rlsteps_artifact.json"
 

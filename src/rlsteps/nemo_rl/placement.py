@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlsteps.dotted import get
-from rlsteps.engine.nemo_rl.batches import repair, split_of
-from rlsteps.engine.nemo_rl.environments import NemoRlConfigError, judge_gpus
+from rlsteps.nemo_rl.batches import repair, split_of
+from rlsteps.nemo_rl.environments import NemoRlConfigError, judge_gpus
 
 
 @dataclass(frozen=True)

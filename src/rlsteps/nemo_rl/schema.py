@@ -71,3 +71,13 @@ def closest(dotted: str) -> str | None:
         return same_leaf[0]
     near = difflib.get_close_matches(leaf, [key.rsplit(".", 1)[-1] for key in keys], n=1, cutoff=0.75)
     return next((key for key in keys if near and key.rsplit(".", 1)[-1] == near[0]), None)
+
+
+def unknown_keys_problem(cfg: dict[str, Any], sections: tuple[str, ...]) -> str | None:
+    """What a validated rl/nemo_rl/rlhf config says that NeMo-RL's master config does not have, each key with the
+    closest one it has; None when every key is NeMo-RL's."""
+    unknown = unknown_keys(cfg, sections)
+    if not unknown:
+        return None
+    hints = [f"'{key}'" + (f" (did you mean '{near}'?)" if (near := closest(key)) else "") for key in unknown]
+    return "keys NeMo-RL's master config does not have: " + ", ".join(hints)

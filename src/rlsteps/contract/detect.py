@@ -13,8 +13,8 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from rlsteps.engine.megatron import find_checkpoint_dir
-from rlsteps.engine.records.artifact import METADATA_FILE
+from rlsteps.contract.artifact import METADATA_FILE
+from rlsteps.contract.megatron_files import find_checkpoint_dir
 
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")

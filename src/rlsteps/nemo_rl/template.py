@@ -3,7 +3,7 @@ use.
 
 templates/master.yaml holds every key NeMo-RL v0.7.0's MasterConfig and drivers read; templates/genrm_env.yaml and
 templates/reward_model_env.yaml add a recipe's data and env sections. rl/nemo_rl/rlhf's configs extend them through
-`defaults:` (as `rlsteps:engine/nemo_rl/templates/master.yaml`); rl/rlhf and rl/reinforce compile their own keys
+`defaults:` (as `rlsteps:nemo_rl/templates/master.yaml`); rl/rlhf and rl/reinforce compile their own keys
 over them (master_config).
 """
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlsteps.dotted import get
-from rlsteps.engine.nemo_rl.environments import NemoRlConfigError
-from rlsteps.engine.nemo_rl.key_map import LORA
+from rlsteps.nemo_rl.environments import NemoRlConfigError
+from rlsteps.nemo_rl.key_map import LORA
 
 OUTPUT_LAYER = "*lm_head"  # the output layer of a Hugging Face causal LM, in Automodel's wildcards
 

@@ -17,15 +17,16 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from rlsteps.contract.nemo_rl_job import NemoRlPaths
 from rlsteps.dotted import get, leaves, put
-from rlsteps.engine.nemo_rl.environments import NemoRlConfigError, compile_judge, reward_model_env, uses_gym
-from rlsteps.engine.nemo_rl.key_map import INPUTS, JUDGE, PAIRINGS, RLSTEPS_KEYS, pairs
-from rlsteps.engine.nemo_rl.layout import NemoRlPaths
-from rlsteps.engine.nemo_rl.lora import check_lora, compile_lora
-from rlsteps.engine.nemo_rl.placement import Cluster, place
-from rlsteps.engine.nemo_rl.schedule import megatron_scheduler, torch_schedulers
-from rlsteps.engine.nemo_rl.semantics import NO_END, differences
-from rlsteps.engine.nemo_rl.template import GENRM_ENV, REWARD_MODEL_ENV, master_template
+from rlsteps.nemo_rl.environments import NemoRlConfigError, compile_judge, reward_model_env, uses_gym
+from rlsteps.nemo_rl.key_map import INPUTS, JUDGE, PAIRINGS, RLSTEPS_KEYS, pairs
+from rlsteps.nemo_rl.lora import check_lora, compile_lora, lora_notes
+from rlsteps.nemo_rl.placement import Cluster, place
+from rlsteps.nemo_rl.schedule import megatron_scheduler, torch_schedulers
+from rlsteps.nemo_rl.schedule import notes as schedule_notes
+from rlsteps.nemo_rl.semantics import NO_END, differences
+from rlsteps.nemo_rl.template import GENRM_ENV, REWARD_MODEL_ENV, master_template
 
 __all__ = ["Cluster", "MasterConfig", "NemoRlConfigError", "compile_master_config", "deep_merge"]
 
@@ -47,7 +48,7 @@ def compile_master_config(cfg: dict[str, Any], cluster: Cluster, run_dir: PurePo
         if cfg.get("run"):
             notes.append("run.* (the embedded engine's device and dtype) does not apply: policy.precision is NeMo-RL's")
     else:
-        master, notes = from_recipe(cfg), differences(cfg)
+        master, notes = from_recipe(cfg), differences(cfg) + schedule_notes(cfg) + lora_notes(cfg)
     passed = cfg.get("nemo_rl") or {}
     if passed:  # before the job's own keys, so the paths, the judge and the GPU split take them into account
         given = ", ".join(sorted(leaves(passed)))

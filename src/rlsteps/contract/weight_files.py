@@ -12,7 +12,7 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from rlsteps.engine.megatron import find_checkpoint_dir
+from rlsteps.contract.megatron_files import find_checkpoint_dir
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 HEADER_LIMIT = 100_000_000  # safetensors' own bound on a header

@@ -447,7 +447,9 @@ NEMO_RL_SECTIONS = ("grpo", "loss_fn", "policy", "data", "env", "checkpointing",
 
 class NemoRlGrpoConfig(Section):
     """rl/nemo_rl/rlhf: NeMo-RL's master config (its sections, any key NeMo-RL's schema has; NeMo-RL validates the
-    values) and rlsteps's keys around it. `inputs` is derived from NeMo-RL's keys for the job's stages."""
+    values) and rlsteps's keys around it. `inputs` and `nemo_rl_job.policy_backend` are derived from NeMo-RL's keys
+    for the job's stages, and the keys checked against NeMo-RL's schema, where the step is compiled
+    (rlsteps.nemo_rl.key_map.with_derived_keys, rlsteps.nemo_rl.schema.unknown_keys_problem)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)  # NeMo-RL's MasterConfig takes further top-level keys
     algorithm: Literal["nemo_rl_grpo"]
@@ -466,28 +468,6 @@ class NemoRlGrpoConfig(Section):
     checkpointing: dict[str, Any]
     logger: dict[str, Any]
     cluster: dict[str, Any]
-
-    @model_validator(mode="before")
-    @classmethod
-    def _derived(cls, data: Any) -> Any:
-        from rlsteps.dotted import get
-        from rlsteps.engine.nemo_rl.key_map import nemo_rl_inputs
-
-        if not isinstance(data, dict) or not isinstance(data.get("policy"), dict):
-            return data
-        backend = "megatron" if get(data, "policy.megatron_cfg.enabled") else "dtensor"
-        job = {**(data.get("nemo_rl_job") or {}), "policy_backend": backend}
-        return {**data, "inputs": nemo_rl_inputs(data), "nemo_rl_job": job}
-
-    @model_validator(mode="after")
-    def _known_to_nemo_rl(self) -> NemoRlGrpoConfig:
-        from rlsteps.engine.nemo_rl.schema import closest, unknown_keys
-
-        unknown = unknown_keys(self.model_dump(), NEMO_RL_SECTIONS)
-        if unknown:
-            hints = [f"'{key}'" + (f" (did you mean '{near}'?)" if (near := closest(key)) else "") for key in unknown]
-            raise ValueError("keys NeMo-RL's master config does not have: " + ", ".join(hints))
-        return self
 
 
 RECIPE_SCHEMAS: dict[str, type[RecipeConfig]] = {

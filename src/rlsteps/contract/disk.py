@@ -41,7 +41,7 @@ def checkpoint_estimate(weight_bytes: int, parameter_bytes: int) -> int:
 def first_checkpoint_bytes(policy: Path) -> int | None:
     """checkpoint_estimate before the policy is loaded, from its files alone: the parameters its safetensors headers
     list, or (another form: a Megatron checkpoint) three times the size of its files; None when it is not there."""
-    from rlsteps.engine.inputs.weight_files import safetensors_numel
+    from rlsteps.contract.weight_files import safetensors_numel
 
     if not policy.is_dir():
         return None

@@ -12,9 +12,9 @@ import copy
 from typing import Any
 
 from rlsteps.dotted import get, put
-from rlsteps.engine.nemo_rl.key_map import GENRM, INPUTS, JUDGE, LORA, PAIRINGS, RLSTEPS_KEYS, pairs
-from rlsteps.engine.nemo_rl.lora import embedded_targets
-from rlsteps.engine.nemo_rl.semantics import NO_END
+from rlsteps.nemo_rl.key_map import GENRM, INPUTS, JUDGE, LORA, PAIRINGS, RLSTEPS_KEYS, pairs
+from rlsteps.nemo_rl.lora import embedded_targets
+from rlsteps.nemo_rl.semantics import NO_END
 
 EMBEDDED_STEP = "rl/rlhf"  # the step whose recipe and inputs the embedded engine runs
 _ABSENT = object()

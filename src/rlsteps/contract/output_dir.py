@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rlsteps.engine.checkpoints import disk
-from rlsteps.engine.checkpoints.resume import CHECKPOINTS_DIR
+from rlsteps.contract import disk
+from rlsteps.contract.run_files import CHECKPOINTS_DIR
 from rlsteps.errors import RlstepsError, UsageError
 
 ANOTHER_DIR = "pass output.dir=PATH to a directory this user can write"

@@ -20,14 +20,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rlsteps.engine.nemo_rl.semantics import NO_END
-
-
-def optimizer_steps_per_step(cfg: dict[str, Any]) -> int:
-    """Optimizer steps NeMo-RL makes per GRPO step: one per train_global_batch_size rows (its num_global_batches)."""
-    rollout, train = cfg["rollout"], cfg["train"]
-    rows = rollout["prompts_per_step"] * rollout["num_rollouts_per_prompt"]
-    return max(1, rows // train["global_batch_size"])
+from rlsteps.contract.nemo_rl_job import optimizer_steps_per_step
+from rlsteps.nemo_rl.semantics import NO_END
 
 
 def optimizer_steps(cfg: dict[str, Any]) -> int:

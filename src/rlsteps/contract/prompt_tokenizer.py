@@ -18,7 +18,7 @@ from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
-from rlsteps.engine.megatron import TOKENIZER_DIR, find_checkpoint_dir
+from rlsteps.contract.megatron_files import TOKENIZER_DIR, find_checkpoint_dir
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -55,7 +55,7 @@ def tokenizer_from_files(policy: str | Path) -> tuple[FileTokenizer | None, str]
 
 
 class FileTokenizer:
-    """What measuring a prompt asks of a tokenizer (rlsteps.engine.inputs.data): encode text, with or without the
+    """What measuring a prompt asks of a tokenizer (rlsteps.contract.prompts): encode text, with or without the
     special tokens its post-processor adds, its BOS id, and its chat template rendered as text."""
 
     def __init__(self, tokenizer: Any, special_tokens: dict[str, str], chat_template: str | None) -> None:

@@ -12,12 +12,10 @@ NO_END = 1_000_000  # "no limit" for NeMo-RL's integer limits (its own default f
 
 
 def differences(cfg: dict[str, Any]) -> list[str]:
-    """The differences that apply to this validated rl/rlhf (grpo) or rl/reinforce config."""
-    from rlsteps.engine.nemo_rl.lora import lora_notes
-    from rlsteps.engine.nemo_rl.schedule import notes as schedule_notes
-
+    """The differences of the recipe's own keys for this validated rl/rlhf (grpo) or rl/reinforce config (the schedule's
+    and LoRA's are said by schedule.notes and lora.lora_notes)."""
     recipe = _rlhf(cfg) if cfg["algorithm"] == "grpo" else _reinforce(cfg)
-    return _common(cfg) + recipe + schedule_notes(cfg) + lora_notes(cfg)
+    return _common(cfg) + recipe
 
 
 def _common(cfg: dict[str, Any]) -> list[str]:

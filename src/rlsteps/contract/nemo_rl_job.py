@@ -1,9 +1,12 @@
-"""Where a NeMo-RL job keeps its files: all under <run dir>/nemo_rl, on the filesystem every node sees."""
+"""What the compile of a NeMo-RL job (rlsteps.nemo_rl) and the stages it runs (rlsteps.engine.nemo_rl) agree on: where
+the job keeps its files (all under <run dir>/nemo_rl, on the filesystem every node sees), and how many optimizer steps
+NeMo-RL makes a GRPO step."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any
 
 MASTER_CONFIG_FILE = "nemo_rl.yaml"  # in the job directory: the compiled master config (the dry run prints it)
 NODE_SCRIPT_FILE = "ray_node.sh"  # in the job directory: what every node of the job runs
@@ -46,3 +49,10 @@ class NemoRlPaths:
     def ray_state(self, attempt: str) -> PurePosixPath:
         """One attempt's Ray state: the head's address, the end marker, the driver's exit code."""
         return self.root / "ray" / attempt
+
+
+def optimizer_steps_per_step(cfg: dict[str, Any]) -> int:
+    """Optimizer steps NeMo-RL makes per GRPO step: one per train_global_batch_size rows (its num_global_batches)."""
+    rollout, train = cfg["rollout"], cfg["train"]
+    rows = rollout["prompts_per_step"] * rollout["num_rollouts_per_prompt"]
+    return max(1, rows // train["global_batch_size"])

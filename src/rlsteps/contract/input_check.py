@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rlsteps.engine.inputs.detect import detect, exists
-from rlsteps.engine.inputs.weight_files import weight_damage
+from rlsteps.contract.detect import detect, exists
+from rlsteps.contract.weight_files import weight_damage
 
 EXIT_INPUT = 3  # as rlsteps.errors.ArtifactError: a missing, malformed or mistyped input artifact
 PROMPT_FILE_FIX = 'each line must be {"prompt": "..."} or {"messages": [{"role", "content"}, ...]}'
@@ -82,7 +82,7 @@ def prompt_file_problem(
 ) -> InputProblem | None:
     """Every line of a prompt file parsed, and with a tokenizer measured against max_prompt_tokens: the first bad
     one, or None. say: a large file's progress."""
-    from rlsteps.engine.inputs.data import PromptFileError, load_prompts  # torch-free
+    from rlsteps.contract.prompts import PromptFileError, load_prompts  # torch-free
 
     try:
         load_prompts(ref, tokenizer, max_prompt_tokens, say)

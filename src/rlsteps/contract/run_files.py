@@ -1,0 +1,89 @@
+"""What a run leaves in its run directory (output.dir) and beside its exit code, by name, and how the submitting side
+reads it: the step checkpoints, the metrics, the failure's cause, what a detached worker wrote to its terminal, and the
+environment the local launcher hands the worker. Standard library only."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from pathlib import Path, PurePath, PurePosixPath
+from typing import Any
+
+from rlsteps.contract import disk
+
+logger = logging.getLogger(__name__)
+
+# in the run directory
+CHECKPOINTS_DIR = "checkpoints"  # <run dir>/checkpoints/step_<N>
+COMPLETE = "COMPLETE"  # written last into a checkpoint: a step_<N> without it is not one
+METRICS_FILE = "metrics.jsonl"
+# beside the worker's exit-code file (the job directory of a local run)
+FAILURE_FILE = "failure"  # the cause of a failed run, one line
+TERMINAL_LOG = "worker.log"  # what the worker writes to a terminal no one reads
+# the environment the local launcher sets for its worker
+STOP_WITH_PARENT = "RLSTEPS_STOP_WITH_PARENT"  # the worker ends with its starter
+EXIT_FILE_ENV = "RLSTEPS_EXIT_FILE"  # where the worker writes its exit code
+
+
+def run_directory(config: Mapping[str, Any], workdir: str | PurePath) -> PurePosixPath | None:
+    """output.dir, the run directory, as the job sees it: a relative one lies under the job's working directory,
+    where the worker starts (the directory rlsteps ran in, here and on Slurm; the profile's workdir on Lepton). None
+    while output.dir is unset. The one place output.dir is resolved."""
+    out = (config.get("output") or {}).get("dir")
+    if not out or "???" in str(out):
+        return None
+    path = PurePosixPath(str(out))
+    return path if path.is_absolute() else PurePosixPath(str(workdir)) / path
+
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """N of a step_<N> folder; None for any other name."""
+    match = _STEP_DIR.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The complete step_<N> checkpoints under `root` (a run's checkpoints folder), oldest step first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if checkpoint_step(p) is not None and (p / COMPLETE).is_file()]
+    return sorted(found, key=checkpoint_step)
+
+
+def next_checkpoint_bytes(root: Path, size_hint: int | None = None) -> int:
+    """What the next checkpoint under `root` takes on disk: the latest one's size, else the size hint (0 without
+    one)."""
+    checkpoints = complete_checkpoints(root)
+    return disk.tree_bytes(checkpoints[-1]) if checkpoints else (size_hint or 0)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics file, in order.
+
+    A truncated last line (a crash mid-write) is skipped. When the step goes backwards, the run
+    was resumed from a checkpoint: the earlier records of the steps it repeats are dropped.
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records: list[dict] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                logger.warning("%s: skipped a truncated last line", path)
+                break
+            raise ValueError(
+                f"{path}, line {number}: not valid JSON ({error}); the file is corrupt: fix or remove that line"
+            ) from error
+        if records and record["step"] < records[-1]["step"]:
+            records = [r for r in records if r["step"] < record["step"]]
+        records.append(record)
+    return records
