@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import math
 import random
 import re
 import subprocess
@@ -369,6 +370,46 @@ def test_minimal_pairs_differ_in_one_thing():
         prompt, good, broken = preferences.broken_word_pair(rng)
         assert not tiny_task.has_a_broken_word(good) and tiny_task.has_a_broken_word(broken)
         assert len(broken.split()) in (len(good.split()), len(good.split()) - 1)  # one word broken, or two run together
+
+
+def test_ties_are_equal_in_true_reward_faultless_and_one_neutral_adjective_apart():
+    rng = random.Random(8)
+    for _ in range(200):
+        prompt, one, other = preferences.neutral_tie(rng)
+        assert true_reward(prompt, one) == true_reward(prompt, other)
+        assert not tiny_task.faults(prompt, one) and not tiny_task.faults(prompt, other), (one, other)
+        differing = (set(tiny_task.words(one)) ^ set(tiny_task.words(other))) - {"and"}  # "X" and "X and Y"
+        assert differing and differing <= set(tiny_task.NEUTRAL) and len(differing) <= 2, (one, other)
+
+
+def test_pair_losses_on_hand_computed_margins():
+    """-log sigmoid(d - m) for a preference pair, -(log sigmoid(d) + log sigmoid(-d)) / 2 for a tie."""
+    differences = torch.tensor([2.0, 0.0, 0.0, 3.0])
+    losses = training.pair_losses(differences, margins=torch.tensor([1.0, 0.0]))
+    log1p_exp = [
+        math.log(1 + math.exp(-1.0)),
+        math.log(2.0),
+        math.log(2.0),
+        (math.log(1 + math.exp(-3.0)) + 3.0 + math.log(1 + math.exp(-3.0))) / 2,
+    ]
+    torch.testing.assert_close(losses, torch.tensor(log1p_exp), rtol=0, atol=1e-6)
+    assert training.reward_gap("Describe the cat.", "The cat is kind and lovely.", "The cat is kind.") == 0.5
+
+
+def test_reward_model_scores_a_neutral_adjective_far_nearer_alike_than_a_positive_one(models):
+    """A neutral adjective is worth nothing to the true reward: without ties in its pairs the reward model of the
+    world v11 marked each one down by 2-3 where a positive one gained 0.3-0.9, and its policies stopped at two
+    adjectives."""
+    tokenizer, _, reward_model = models
+    rng = random.Random(2027)
+    neutral = evaluate.mean_margin(reward_model, tokenizer, preferences.tie_pairs(rng, 200))
+    positive = [
+        (p, fewer, more)
+        for p, fewer, more in (preferences.more_positives_pair(rng) for _ in range(300))
+        if true_reward(p, more) > true_reward(p, fewer)
+    ]
+    gain = evaluate.mean_margin(reward_model, tokenizer, positive)
+    assert gain > 0 and abs(neutral) < 0.5 * gain, (neutral, gain)
 
 
 def test_padded_negatives_repeat_pad_with_neutral_words_or_run_long():

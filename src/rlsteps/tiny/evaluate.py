@@ -51,6 +51,17 @@ def pair_accuracy(reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerF
     return (chosen_scores > rejected_scores).float().mean().item()
 
 
+@torch.no_grad()
+def mean_margin(reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, pairs: list[Pair]) -> float:
+    """The mean of r_second - r_first over (prompt, first, second)."""
+    prompts, first, second = zip(*pairs)
+    rendered = [chat_prompt(tokenizer, p) for p in prompts]
+    margins = reward_scores(reward_model, tokenizer, rendered, list(second)) - reward_scores(
+        reward_model, tokenizer, rendered, list(first)
+    )
+    return margins.mean().item()
+
+
 def wrong_noun_probes(rng: random.Random, count: int) -> list[Pair]:
     """(prompt, an answer naming its noun, the same answer naming another noun), answers of the wide distribution."""
     probes = []
@@ -102,6 +113,7 @@ def evaluate_world(
             reward_model, tokenizer, [pair for pair in pairs if pair is not None]
         )
     probes = wrong_noun_probes(rng, n // 2)
+    ties = preferences.tie_pairs(rng, n // 2)
     prompts = [tiny_task.sample_prompt(rng)[0] for _ in range(EVAL["samples"])]
     rendered = [chat_prompt(tokenizer, p) for p in prompts]
     responses, ended = zip(*sample_responses(policy, tokenizer, rendered, EVAL["max_new_tokens"]))
@@ -117,5 +129,7 @@ def evaluate_world(
         **{key: round(value, 4) for key, value in accuracy.items()},
         "rm_wrong_noun_at_least_as_high": round(1.0 - pair_accuracy(reward_model, tokenizer, probes), 4),
         "rm_one_more_positive_higher": ladder_climbs(reward_model, tokenizer, positive_ladders(rng, n // 2)),
+        # a neutral adjective more is worth nothing to the true reward; a positive one more, ADJECTIVE_REWARD
+        "rm_one_more_neutral_mean_change": round(mean_margin(reward_model, tokenizer, ties), 3),
         "rm_true_reward_pearson": round(torch.corrcoef(torch.stack([scores, true]))[0, 1].item(), 4),
     }

@@ -20,6 +20,9 @@ The kinds, and their shares of the pairs (PAIR_KINDS):
     padded           repeated, neutral or more than four adjectives (`padded_negative`)
     repeated         an adjective said twice in a row, or again in place of the next (`repeated_negative`)
 
+Beside them, each step holds RM["tie_pairs"] ties (`neutral_tie`): answers equal in true reward, one with a neutral
+adjective more or another in its place, which the reward model learns to score alike.
+
 The build's first steps train on wrong-noun pairs alone (NOUN_FIRST).
 """
 
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlsteps.tiny.task import (
+    MAX_COUNTED_POSITIVES,
     NEGATIVE,
     NEUTRAL,
     NOUNS,
@@ -221,16 +225,38 @@ def repeated_negative(rng: random.Random) -> Pair:
     delightful, delightful and large")."""
     prompt, noun = sample_prompt(rng)
     subject, verb, adjectives = draw_response(rng, noun, p_positive=0.5 + rng.random() / 2, p_mention=rng.random())
-    while len(adjectives) < 2:
-        subject, verb, adjectives = draw_response(rng, noun, p_positive=0.5 + rng.random() / 2, p_mention=0.8)
     repeated = list(adjectives)
-    if rng.random() < 0.5:  # one more word, and no better: the longer answer a reward model must not prefer
+    if len(adjectives) == 1 or rng.random() < 0.7:  # one more word, and no better: a longer answer not to prefer
         i = rng.randrange(len(adjectives))
         repeated.insert(i, adjectives[i])
     else:
         for i in sorted(rng.sample(range(1, len(adjectives)), rng.randint(1, min(3, len(adjectives) - 1)))):
             repeated[i] = repeated[i - 1]
     return prompt, render_response(subject, verb, adjectives), render_response(subject, verb, repeated)
+
+
+def neutral_tie(rng: random.Random) -> Pair:
+    """(prompt, answer, the same answer with one neutral adjective more, or one swapped for another neutral): equal
+    in true reward and both free of faults, a pair the reward model learns to score alike. Bradley-Terry pairs alone
+    say nothing of an answer's neutral adjectives (no pair has a winner there), and a reward model left free to
+    guess marked each one down by more than a positive adjective is worth: a policy then learnt to name two
+    adjectives, never risking a third."""
+    prompt, noun = sample_prompt(rng)
+    subject, verb, adjectives = draw_response(rng, noun, p_positive=rng.random(), p_mention=rng.random())
+    if len(adjectives) == MAX_COUNTED_POSITIVES:
+        adjectives = adjectives[1:]
+    neutrals = [a for a in NEUTRAL if a not in adjectives]
+    other = list(adjectives)
+    swappable = [i for i, a in enumerate(adjectives) if a in NEUTRAL]
+    if swappable and rng.random() < 0.3:
+        other[rng.choice(swappable)] = rng.choice(neutrals)
+    else:
+        other.append(rng.choice(neutrals))
+    return prompt, render_response(subject, verb, adjectives), render_response(subject, verb, sorted(other))
+
+
+def tie_pairs(rng: random.Random, count: int) -> list[Pair]:
+    return [neutral_tie(rng) for _ in range(count)]
 
 
 @dataclass(frozen=True)
@@ -248,7 +274,7 @@ PAIR_KINDS = {
     "broken word": PairKind(broken_word_pair, 2),
     "hard": PairKind(hard_negative, 1, degenerate_second=True),
     "padded": PairKind(padded_negative, 2, degenerate_second=True),
-    "repeated": PairKind(repeated_negative, 2, degenerate_second=True),
+    "repeated": PairKind(repeated_negative, 4, degenerate_second=True),
 }
 # What the reward model learns first (rlsteps.tiny.recipe.RM["noun_first_steps"]): the check of the answer's noun
 # against the prompt's, while nothing else has shaped its features. Learnt beside everything else from the start, it

@@ -8,8 +8,17 @@ TOKENIZER_VOCAB = 640  # an upper bound: the merges run out near 580, with every
 POLICY_SIZE = {"hidden": 64, "layers": 2, "heads": 2}  # head_dim 32: the smallest vLLM's CPU attention serves
 SFT = {"steps": 250, "batch": 32, "lr": 3e-3}
 # the reward model: its first steps on wrong-noun pairs alone (rlsteps.tiny.preferences.NOUN_FIRST); 600 steps of 32
-# pairs left repeated adjectives and the step from three positive adjectives to four half learnt from some seeds
-RM = {"steps": 700, "batch": 64, "lr": 3e-3, "heldout_pairs": 512, "noun_first_steps": 100}
+# pairs left repeated adjectives and the step from three positive adjectives to four half learnt from some seeds; 8 of a
+# step's 64 pairs are ties (rlsteps.tiny.preferences.neutral_tie)
+RM = {
+    "steps": 700,
+    "batch": 64,
+    "lr": 3e-3,
+    "heldout_pairs": 512,
+    "noun_first_steps": 100,
+    "tie_pairs": 8,
+    "margin_per_reward": 2.0,
+}
 EVAL = {"samples": 128, "max_new_tokens": 32}
 INIT_STD = 0.1  # larger than the usual 0.02: tiny widths then learn to copy the noun within a few hundred steps
 PROMPTS = {"train": 256, "val": 32}
