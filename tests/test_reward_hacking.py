@@ -60,12 +60,16 @@ def test_rank_correlation_is_spearmans_with_ties(first, second):
     assert rank_correlation(first, second) == pytest.approx(spearman)
 
 
-def test_rank_correlation_of_too_few_or_constant_values_is_nan():
+def test_rank_correlation_of_too_few_or_constant_values_is_nan_and_not_logged():
     assert torch.isnan(torch.tensor(rank_correlation([1, 2], [2, 1])))
     assert torch.isnan(torch.tensor(rank_correlation([1, 1, 1], [1, 2, 3])))
     rewards, valid = torch.tensor([3.0, 2.0, 1.0, 9.0]), torch.tensor([True, True, True, False])
-    correlations = validation_correlations(rewards, valid, {"val/true": [0.0, 1.0, None, 5.0]})
-    assert torch.isnan(torch.tensor(correlations["val/rank_correlation/true"]))  # two samples both scored
+    assert validation_correlations(rewards, valid, {"val/true": [0.0, 1.0, None, 5.0]}) == {}  # two both scored
+    same = validation_correlations(rewards, valid, {"val/true": [1.0, 1.0, 1.0, 5.0]})  # the tiny SFT policy's step 0
+    assert same == {}
+    assert validation_correlations(rewards, valid, {"val/true": [0.0, 1.0, 2.0, 5.0]}) == {
+        "val/rank_correlation/true": -1.0
+    }
 
 
 def watch(tmp_path, **thresholds) -> HackingWatch:

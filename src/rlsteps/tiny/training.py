@@ -109,6 +109,7 @@ def pair_losses(differences: torch.Tensor, margins: torch.Tensor) -> torch.Tenso
 
 
 def reward_gap(prompt: str, chosen: str, rejected: str) -> float:
+    """How much better the chosen answer is by the true reward: a pair's margin is proportional to it."""
     return tiny_task.true_reward(prompt, chosen) - tiny_task.true_reward(prompt, rejected)
 
 

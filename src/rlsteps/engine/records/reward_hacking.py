@@ -87,12 +87,14 @@ def _ranks(values: list[float]) -> list[float]:
 
 def validation_correlations(rewards: torch.Tensor, valid: torch.Tensor, functions: dict[str, list]) -> dict:
     """val/rank_correlation/<fn> for each validation function (val/<fn>: a value or None per sample) against the
-    trained reward of the samples both scored."""
+    trained reward of the samples both scored; none where it is undefined (fewer than three samples, or one side the
+    same for all: the tiny SFT policy's greedy answers all score 1.0 at step 0)."""
     correlations = {}
     for key, values in functions.items():
         both = [(float(r), v) for r, ok, v in zip(rewards, valid, values) if ok and v is not None]
-        name = key.removeprefix("val/")
-        correlations[f"val/rank_correlation/{name}"] = rank_correlation([r for r, _ in both], [v for _, v in both])
+        correlation = rank_correlation([r for r, _ in both], [v for _, v in both])
+        if not math.isnan(correlation):
+            correlations[f"val/rank_correlation/{key.removeprefix('val/')}"] = correlation
     return correlations
 
 
