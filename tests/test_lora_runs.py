@@ -23,10 +23,8 @@ def test_a_tiny_run_with_lora_learns_through_its_adapters_and_writes_the_merged_
     done = rlsteps("run", "rl/reinforce", "-c", "tiny", *LORA, *FAST, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     run = run_dir(tmp_path, "rl_reinforce")
-    # the hidden reward: 1.5 on the tiny world v9 (2e-3 reached 1.05, 5e-3 1.0 with broken answers), where full
-    # fine-tuning reaches 2.0 (test_runs)
-    true = series(run, "val/true_reward")
-    assert len(true) == 5 and true[0] == 0.0 and true[-1] >= 1.5, true
+    true = series(run, "val/true_reward")  # the hidden reward, as the full fine-tuning runs reach it (test_runs)
+    assert len(true) == 5 and true[0] == 0.0 and true[-1] >= 2.0, true
     kl = series(run, "train/init_policy_kl")  # the reference is the base: the policy starts on it, then leaves it
     assert kl[0] < 1e-6 and kl[-1] > 1e-3, kl
     agreement = series(run, "train/token_mult_prob_error")  # the built-in sampler samples the adapted policy

@@ -33,7 +33,6 @@ from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from rlsteps.engine.megatron.format import save_megatron_checkpoint
-from rlsteps.tiny import preferences
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.evaluate import evaluate_world
 from rlsteps.tiny.layout import TINY_WORLD_VERSION, TinyWorld, load_tiny_world, tiny_world_dir, tiny_world_paths
@@ -145,7 +144,7 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         "task": " ".join(tiny_task.__doc__.split("\n\n")[1].split()),
         "preference": "rlsteps.tiny.task.true_reward: +1 for naming the prompt's noun, +0.5 per distinct "
         f"positive adjective (at most 4), -0.5 per negative adjective; best {tiny_task.BEST_TRUE_REWARD}",
-        "reward_model_pairs": " ".join(preferences.__doc__.split("\n\n")[0].split()),
+        "reward_model_pairs": " ".join(tiny_task.preference_pairs.__doc__.split()),
         "sizes": {
             "vocab": len(tokenizer),
             "policy_params": sum(p.numel() for p in policy.parameters()),

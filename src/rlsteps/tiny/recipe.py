@@ -7,19 +7,7 @@ BUILD_THREADS = 1  # fixed, so the weights do not depend on the machine; also th
 TOKENIZER_VOCAB = 640  # an upper bound: the merges run out near 580, with every task word one token
 POLICY_SIZE = {"hidden": 64, "layers": 2, "heads": 2}  # head_dim 32: the smallest vLLM's CPU attention serves
 SFT = {"steps": 250, "batch": 32, "lr": 3e-3}
-# the reward model: its first steps on wrong-noun pairs alone (rlsteps.tiny.preferences.NOUN_FIRST), then 64 pairs a
-# step, 8 of them ties (rlsteps.tiny.preferences.neutral_tie); a pair's margin is margin_per_reward times its true
-# reward's gap (rlsteps.tiny.training.reward_gap). 600 steps of 32 pairs left repeated adjectives and the step from
-# three positive adjectives to four half learnt from some seeds.
-RM = {
-    "steps": 700,
-    "batch": 64,
-    "lr": 3e-3,
-    "heldout_pairs": 512,
-    "noun_first_steps": 100,
-    "tie_pairs": 8,
-    "margin_per_reward": 2.0,
-}
+RM = {"steps": 600, "batch": 32, "lr": 3e-3, "heldout_pairs": 512}
 EVAL = {"samples": 128, "max_new_tokens": 32}
 INIT_STD = 0.1  # larger than the usual 0.02: tiny widths then learn to copy the noun within a few hundred steps
 PROMPTS = {"train": 256, "val": 32}
