@@ -49,6 +49,22 @@ def test_reinforce_is_grpo_with_the_leave_one_out_baseline_no_std_and_the_reinfo
     assert compiled["data"]["default"]["env_name"] == "reward_model"
 
 
+@pytest.mark.parametrize("step, inputs, term", [("rl/reinforce", REINFORCE_INPUTS, "reward_model"),
+                                                ("rl/rlhf", RLHF_INPUTS, "judge")])  # fmt: skip
+def test_a_reward_terms_clip_and_scale_are_nemo_rls_reward_scaling(step, inputs, term):
+    plain = master(step, *inputs).config["grpo"]["reward_scaling"]
+    assert plain["enabled"] is False
+    scaled = master(step, *inputs, f"rewards.{term}.clip=[-2,4]", f"rewards.{term}.scale=0.5").config
+    assert scaled["grpo"]["reward_scaling"] == {
+        "enabled": True, "source_min": -2.0, "source_max": 4.0, "target_min": -1.0, "target_max": 2.0,
+    }  # fmt: skip
+    clipped = master(step, *inputs, f"rewards.{term}.clip=[0,1]").config["grpo"]["reward_scaling"]
+    assert clipped == {"enabled": True, "source_min": 0.0, "source_max": 1.0, "target_min": 0.0, "target_max": 1.0}
+    with pytest.raises(NemoRlConfigError, match=f"rewards.{term}.scale without a clip") as refused:
+        master(step, *inputs, f"rewards.{term}.scale=2")
+    assert refused.value.fix == f"rewards.{term}.clip=[LOW,HIGH] (the rewards' range)"
+
+
 def test_a_judge_already_served_is_refused_on_nemo_rl_with_the_reason():
     """The pinned Gym's genrm_compare.yaml declares a genrm_model server that starts vLLM: a vllm_model server beside
     it in that instance is what NeMo-Gym refuses (one server type per instance)."""

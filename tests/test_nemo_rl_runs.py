@@ -4,16 +4,19 @@ and a GRPO step's data path (batching, advantages, shard_by_batch_size, the loss
 manager, the logger), with only the GPU work stood in (tests/nemo_rl_run.py). What NeMo-RL would stop on is
 refused when the job compiles, with NeMo-RL's arithmetic and a fix; the fix, applied, runs."""
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import upstream
 from rlsteps.catalog import load_catalog
 from rlsteps.contract.nemo_rl_job import MASTER_CONFIG_FILE
 from rlsteps.engine.nemo_rl.data import write_rows
+from rlsteps.engine.rewards.combined import RewardTerm
 from rlsteps.errors import UsageError
 from rlsteps.launch.ray_job import DRIVERS
 from rlsteps.plan.runner import RunRequest, compile_request
@@ -29,6 +32,10 @@ RLHF_INPUTS = ("engine=nemo_rl", "inputs.prompts=/lustre/p.jsonl", "inputs.val_p
                "inputs.policy=/lustre/sft", "inputs.judge_model=/lustre/judge", "output.dir=/lustre/run")  # fmt: skip
 REINFORCE_INPUTS = ("engine=nemo_rl", "inputs.prompts=/lustre/p.jsonl", "inputs.policy=/lustre/sft",
                     "inputs.reward_model=/lustre/rm", "output.dir=/lustre/run")  # fmt: skip
+LEPTON_REINFORCE_INPUTS = tuple(item.replace("/lustre/", "/data/") for item in REINFORCE_INPUTS)
+# the same run with the reward model's rewards clipped and scaled: NeMo-RL's grpo.reward_scaling as rlsteps maps it
+UNSCALED, SCALED = "rl/reinforce on the Lepton example profile", "rl/reinforce, rewards clipped and scaled"
+CLIP, SCALE = (-0.01, 0.05), 20.0  # the stand-in reward model scores every row of this run about -0.02
 GPU_PROFILES = {
     "one_node": {
         "executor": "slurm",
@@ -65,9 +72,10 @@ CASES = {  # name: (step, config, batch profile, overrides): what users compile,
     "rl/rlhf, megatron": ("rl/rlhf", "default", "two_nodes", (*RLHF_INPUTS, "nemo_rl_job.policy_backend=megatron")),
     "rl/rlhf, no warmup": ("rl/rlhf", "default", "two_nodes", (*RLHF_INPUTS, "train.warmup_steps=0")),
     "rl/reinforce on one node": ("rl/reinforce", "default", "one_node", REINFORCE_INPUTS),
-    "rl/reinforce on the Lepton example profile": ("rl/reinforce", "default", "my_lepton_nemo_rl", tuple(
-        item.replace("/lustre/", "/data/") for item in REINFORCE_INPUTS)),
+    UNSCALED: ("rl/reinforce", "default", "my_lepton_nemo_rl", LEPTON_REINFORCE_INPUTS),
     "rl/reinforce on four nodes": ("rl/reinforce", "default", "four_nodes", REINFORCE_INPUTS),
+    SCALED: ("rl/reinforce", "default", "my_lepton_nemo_rl", (*LEPTON_REINFORCE_INPUTS,
+             f"rewards.reward_model.clip=[{CLIP[0]},{CLIP[1]}]", f"rewards.reward_model.scale={SCALE}")),
     "rl/rlhf, LoRA on two modules": ("rl/rlhf", "default", "two_nodes", (*RLHF_INPUTS, "train.lora.enabled=true",
                                      "train.lora.dim=16", "train.lora.target_modules=[q_proj,v_proj]")),
     "rl/reinforce, LoRA": ("rl/reinforce", "default", "two_nodes", (*REINFORCE_INPUTS, "train.lora.enabled=true")),
@@ -220,3 +228,20 @@ def test_only_what_nemo_rl_cannot_run_is_refused(outcomes):
     assert set(refused) == EXPECTED_REFUSALS, {name: str(error) for name, error in refused.items()}
     assert refused["one node"].fix == "grpo.num_prompts_per_step=35 policy.train_global_batch_size=280"
     assert refused["rl/rlhf on one node"].fix.startswith("rollout.prompts_per_step=")
+
+
+def logged_rewards(result: dict, project: Path) -> list[float]:
+    """The rewards NeMo-RL trained its first step on, from its own log of the step (train_data_step1.jsonl)."""
+    run = next(folder for folder in Path(result["checkpoint"]).parents if folder.parent == project)
+    (log,) = run.rglob("train_data_step1.jsonl")
+    return [json.loads(line)["rewards"] for line in log.read_text().splitlines()]
+
+
+def test_nemo_rl_clips_and_scales_the_rewards_as_the_embedded_engine_does(outcomes, project):
+    """rewards.<name>.clip and scale on engine=nemo_rl: NeMo-RL's own scale_rewards gives, from the rewards of the
+    same run without them, what rlsteps' own reward term gives."""
+    _, results = outcomes
+    raw, scaled = (torch.tensor(logged_rewards(results[name], project)) for name in (UNSCALED, SCALED))
+    assert (raw < CLIP[0]).any() or (raw > CLIP[1]).any(), raw  # the clip moves them
+    expected = RewardTerm("reward_model", 1.0, source=None, clip=CLIP, scale=SCALE).shape(raw)
+    torch.testing.assert_close(scaled, expected)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 
 import pytest
@@ -13,10 +14,11 @@ from pydantic import ValidationError
 
 from rlsteps.contract.config import RSConfig
 from rlsteps.engine.batch import RolloutBatch
+from rlsteps.engine.rewards.combined import CombinedSource, RewardTerm
 from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionError, RewardFunctionFailed
 from rlsteps.engine.rewards.judge.client import JudgeAnswer, JudgeResult, JudgeUnavailable
 from rlsteps.engine.rewards.judge.source import JudgeSource
-from rlsteps.engine.rewards.sources import CombinedSource, FunctionSource, RewardTerm
+from rlsteps.engine.rewards.sources import FunctionSource
 
 HERE = "test_reward_terms"
 
@@ -129,6 +131,49 @@ def test_the_reward_is_the_weighted_sum_and_a_row_any_term_cannot_score_leaves_t
     assert scores.metrics["reward/length"] == pytest.approx(6 / 4)
     assert scores.details[1]["rewards"] == {"correct": 0.0, "length": 3.0}
     assert scores.details[3]["rewards"] == {"correct": None, "length": 1.0}
+
+
+def test_a_term_is_clipped_then_scaled_before_its_weight_and_logged_before_and_after():
+    batch = qa_batch(["one", "two words here", "four words are here", "x"], [None] * 4)  # lengths 1, 3, 4, 1
+    length = FunctionSource(scorer("length_in_words"))
+    alone = CombinedSource([RewardTerm("length", 1.0, length, clip=(0.0, 2.0), scale=0.5)]).score(batch)
+    assert alone.rewards.tolist() == [0.5, 1.0, 1.0, 0.5]  # min(len, 2) / 2
+    assert alone.metrics["reward/length"] == pytest.approx(9 / 4)  # raw
+    assert alone.metrics["reward/length/shaped"] == pytest.approx(3 / 4)
+    assert alone.metrics["reward/length/clipped"] == pytest.approx(2 / 4)  # the rows of 3 and 4 words
+    assert alone.details[2]["rewards"] == {"length": 4.0}  # a sample's record shows the raw reward
+    summed = CombinedSource(
+        [
+            RewardTerm("length", -2.0, length, clip=(1.5, 3.0)),
+            RewardTerm("count", 1.0, FunctionSource(scorer("all_fields")), scale=3.0),
+        ]
+    ).score(batch)
+    assert summed.rewards.tolist() == [-3.0, -6.0, -6.0, -3.0]  # -2 * clip(len, 1.5, 3) + 3 * 0
+    assert "reward/count/clipped" not in summed.metrics and summed.metrics["reward/count/shaped"] == 0.0
+    unshaped = CombinedSource([RewardTerm("length", 1.0, length)]).score(batch)
+    assert unshaped.rewards.tolist() == [1.0, 3.0, 4.0, 1.0] and "reward/length/shaped" not in unshaped.metrics
+
+
+@pytest.mark.parametrize(
+    "entry, said",
+    [
+        ({"clip": [2.0, 1.0]}, "rewards.reward_model.clip [2.0, 1.0]: give [low, high] with low < high, both finite"),
+        ({"clip": [0.0, float("inf")]}, "rewards.reward_model.clip [0.0, inf]: give [low, high]"),
+        ({"clip": [0.0]}, "clip"),
+        ({"scale": 0.0}, "greater than 0"),
+    ],
+)
+def test_a_clip_or_scale_that_cannot_hold_is_refused(entry, said):
+    with pytest.raises(ValidationError, match=re.escape(said)):
+        RSConfig.model_validate(
+            {
+                "algorithm": "rs",
+                "rollout": {"top_n_rollouts": 1},
+                "inputs": {"prompts": "p.jsonl", "policy": "p"},
+                "output": {"dir": "out"},
+                "rewards": {"reward_model": {"source": "reward_model", **entry}},
+            }
+        )
 
 
 class FailingJudge:

@@ -41,6 +41,29 @@ def test_rejection_sampling_with_the_judge_and_a_function_logs_each_term(tmp_pat
     assert (run / "policy").is_dir()
 
 
+@pytest.mark.slow
+def test_a_run_trained_against_its_validation_function_says_it_sees_reward_hacking(tmp_path):
+    """rl/reinforce trained on minus the tiny world's true reward, validated (sampled) on the true reward: the trained
+    reward rises as the function falls, their rank correlation is -1, and the run says so in one line with two samples
+    and the remedies, then again at its end."""
+    done = rlsteps(
+        "run", "rl/reinforce", "-c", "tiny", *FAST, "train.max_steps=6", "validation.interval=3",
+        "checkpoint.interval=0", "validation.samples_per_prompt=2", "rewards.reward_model=null",
+        f"rewards.true.function={TRUE_REWARD}", "rewards.true.weight=-1", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = run_dir(tmp_path, "rl_reinforce")
+    assert series(run, "val/rank_correlation/true_reward") == [-1.0] * 3  # the trained reward is minus the function
+    assert all(0 < h < 5 for h in series(run, "train/entropy")) and len(series(run, "train/distinct_responses")) == 6
+    said = [line for line in done.stderr.splitlines() if "reward hacking? step" in line]
+    assert said and "the trained reward rising while val/true_reward falls" in done.stderr, done.stderr[-3000:]
+    assert "raise the KL penalty (reinforce.initial_policy_kl_penalty), lower the learning rate" in done.stderr
+    records = [json.loads(line) for line in (run / "reward_hacking.jsonl").read_text().splitlines()]
+    assert "diverging val/true_reward" in {r["sign"] for r in records}
+    summary = done.stderr.split("signs of reward hacking over the run (reward_hacking.jsonl):")[1]
+    assert all(r["line"] in summary for r in records)
+
+
 FAILING = """
 def reward(messages, response):
     if len(response) > 0:

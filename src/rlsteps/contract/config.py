@@ -6,6 +6,7 @@ reads its config back through them. Torch-free on purpose: `rlsteps run --dry-ru
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
@@ -169,10 +170,22 @@ class OutputConfig(Section):
     type: CheckpointForm = "checkpoint_megatron"  # the form of the output artifact <dir>/policy
 
 
+class RewardHackingConfig(Section):
+    """Where a run says it sees reward hacking (rlsteps.engine.records.reward_hacking), in one line and at its end."""
+
+    enabled: bool = True
+    min_entropy_share: Probability = 0.2  # train/entropy below this share of the first step's: collapsing
+    max_identical_groups: Probability = 0.5  # share of a step's prompts whose rollouts are one answer, word for word
+    # val/<function> below its best by this share of its rise to that best (or of the best itself), while the
+    # trained reward's val/reward_mean is higher than there
+    max_validation_fall: NonNegativeFloat = 0.1
+
+
 class LoggingConfig(Section):
     tensorboard: bool = False
     wandb_project: str | None = None
     samples_per_step: NonNegativeInt = 4  # rollouts per step written to samples.jsonl (judge answers too); 0 = none
+    reward_hacking: RewardHackingConfig = RewardHackingConfig()
 
 
 class TinyWorldConfig(Section):
@@ -259,6 +272,10 @@ class RewardEntry(Section):
     weight: float = Field(default=1.0, allow_inf_nan=False)  # 0: logged as reward/<name>, not trained on
     batched: bool = False  # a function called once per step with lists, instead of once per sample
     timeout_s: PositiveFloat = 60  # a function's longest time over one step's samples
+    # each reward held within [low, high], then times scale, before the weight sums the terms (both logged as
+    # reward/<name>/shaped, beside the raw reward/<name>); engine=nemo_rl: NeMo-RL's grpo.reward_scaling
+    clip: tuple[float, float] | None = None
+    scale: PositiveFloat = 1.0
 
     @model_validator(mode="after")
     def _one_kind(self) -> RewardEntry:
@@ -284,9 +301,12 @@ def _checked_rewards(rewards: dict[str, RewardEntry | None]) -> dict[str, Reward
             "rewards has no entry: name at least one, e.g. rewards.reward_model.source=reward_model or "
             "rewards.NAME.function=package.module:function"
         )
-    for name in used:
+    for name, entry in used.items():
         if not name.replace("_", "").isalnum() or not name.isascii():
             raise ValueError(f"rewards entry {name!r}: a name of letters, digits and _ (it is logged as reward/{name})")
+        low, high = entry.clip or (0.0, 1.0)
+        if not (math.isfinite(low) and low < high < math.inf):
+            raise ValueError(f"rewards.{name}.clip {[low, high]}: give [low, high] with low < high, both finite")
     for source in REWARD_SOURCES:
         named = [name for name, entry in used.items() if entry.source == source]
         if len(named) > 1:

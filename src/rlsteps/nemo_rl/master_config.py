@@ -77,14 +77,16 @@ def from_recipe(cfg: dict[str, Any]) -> dict[str, Any]:
     for ours, theirs in INPUTS:
         if ours != "inputs.judge_model":  # the judge block is _judge's
             put(overlay, theirs, get(cfg, ours))
-    for mapping in (
+    mappings = (
         _epochs_and_validation,
         _checkpointing,
         _policy,
         compile_lora,
         _logger,
+        _reward_scaling,
         _judge if rlhf else _reinforce,
-    ):
+    )
+    for mapping in mappings:
         overlay = deep_merge(overlay, mapping(cfg))
     template = master_template(GENRM_ENV if rlhf else REWARD_MODEL_ENV)
     merged = OmegaConf.merge(template, OmegaConf.create(overlay))
@@ -155,6 +157,24 @@ def _logger(cfg: dict[str, Any]) -> dict[str, Any]:
             "wandb": {"project": project or "rlsteps", "name": PurePosixPath(cfg["output"]["dir"]).name},
         }
     }
+
+
+def _reward_scaling(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The reward term's clip and scale as NeMo-RL's grpo.reward_scaling: each reward clamped to [low, high] and
+    mapped linearly onto [low * scale, high * scale], which is clip then scale (its scale_rewards). NeMo-RL scales
+    only within a clamped interval, so a scale needs a clip."""
+    ((name, term),) = [(name, term) for name, term in cfg["rewards"].items() if term is not None]
+    if term.get("clip") is None:
+        if term.get("scale", 1.0) != 1.0:
+            raise NemoRlConfigError(
+                f"rewards.{name}.scale without a clip: NeMo-RL scales rewards only within an interval "
+                "(grpo.reward_scaling clamps each reward to [source_min, source_max] first)",
+                fix=f"rewards.{name}.clip=[LOW,HIGH] (the rewards' range)",
+            )
+        return {}
+    (low, high), scale = term["clip"], term.get("scale", 1.0)
+    scaling = {"enabled": True, "source_min": low, "source_max": high, "target_min": low * scale}
+    return {"grpo": {"reward_scaling": {**scaling, "target_max": high * scale}}}
 
 
 def _judge(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -140,6 +140,7 @@ class GRPO(Recipe):
     value and its gradient is the log-prob's, as with a separate pass (whose values differ only by rounding)."""
 
     cfg: GRPOConfig
+    kl_penalty_key = "grpo.kl_beta"
 
     @property
     def needs_reference(self) -> bool:

@@ -52,6 +52,7 @@ def rollout_stats(batch: RolloutBatch, scores: Scores) -> dict[str, float]:
 
 class Recipe:
     needs_reference = False  # keep a frozen copy of the initial policy
+    kl_penalty_key: str | None = None  # the config key of the recipe's KL penalty to the initial policy, if any
     two_pass = False  # True: the policy's log-probs from a pass of their own in prepare, even where one step is made
 
     def __init__(self, cfg: RecipeConfig) -> None:

@@ -81,6 +81,7 @@ class ReinforceRLOO(Recipe):
 
     cfg: ReinforceConfig
     needs_reference = True
+    kl_penalty_key = "reinforce.initial_policy_kl_penalty"
 
     def _micro_batches_self_contained(self) -> bool:
         """A row's baseline reads its group's KL: every micro-batch must hold whole groups (rows of a group are

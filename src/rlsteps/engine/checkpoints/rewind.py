@@ -1,8 +1,8 @@
 """A resumed run's records cut back to the step of the checkpoint it resumes from.
 
 What came after that checkpoint (the steps of a run that was stopped later) is made again by the resumed run:
-its lines in metrics.jsonl and samples.jsonl (one {"step": N, ...} a line) and its per-step lines in the run's
-logs go, so no step is on record twice. A line a kill cut short is repaired.
+its lines in metrics.jsonl, samples.jsonl and reward_hacking.jsonl (one {"step": N, ...} a line) and its per-step
+lines in the run's logs go, so no step is on record twice. A line a kill cut short is repaired.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import re
 from pathlib import Path
 
 from rlsteps.engine.records.metrics import keep_records_through, replace_atomically
+from rlsteps.engine.records.reward_hacking import RECORD_FILE as REWARD_HACKING_FILE
 
 logger = logging.getLogger(__name__)
 
-RECORD_FILES = ("metrics.jsonl", "samples.jsonl")  # JSONL, one {"step": N, ...} a line, in the run directory
+RECORD_FILES = ("metrics.jsonl", "samples.jsonl", REWARD_HACKING_FILE)  # JSONL, one {"step": N, ...} a line
 STEP_LOGGER = "rlsteps.steps"  # the loop's one line per step in the run's log: "<time> INFO rlsteps.steps: step N/T"
 _LOG_HEADER = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 _STEP_LINE = re.compile(_LOG_HEADER.pattern + re.escape(STEP_LOGGER.encode()) + rb": step (\d+)/\d+")

@@ -1,4 +1,5 @@
-"""What a run says and draws at its end: its main figures first -> last, the failures it met, and metrics.png."""
+"""What a run says and draws at its end: its main figures first -> last, the failures and the signs of reward hacking
+it met, and metrics.png."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from rlsteps.contract.run_files import METRICS_FILE, read_metrics
 from rlsteps.engine.records import metrics
+from rlsteps.engine.records.reward_hacking import RECORD_FILE, recorded_signs
 
 log = logging.getLogger("rlsteps")
 PLOTTED = ["train/reward", "val/reward_mean", "train/loss", "train/response_length"]  # and val/<reward function>
@@ -38,6 +40,11 @@ def summarise(run_dir: Path, extra_keys: list[str]) -> None:
     steps, idle = metrics.metric_series(records, "train/steps_without_update")
     if idle and idle[-1]:
         log.warning("%d of %d steps made no optimizer update (train/steps_without_update)", idle[-1], steps[-1])
+    signs = recorded_signs(run_dir)
+    if signs:
+        log.warning("signs of reward hacking over the run (%s):", RECORD_FILE)
+        for line in signs:
+            log.warning("  %s", line)
 
 
 def _warn_of_judge_bias(records: list[dict]) -> None:

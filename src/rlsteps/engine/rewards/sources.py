@@ -1,5 +1,5 @@
-"""Where a step's rewards come from: the weighted sum of the config's `rewards:` terms, each a scalar reward model
-over HTTP, a generative judge comparing a prompt's responses, or a Python function.
+"""Where a step's rewards come from: each of the config's `rewards:` terms is a scalar reward model over HTTP, a
+generative judge comparing a prompt's responses, or a Python function (rlsteps.engine.rewards.combined sums them).
 
 Each source scores a RolloutBatch into per-row rewards and a validity mask (False: no trustworthy
 reward, the row leaves the loss). Without a URL in the config, a served source starts its own server on
@@ -10,10 +10,8 @@ while the worker loads its policy and generates, and the first score waits until
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -96,77 +94,9 @@ class FunctionSource:
     score_alone = score
 
 
-@dataclass
-class RewardTerm:
-    name: str
-    weight: float
-    source: RewardSource
-
-
-class CombinedSource:
-    """The config's rewards: every term scores the batch, a row's reward is the weighted sum, and a row any term
-    could not score leaves the loss. Each term's mean over the rows it scored is logged as reward/<name>."""
-
-    def __init__(self, terms: list[RewardTerm]) -> None:
-        self.terms = terms
-
-    @property
-    def transport_failures(self) -> int:
-        return sum(getattr(term.source, "transport_failures", 0) for term in self.terms)
-
-    def score(self, batch: RolloutBatch) -> Scores:
-        return self._combined(batch, [term.source.score(batch) for term in self.terms])
-
-    def score_alone(self, batch: RolloutBatch) -> Scores:
-        return self._combined(batch, [term.source.score_alone(batch) for term in self.terms])
-
-    def _combined(self, batch: RolloutBatch, parts: list[Scores]) -> Scores:
-        import torch
-
-        if len(parts) == 1 and self.terms[0].weight == 1.0:
-            only = parts[0]
-            return dataclasses.replace(only, metrics={**only.metrics, **_term_means(self.terms[:1], parts)})
-        rewards, valid = torch.zeros(len(batch)), torch.ones(len(batch), dtype=torch.bool)
-        metrics: dict[str, float] = {}
-        for term, part in zip(self.terms, parts):
-            rewards += term.weight * part.rewards
-            valid &= part.valid
-            metrics.update(part.metrics)
-        metrics.update(_term_means(self.terms, parts))
-        details = [
-            {
-                "rewards": {
-                    term.name: round(float(part.rewards[i]), 6) if part.valid[i] else None
-                    for term, part in zip(self.terms, parts)
-                },
-                **{k: v for part in parts if part.details for k, v in part.details[i].items()},
-            }
-            for i in range(len(batch))
-        ]
-        return Scores(rewards=rewards, valid=valid, metrics=metrics, details=details)
-
-
-def _term_means(terms: list[RewardTerm], parts: list[Scores]) -> dict[str, float]:
-    means = {}
-    for term, part in zip(terms, parts):
-        scored = part.rewards[part.valid]
-        means[f"reward/{term.name}"] = scored.mean().item() if len(scored) else float("nan")
-    return means
-
-
 @contextlib.contextmanager
-def open_reward_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[CombinedSource]:
-    """Every term of the config's rewards, served sources started (in the config's order) and stopped after."""
-    with contextlib.ExitStack() as stack:
-        terms = [
-            RewardTerm(name, entry.weight, stack.enter_context(_term_source(cfg, entry, name, run_dir)))
-            for name, entry in cfg.reward_terms.items()
-        ]
-        yield CombinedSource(terms)
-
-
-@contextlib.contextmanager
-def _term_source(cfg: RecipeConfig, entry: RewardEntry, name: str, run_dir: Path) -> Iterator[RewardSource]:
+def term_source(cfg: RecipeConfig, entry: RewardEntry, name: str, run_dir: Path) -> Iterator[RewardSource]:
+    """The source of one rewards entry: its server started (and stopped after) where it serves one."""
     if entry.source == "reward_model":
         with _reward_model_source(cfg, run_dir) as source:
             yield source

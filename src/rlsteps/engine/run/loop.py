@@ -45,7 +45,8 @@ from rlsteps.engine.policy.parallel import (
     reference_copy,
     unsharded_copy,
 )
-from rlsteps.engine.records.metrics import MetricsWriter, TrainingProgress
+from rlsteps.engine.records.metrics import MetricsWriter, TrainingProgress, read_metrics
+from rlsteps.engine.records.reward_hacking import RECORD_FILE, HackingWatch, Remedies
 from rlsteps.engine.records.samples import SampleLog
 from rlsteps.engine.records.throughput import (
     peak_flops,
@@ -256,8 +257,17 @@ def _main_outputs(stack, cfg: RecipeConfig, run_dir: Path, run: StepRun, total_s
         return _Nowhere(), _Nowhere()
     metrics = stack.enter_context(_metrics_writer(cfg, run_dir))
     run.samples = stack.enter_context(SampleLog(run_dir / "samples.jsonl"))
+    if cfg.logging.reward_hacking.enabled:
+        run.watch = stack.enter_context(contextlib.closing(_hacking_watch(cfg, run.recipe, run_dir)))
     progress = stack.enter_context(TrainingProgress(total=total_steps, initial=initial_step))
     return metrics, progress
+
+
+def _hacking_watch(cfg: RecipeConfig, recipe: Recipe, run_dir: Path) -> HackingWatch:
+    """The run's watch for reward hacking, knowing the figures of the steps it resumes after."""
+    history = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    remedies = Remedies(recipe.kl_penalty_key, list(cfg.reward_terms))
+    return HackingWatch(cfg.logging.reward_hacking, remedies, run_dir / RECORD_FILE, history)
 
 
 class _Nowhere:

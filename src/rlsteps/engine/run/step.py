@@ -47,6 +47,7 @@ from rlsteps.engine.policy.parallel import (
     gathered,
 )
 from rlsteps.engine.records.metrics import Timers
+from rlsteps.engine.records.reward_hacking import HackingWatch, rollout_signs, validation_correlations
 from rlsteps.engine.records.samples import SampleLog, sample_records, show_samples
 from rlsteps.engine.records.throughput import (
     attended_length,
@@ -102,6 +103,7 @@ class StepRun:
     say: Callable[[str], None] = print
     reward_functions: list[FunctionScorer] = field(default_factory=list)  # validation's figures
     samples: SampleLog | None = None
+    watch: HackingWatch | None = None  # the main process's: what reward hacking looks like, said when it shows
     timers: Timers = field(default_factory=Timers)
     skipped_updates: int = 0  # optimizer steps skipped on a non-finite gradient
     steps_without_update: int = 0  # RL steps that changed no weight
@@ -246,7 +248,10 @@ class StepRun:
         outcome, beside_result = run_beside(lambda: None if whole is None else self._score_on_main(whole), beside)
         if isinstance(outcome, Scores):
             self._write_samples(step, "train", whole, outcome)
-            outcome = _Scored(outcome, rollout_stats(whole, outcome))
+            signs = rollout_signs(whole)
+            if self.watch is not None:
+                self.watch.rollouts(step, whole, signs)
+            outcome = _Scored(outcome, {**rollout_stats(whole, outcome), **signs})
         outcome = from_main(self.world, outcome)
         if isinstance(outcome, str):
             self._stop_without_rewards(f"at step {self.counters.step + 1}", outcome)
@@ -335,17 +340,22 @@ class StepRun:
         rewards = scores.rewards[scores.valid]
         records = self._write_samples(self.counters.step, "val", batch, scores, extra)
         show_samples(records[: self.cfg.validation.show_samples], self.say)
-        figures = {
+        rewarded = {
             "val/reward_mean": rewards.mean().item() if len(rewards) else float("nan"),
             **{f"val/{k}": v for k, v in scores.metrics.items() if k.startswith("reward/")},
         }
-        return {
+        figures = {
             # a figure no row has is left out (greedy validation's judge meets only the initial policy's answers)
-            **{k: v for k, v in figures.items() if not math.isnan(v)},
+            **{k: v for k, v in rewarded.items() if not math.isnan(v)},
             "val/response_length": batch.response_lengths.float().mean().item(),
             "val/fraction_ended": batch.is_end.float().mean().item(),
             **{name: _mean_of_scored(values) for name, values in extra.items()},
+            **validation_correlations(scores.rewards, scores.valid, extra),
         }
+        if self.watch is not None:
+            self.watch.validation(self.counters.step, sample_records(0, "val", batch, scores, len(batch), extra),
+                                  figures, list(extra))  # fmt: skip
+        return figures
 
     def save(self, step_metrics: dict[str, float]) -> Path:
         """A checkpoint of every process's shards (each process calls it)."""

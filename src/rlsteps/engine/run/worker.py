@@ -164,7 +164,7 @@ def _start_rewards(cfg: RecipeConfig, run_dir: Path, servers: contextlib.ExitSta
     """Claim the run directory, then start the reward source (a local server loads while the worker goes on)."""
     from rlsteps.contract.run_files import CHECKPOINTS_DIR
     from rlsteps.engine.checkpoints.resume import CheckpointManager
-    from rlsteps.engine.rewards.sources import open_reward_source
+    from rlsteps.engine.rewards.combined import open_reward_source
     from rlsteps.engine.run.run_identity import claim_run_directory
 
     has_checkpoints = CheckpointManager(run_dir / CHECKPOINTS_DIR).latest() is not None
