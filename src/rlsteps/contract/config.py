@@ -304,9 +304,8 @@ def _checked_rewards(rewards: dict[str, RewardEntry | None]) -> dict[str, Reward
     for name, entry in used.items():
         if not name.replace("_", "").isalnum() or not name.isascii():
             raise ValueError(f"rewards entry {name!r}: a name of letters, digits and _ (it is logged as reward/{name})")
-        low, high = entry.clip or (0.0, 1.0)
-        if not (math.isfinite(low) and low < high < math.inf):
-            raise ValueError(f"rewards.{name}.clip {[low, high]}: give [low, high] with low < high, both finite")
+        if entry.clip is not None and not (all(map(math.isfinite, entry.clip)) and entry.clip[0] < entry.clip[1]):
+            raise ValueError(f"rewards.{name}.clip {list(entry.clip)}: give [low, high] with low < high, both finite")
     for source in REWARD_SOURCES:
         named = [name for name, entry in used.items() if entry.source == source]
         if len(named) > 1:

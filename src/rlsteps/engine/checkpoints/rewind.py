@@ -11,12 +11,13 @@ import logging
 import re
 from pathlib import Path
 
+from rlsteps.contract.run_files import METRICS_FILE
 from rlsteps.engine.records.metrics import keep_records_through, replace_atomically
 from rlsteps.engine.records.reward_hacking import RECORD_FILE as REWARD_HACKING_FILE
 
 logger = logging.getLogger(__name__)
 
-RECORD_FILES = ("metrics.jsonl", "samples.jsonl", REWARD_HACKING_FILE)  # JSONL, one {"step": N, ...} a line
+RECORD_FILES = (METRICS_FILE, "samples.jsonl", REWARD_HACKING_FILE)  # JSONL, one {"step": N, ...} a line
 STEP_LOGGER = "rlsteps.steps"  # the loop's one line per step in the run's log: "<time> INFO rlsteps.steps: step N/T"
 _LOG_HEADER = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 _STEP_LINE = re.compile(_LOG_HEADER.pattern + re.escape(STEP_LOGGER.encode()) + rb": step (\d+)/\d+")

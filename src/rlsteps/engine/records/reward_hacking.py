@@ -173,9 +173,8 @@ class HackingWatch:
         if best[key] - now[key] <= allowed or now["val/reward_mean"] <= best["val/reward_mean"]:
             return None
         fall = self.thresholds.max_validation_fall
-        correlation = now.get(f"val/rank_correlation/{key.removeprefix('val/')}")
-        known = correlation is not None and not math.isnan(correlation)  # NaN (None on record): answers all alike
-        ranks = f", rank correlation {correlation:.2f}" if known else ""
+        correlation = now.get(f"val/rank_correlation/{key.removeprefix('val/')}")  # absent where undefined
+        ranks = f", rank correlation {correlation:.2f}" if correlation is not None else ""
         return (
             f"the trained reward rising while {key} falls: val/reward_mean {best['val/reward_mean']:.4g} -> "
             f"{now['val/reward_mean']:.4g}, {key} {best[key]:.4g} -> {now[key]:.4g} since step {best['step']}{ranks} "

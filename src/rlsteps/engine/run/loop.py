@@ -18,7 +18,7 @@ import torch
 
 from rlsteps.contract.config import RecipeConfig
 from rlsteps.contract.disk import checkpoint_estimate, disk_full, is_disk_full
-from rlsteps.contract.run_files import CHECKPOINTS_DIR
+from rlsteps.contract.run_files import CHECKPOINTS_DIR, METRICS_FILE, read_metrics
 from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.checkpoints.integrity import DAMAGED_PREFIX, set_aside_damaged
 from rlsteps.engine.checkpoints.resume import STATE_DIR, CheckpointError, CheckpointManager, restore_rng_state
@@ -45,7 +45,7 @@ from rlsteps.engine.policy.parallel import (
     reference_copy,
     unsharded_copy,
 )
-from rlsteps.engine.records.metrics import MetricsWriter, TrainingProgress, read_metrics
+from rlsteps.engine.records.metrics import MetricsWriter, TrainingProgress
 from rlsteps.engine.records.reward_hacking import RECORD_FILE, HackingWatch, Remedies
 from rlsteps.engine.records.samples import SampleLog
 from rlsteps.engine.records.throughput import (
@@ -265,7 +265,7 @@ def _main_outputs(stack, cfg: RecipeConfig, run_dir: Path, run: StepRun, total_s
 
 def _hacking_watch(cfg: RecipeConfig, recipe: Recipe, run_dir: Path) -> HackingWatch:
     """The run's watch for reward hacking, knowing the figures of the steps it resumes after."""
-    history = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    history = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).is_file() else []
     remedies = Remedies(recipe.kl_penalty_key, list(cfg.reward_terms))
     return HackingWatch(cfg.logging.reward_hacking, remedies, run_dir / RECORD_FILE, history)
 
@@ -323,7 +323,7 @@ def _optimizer_and_schedule(cfg: RecipeConfig, recipe: Recipe, model: torch.nn.M
 
 def _metrics_writer(cfg: RecipeConfig, run_dir: Path) -> MetricsWriter:
     return MetricsWriter(
-        run_dir / "metrics.jsonl",
+        run_dir / METRICS_FILE,
         tensorboard_dir=run_dir / "tensorboard" if cfg.logging.tensorboard else None,
         wandb={"project": cfg.logging.wandb_project} if cfg.logging.wandb_project else None,
     )

@@ -353,8 +353,8 @@ class StepRun:
             **validation_correlations(scores.rewards, scores.valid, extra),
         }
         if self.watch is not None:
-            self.watch.validation(self.counters.step, sample_records(0, "val", batch, scores, len(batch), extra),
-                                  figures, list(extra))  # fmt: skip
+            every_sample = sample_records(self.counters.step, "val", batch, scores, len(batch), extra)
+            self.watch.validation(self.counters.step, every_sample, figures, list(extra))
         return figures
 
     def save(self, step_metrics: dict[str, float]) -> Path:
