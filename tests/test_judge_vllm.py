@@ -30,7 +30,9 @@ PROMPTS_4 = "rollout.prompts_per_step=4"  # later overrides win
 
 
 @pytest.fixture(scope="module")
-def judge_url(tiny_world, tmp_path_factory):
+def judge_url(tmp_path_factory):
+    # not on tiny_world, a session fixture pytest would build first: the runs below wait on the world's build lock
+    # themselves, so the judge's start-up overlaps the build where it is still going on
     with vllm_judge(smollm2_hf(), tmp_path_factory.mktemp("vllm") / "vllm.log") as url:
         yield url
 

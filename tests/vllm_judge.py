@@ -10,17 +10,15 @@ need it skip, unless RLSTEPS_REQUIRE_VLLM=1 (CI sets it) makes that a failure.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+import judge_models
 from rlsteps.engine.rewards.process import LocalServer
-from rlsteps.tiny.layout import rlsteps_home
 
 SERVED_NAME = "smollm2-judge"
 TINY_JUDGE_NAME = "tiny-generative-judge"
@@ -41,26 +39,12 @@ def vllm_python() -> Path:
 
 def smollm2_hf(home: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face folder, dequantised once in the vLLM environment."""
-    target = rlsteps_home(home) / "judges" / "smollm2-135m-instruct"
-    if not (target / "config.json").is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(vllm_python()), str(REPO / "tests" / "smollm2_to_hf.py"), str(target)], check=True)
-    return target
+    return judge_models.smollm2_hf(vllm_python(), home)
 
 
 def tiny_judge(home: Path | None = None) -> Path:
-    """The tiny generative judge, trained once in the vLLM environment (a minute or two on 2 cores) under a name
-    that changes with its recipe and with the judge prompt rlsteps writes: a changed prompt retrains it."""
-    from rlsteps.engine.rewards.judge.protocol import judge_messages
-
-    recipe = REPO / "tests" / "tiny_generative_judge.py"
-    prompt = judge_messages([{"role": "user", "content": "Q"}], "A", "B", None)
-    key = hashlib.sha256(recipe.read_bytes() + repr(prompt).encode()).hexdigest()[:12]
-    target = rlsteps_home(home) / "judges" / f"tiny-generative-judge-{key}"
-    if not (target / "config.json").is_file():
-        source = smollm2_hf(home)  # its tokenizer and chat template
-        subprocess.run([str(vllm_python()), str(recipe), str(target), str(source)], check=True)
-    return target
+    """The tiny generative judge, trained once in the vLLM environment (tests/judge_models.py)."""
+    return judge_models.tiny_judge(vllm_python(), home)
 
 
 @contextmanager
