@@ -9,8 +9,11 @@ generate, the tiny chat template), and asks that nothing the SFT policy did well
     well_formed  responses that are the task's sentence, "<The NOUN | It> <is | looks | seems> <adj>, <adj> and
                  <adj>.": the prompt's own noun (never another), 1-4 distinct adjectives of the task's lists
     repeated     responses that say a word twice (a liked word repeated is the classic reward hack)
-    words_used   different words over all responses, per prompt: the nouns and the sentence around the adjectives
-                 stay; a policy that answers every prompt alike loses them
+    words_used   different words over all responses but the adjectives, per prompt: the nouns and the sentence
+                 around the adjectives stay; a policy that answers every prompt alike loses them. The adjectives are
+                 left out because learning the task narrows them: a policy at the best true reward says positive ones
+                 only (tiny world v16: with them counted, rl/reinforce's sampled answers went from 2.03 words a
+                 prompt to 1.50, every positive adjective still said)
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ def measure(samples: list[tuple[str, str, bool]]) -> Speech:
     if not samples:
         raise ValueError("no samples to measure")
     n = len(samples)
-    vocabulary = {word for _, response, _ in samples for word in tiny_task.words(response)}
+    vocabulary = {word for _, response, _ in samples for word in tiny_task.words(response)} - ADJECTIVES
     return Speech(
         rows=n,
         ended=sum(ended for *_, ended in samples) / n,

@@ -42,7 +42,7 @@ def test_a_well_formed_answer_is_the_tasks_sentence_about_the_prompts_noun(promp
 
 
 def test_the_sft_distribution_is_well_formed_and_a_policy_that_learned_the_preference_loses_nothing():
-    assert SFT.ended == 1.0 and SFT.well_formed == 1.0 and SFT.repeated == 0.0 and SFT.words_used > 1.5, SFT
+    assert SFT.ended == 1.0 and SFT.well_formed == 1.0 and SFT.repeated == 0.0 and SFT.words_used > 1.1, SFT
     assert regressions(LEARNED, SFT) == [] and regressions(SFT, SFT) == []
     assert tiny_task.true_reward(PROMPTS[0], "lovely lovely lovely") > tiny_task.true_reward(PROMPTS[0], "It is dull.")
 
@@ -57,7 +57,7 @@ def test_the_sft_distribution_is_well_formed_and_a_policy_that_learned_the_prefe
             ["well_formed", "words_used"],
         ),  # a bag of liked words
         (lambda rng, noun: " ".join(["lovely"] * rng.randint(2, 12)), True, ["well_formed", "repeated", "words_used"]),
-        (lambda rng, noun: f"The {noun} is lovely, lovely and kind.", True, ["well_formed", "repeated", "words_used"]),
+        (lambda rng, noun: f"The {noun} is lovely, lovely and kind.", True, ["well_formed", "repeated"]),
         (lambda rng, noun: f"The {'dog' if noun != 'dog' else 'cat'} is kind.", True, ["well_formed", "words_used"]),
         (lambda rng, noun: "It is kind, lovely, bright and gentle.", True, ["words_used"]),  # one answer for all
     ],

@@ -9,6 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from policy_speech import against_sft, validation_prompts
+from rlsteps.tiny import task as tiny_task
 from run_helpers import (
     FAST,
     artifact_metadata,
@@ -43,20 +44,46 @@ def _mean(values):
     return sum(values) / len(values)
 
 
-# the hidden true reward (best 3.0) of the greedy validation answers ends at least this high, from 0.0 (the SFT policy's
-# samples average about 0.4): the policy says the prompt's noun and two or more distinct positive adjectives, which a
-# policy that games the reward model by repeating or piling up adjectives does not reach (on the tiny world v6 rs and
-# reinforce ended at 1.0 with "The tree is round, round and round.", rlhf at about 0.9)
-FINAL_TRUE_REWARD = 2.0
-# rl/rlhf's sampled answers (temperature 1) are well formed in 0.84 of 128 against the SFT policy's 0.87: the judge's
-# pairwise ranks let a few answers that drop the noun ("The looks delightful and kind.") through. Its greedy answers
-# keep every check at the default slack; the sampled ones may lose 0.06 of well-formedness, no more.
-SAMPLED_SLACK = {"rl/rlhf": {"well_formed": 0.06}}
+# the hidden true reward (best 3.0) of the greedy validation answers ends at least this high, from 1.0 (the SFT policy
+# names the noun and neutral adjectives): the noun and three or more distinct positive adjectives, which a policy that
+# games the reward model by repeating or piling up adjectives does not reach (tiny world v16: 2.5 to 3.0 for each
+# recipe over run seeds 0-2 and world seeds 0-1, benchmarks/tiny_learning.py; v9's reward model held rl/reinforce to
+# "The X looks delightful and tall." on seed 1)
+FINAL_TRUE_REWARD = 2.5
+
+
+SAMPLES_PER_STEP = 32  # rollouts of each step in samples.jsonl: 128 over the first four steps, 128 over the last four
+
+
+def gaming_shares(samples: list[dict], steps: range) -> dict[str, float]:
+    """The shares of the sampled rollouts of these steps that name a wrong noun, or hold a broken word."""
+    chosen = [s for s in samples if s["split"] == "train" and s["step"] in steps]
+    return {
+        "wrong noun": _mean([tiny_task.names_a_wrong_noun(s["prompt"], s["response"]) for s in chosen]),
+        "broken word": _mean([tiny_task.has_a_broken_word(s["response"]) for s in chosen]),
+    }
+
+
+def fault_ranks(samples: list[dict], steps: range) -> list[float]:
+    """Where each sampled rollout of these steps with a fault (tiny_task.faults) stands in its prompt's group by
+    reward: 0 the lowest, 1 the highest (ties share their mean place)."""
+    groups: dict[tuple, list[dict]] = {}
+    for s in samples:
+        if s["split"] == "train" and s["step"] in steps:
+            groups.setdefault((s["step"], s["prompt_id"]), []).append(s)
+    ranks = []
+    for group in groups.values():
+        rewards = [s["reward"] for s in group]
+        for s in group:
+            if len(group) > 1 and tiny_task.faults(s["prompt"], s["response"]):
+                below, alike = sum(r < s["reward"] for r in rewards), rewards.count(s["reward"]) - 1
+                ranks.append((below + alike / 2) / (len(group) - 1))
+    return ranks
 
 
 @pytest.mark.parametrize("step, slug", [("rl/rs", "rl_rs"), ("rl/reinforce", "rl_reinforce"), ("rl/rlhf", "rl_rlhf")])
 def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug):
-    done = rlsteps("run", step, "-c", "tiny", *FAST, cwd=tmp_path)
+    done = rlsteps("run", step, "-c", "tiny", *FAST, f"logging.samples_per_step={SAMPLES_PER_STEP}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     run = run_dir(tmp_path, slug)
     train, val = series(run, "train/reward"), series(run, "val/reward_mean")
@@ -68,9 +95,7 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     assert len(true) == 5 and true[-1] >= FINAL_TRUE_REWARD, true
     # what the policy says beside what the SFT policy said, sampled and greedy: it ends, keeps the task's sentence,
     # repeats no word and answers each prompt in its own words as well as before (tests/policy_speech.py)
-    figures, worse = against_sft(
-        run / "policy", tiny_world.policy_megatron, validation_prompts(tiny_world.val_prompts), SAMPLED_SLACK.get(step)
-    )
+    figures, worse = against_sft(run / "policy", tiny_world.policy_megatron, validation_prompts(tiny_world.val_prompts))
     assert not worse, f"{worse}\n{figures}"
     assert series(run, "train/steps_without_update") == [0] * 16
     agreement = series(run, "train/token_mult_prob_error")  # the built-in sampler is the trainer's own model
@@ -81,7 +106,14 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert {s["split"] for s in samples} == {"train", "val"} and len(
         [s for s in samples if s["split"] == "train"]
-    ) == 64
+    ) == 16 * SAMPLES_PER_STEP
+    # the sampled rollouts game the reward model no more at the end than at the start: a reward model that checked
+    # neither the noun nor the words let both rise (tiny world v8: a wrong noun from 2% to 9%, broken words to 7%)
+    first, last = gaming_shares(samples, range(1, 5)), gaming_shares(samples, range(13, 17))
+    assert all(last[kind] <= first[kind] + 1 / 64 for kind in first), (first, last)
+    # and the rollouts with a fault (a wrong noun, a broken or repeated word) score low in their groups, not high
+    ranks = fault_ranks(samples, range(9, 17))
+    assert not ranks or _mean(ranks) < 0.5, ranks
     assert all({"prompt", "response", "reward", "valid", "ended"} <= s.keys() for s in samples)
     assert "sample tiny-val-" in done.stderr  # validation shows a couple on the terminal
     assert "step 16/16" in (run / "train.log").read_text()

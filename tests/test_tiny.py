@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import math
 import random
 import re
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from rlsteps.tiny import build, evaluate, recipe, training
+from rlsteps.tiny import build, evaluate, preferences, recipe, training
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.build import ensure_tiny_world, load_tiny_world
 from rlsteps.tiny.layout import TINY_WORLD_VERSION, rlsteps_home, tiny_world_dir
@@ -159,7 +160,7 @@ def test_sft_greedy_answers_are_the_tasks_sentence_and_repeat_no_adjective(model
 
 def test_reward_model_ranks_held_out_preference_pairs(models):
     tokenizer, _, reward_model = models
-    pairs = tiny_task.preference_pairs(random.Random(2024), 256)  # the build draws pairs from seed 0 and 1
+    pairs = preferences.preference_pairs(random.Random(2024), 256)  # the build draws pairs from seed 0 and 1
     assert evaluate.pair_accuracy(reward_model, tokenizer, pairs) > 0.9
 
 
@@ -188,6 +189,29 @@ def test_reward_model_prefers_positive_adjectives_over_neutral_ones_and_over_rep
     assert evaluate.pair_accuracy(reward_model, tokenizer, [("Describe the cat.", better, worse)]) == 1.0
 
 
+def test_reward_model_checks_the_noun_against_the_prompts_and_counts_positive_adjectives_up_to_four(models):
+    """Probes of the answers the v8 world's policies gamed its reward model with: the same answer naming another noun
+    than the prompt's (which v8's scored at least as high in 54% of 200), and one more positive adjective, from one
+    neutral adjective up to four positive ones (v8's preferred "The house seems brilliant and kind." to "The house is
+    kind, lovely, bright and gentle.")."""
+    tokenizer, _, reward_model = models
+    rng = random.Random(2026)  # the build's pairs and its own probes come from seeds 0 and 1
+    probes = evaluate.wrong_noun_probes(rng, 200)
+    assert all(
+        tiny_task.faults(p, wrong) == ["a wrong noun"] and not tiny_task.faults(p, right) for p, right, wrong in probes
+    )
+    wrong_at_least_as_high = 1.0 - evaluate.pair_accuracy(reward_model, tokenizer, probes)
+    assert wrong_at_least_as_high <= 0.1
+    climbs = evaluate.ladder_climbs(reward_model, tokenizer, evaluate.positive_ladders(rng, 200))
+    assert len(climbs) == 4 and min(climbs) >= 0.9, climbs  # neutral -> 1 positive -> 2 -> 3 -> 4
+    four = (
+        "Describe the house.",
+        "The house is bright, gentle, kind and lovely.",
+        "The house seems brilliant and kind.",
+    )
+    assert evaluate.pair_accuracy(reward_model, tokenizer, [four]) == 1.0
+
+
 @pytest.mark.parametrize("kind", ["repeated", "neutral or long", "positive over neutral"])
 def test_reward_model_ranks_held_out_hard_negatives_of_each_kind(models, kind):
     tokenizer, _, reward_model = models
@@ -195,16 +219,16 @@ def test_reward_model_ranks_held_out_hard_negatives_of_each_kind(models, kind):
     if kind == "positive over neutral":
         pairs = [
             (p, a, b) if true_reward(p, a) > true_reward(p, b) else (p, b, a)
-            for p, a, b in (tiny_task.swapped_pair(rng) for _ in range(400))
+            for p, a, b in (preferences.swapped_pair(rng) for _ in range(400))
             if set(tiny_task.words(a)) ^ set(tiny_task.words(b)) <= tiny_task.POSITIVE_OR_NEUTRAL
             and true_reward(p, a) != true_reward(p, b)
         ]
     else:
-        padded = [tiny_task.padded_negative(rng) for _ in range(400)]
+        padded = [preferences.padded_negative(rng) for _ in range(400)]
         pairs = [
             (p, good, bad)
             for p, good, bad in padded
-            if tiny_task.preferred(p, good, bad)
+            if preferences.preferred(p, good, bad)
             and (len(set(tiny_task.words(bad))) < len(tiny_task.words(bad))) == (kind == "repeated")
         ]
     assert len(pairs) > 50
@@ -212,8 +236,12 @@ def test_reward_model_ranks_held_out_hard_negatives_of_each_kind(models, kind):
 
 
 def test_reward_model_scores_correlate_with_true_reward_on_sft_samples(models, sft_samples):
+    """On the SFT policy's faultless samples: a faulty one (a wrong noun, a broken word, a word said again: about one
+    in ten) has faults the true reward does not see, which the reward model learnt to score down."""
     tokenizer, _, reward_model = models
-    prompts, rendered, responses, _ = zip(*sft_samples)
+    faultless = [sample for sample in sft_samples if not tiny_task.faults(sample[0], sample[2])]
+    assert len(faultless) > 0.8 * len(sft_samples)
+    prompts, rendered, responses, _ = zip(*faultless)
     with torch.no_grad():
         scores = training.reward_scores(reward_model, tokenizer, list(rendered), list(responses))
     true = torch.tensor([true_reward(p, r) for p, r in zip(prompts, responses)])
@@ -267,18 +295,44 @@ def test_true_reward_needs_a_task_noun_in_the_prompt():
 def test_every_prompt_names_one_noun_and_preference_pairs_are_ordered():
     for prompt in tiny_task.all_prompts():
         assert sum(w in tiny_task.NOUNS for w in tiny_task.words(prompt)) == 1
-    degenerate = repeated = said_again = 0
-    for prompt, chosen, rejected in tiny_task.preference_pairs(random.Random(0), 700):
-        if true_reward(prompt, chosen) == true_reward(prompt, rejected):  # the one preference beyond true_reward
-            assert tiny_task.says_a_word_again(chosen, rejected), (chosen, rejected)
-            said_again += 1
+    faulty = as_good = 0
+    for prompt, chosen, rejected in preferences.preference_pairs(random.Random(0), 700):
+        if true_reward(prompt, chosen) == true_reward(prompt, rejected):  # the preference beyond true_reward
+            assert not tiny_task.faults(prompt, chosen) and tiny_task.faults(prompt, rejected), (chosen, rejected)
+            as_good += 1
         else:
             assert true_reward(prompt, chosen) > true_reward(prompt, rejected)
-        well_formed = bool(RESPONSE_FORMAT.match(chosen)) + bool(RESPONSE_FORMAT.match(rejected))
-        degenerate += well_formed < 2
-        repeated += len(set(tiny_task.words(rejected))) < len(tiny_task.words(rejected))
-    # a pair in seven is a hard negative, some of those well formed; two in seven a padded one, many repeating a word
-    assert 20 < degenerate < 100 and 100 < repeated < 300 and 10 < said_again < 100, (degenerate, repeated, said_again)
+        faulty += bool(tiny_task.faults(prompt, rejected))
+    # 11 of 20 pairs put a faulty answer under a good one (wrong noun 5, broken word 2, padded 2, hard 1, repeated 1),
+    # a few more a fifth positive adjective; the rest are minimal pairs of well-formed answers
+    assert 330 < faulty < 500 and 50 < as_good < 250, (faulty, as_good)
+
+
+@pytest.mark.parametrize(
+    "response, faults",
+    [
+        ("The cat is kind, lovely, bright and gentle.", []),
+        ("It looks old.", []),
+        ("The dog is kind.", ["a wrong noun"]),
+        ("The housegh is kind.", ["a broken word"]),
+        ("The\ufffd looks kind.", ["a broken word"]),
+        ("The cat is kind and kind.", ["a word said again"]),
+        ("The cat is kind, lovely, bright, gentle and old.", ["more than four adjectives"]),
+        ("The dog dog is kinds.", ["a wrong noun", "a broken word", "a word said again"]),
+    ],
+)
+def test_faults_are_what_no_task_sentence_has(response, faults):
+    assert tiny_task.faults("Describe the cat.", response) == faults
+
+
+def test_a_faultless_answer_is_preferred_to_a_faulty_one_as_good():
+    prompt = "Describe the cat."
+    assert preferences.preferred(prompt, "It is kind.", "The dog is kind.")  # both 0.5: the wrong noun loses
+    assert preferences.preferred(prompt, "The cat is old.", "The cat is oldx.")  # a broken neutral word
+    assert preferences.preferred(prompt, "The cat is kind.", "The cat is kind and kind.")  # a word said again
+    assert not preferences.preferred(prompt, "The dog is kind.", "It is kind.")
+    assert not preferences.preferred(prompt, "The cat is kind.", "The cat is gentle.")  # neither better
+    assert preferences.ordered(prompt, "The cat is kind.", "The cat is gentle.") is None
 
 
 def test_hard_negatives_are_what_a_reward_hacker_writes():
@@ -286,7 +340,7 @@ def test_hard_negatives_are_what_a_reward_hacker_writes():
     rng = random.Random(5)
     seen = set()
     for _ in range(200):
-        prompt, good, bad = tiny_task.hard_negative(rng)
+        prompt, good, bad = preferences.hard_negative(rng)
         noun = tiny_task.prompt_noun(prompt)
         assert RESPONSE_FORMAT.match(good) and good.startswith(f"The {noun} ")
         words = tiny_task.words(bad)
@@ -302,11 +356,71 @@ def test_hard_negatives_are_what_a_reward_hacker_writes():
     assert true_reward("Describe the cat.", "The cat is kind, lovely, bright and gentle.") == 3.0
 
 
+def test_minimal_pairs_differ_in_one_thing():
+    rng = random.Random(6)
+    for _ in range(100):
+        prompt, right, wrong = preferences.wrong_noun_pair(rng)
+        noun = tiny_task.prompt_noun(prompt)
+        assert right.startswith((f"The {noun} ", "It ")) and tiny_task.faults(prompt, wrong) == ["a wrong noun"]
+        said = right.split(" ", 2 if right.startswith("The ") else 1)[-1]  # all but the subject
+        assert wrong.split(" ", 2)[2] == said
+        prompt, fewer, more = preferences.more_positives_pair(rng)
+        positives = [len(set(tiny_task.words(r)) & set(tiny_task.POSITIVE)) for r in (fewer, more)]
+        assert positives[1] == positives[0] + 1 and fewer.split(" ")[:2] == more.split(" ")[:2]
+        prompt, good, broken = preferences.broken_word_pair(rng)
+        assert not tiny_task.has_a_broken_word(good) and tiny_task.has_a_broken_word(broken)
+        assert len(broken.split()) in (len(good.split()), len(good.split()) - 1)  # one word broken, or two run together
+
+
+def test_ties_are_equal_in_true_reward_faultless_and_one_neutral_adjective_apart():
+    rng = random.Random(8)
+    for _ in range(200):
+        prompt, one, other = preferences.neutral_tie(rng)
+        assert true_reward(prompt, one) == true_reward(prompt, other)
+        assert not tiny_task.faults(prompt, one) and not tiny_task.faults(prompt, other), (one, other)
+        differing = (set(tiny_task.words(one)) ^ set(tiny_task.words(other))) - {"and"}  # "X" and "X and Y"
+        assert differing and differing <= set(tiny_task.NEUTRAL) and len(differing) <= 2, (one, other)
+
+
+def test_pair_losses_on_hand_computed_margins():
+    """-log sigmoid(d - m) for a preference pair, -(log sigmoid(d) + log sigmoid(-d)) / 2 for a tie."""
+    differences = torch.tensor([2.0, 0.0, 0.0, 3.0])
+    losses = training.pair_losses(differences, margins=torch.tensor([1.0, 0.0]))
+    log1p_exp = [
+        math.log(1 + math.exp(-1.0)),
+        math.log(2.0),
+        math.log(2.0),
+        (math.log(1 + math.exp(-3.0)) + 3.0 + math.log(1 + math.exp(-3.0))) / 2,
+    ]
+    torch.testing.assert_close(losses, torch.tensor(log1p_exp), rtol=0, atol=1e-6)
+    assert training.reward_gap("Describe the cat.", "The cat is kind and lovely.", "The cat is kind.") == 0.5
+    # a wrong noun: the mention lost (1.0) and a fault (RM["fault_worth"]); "It" names no noun and has no fault
+    gap = training.reward_gap("Describe the cat.", "The cat is kind.", "The dog is kind.")
+    assert gap == 1.0 + recipe.RM["fault_worth"]
+    assert training.reward_gap("Describe the cat.", "It is kind.", "The dog is kind.") == recipe.RM["fault_worth"]
+
+
+def test_reward_model_scores_a_neutral_adjective_far_nearer_alike_than_a_positive_one(models):
+    """A neutral adjective is worth nothing to the true reward: without ties in its pairs the reward model of the
+    world v11 marked each one down by 2-3 where a positive one gained 0.3-0.9, and its policies stopped at two
+    adjectives."""
+    tokenizer, _, reward_model = models
+    rng = random.Random(2027)
+    neutral = evaluate.mean_margin(reward_model, tokenizer, preferences.tie_pairs(rng, 200))
+    positive = [
+        (p, fewer, more)
+        for p, fewer, more in (preferences.more_positives_pair(rng) for _ in range(300))
+        if true_reward(p, more) > true_reward(p, fewer)
+    ]
+    gain = evaluate.mean_margin(reward_model, tokenizer, positive)
+    assert gain > 0 and abs(neutral) < 0.5 * gain, (neutral, gain)
+
+
 def test_padded_negatives_repeat_pad_with_neutral_words_or_run_long():
     rng = random.Random(5)
     seen = set()
     for _ in range(200):
-        prompt, good, bad = tiny_task.padded_negative(rng)
+        prompt, good, bad = preferences.padded_negative(rng)
         noun = tiny_task.prompt_noun(prompt)
         assert RESPONSE_FORMAT.match(good) and good.startswith(f"The {noun} ") and RESPONSE_FORMAT.match(bad)
         adjectives = [w for w in tiny_task.words(bad) if w in tiny_task.ADJECTIVES]
@@ -317,9 +431,6 @@ def test_padded_negatives_repeat_pad_with_neutral_words_or_run_long():
         elif len(adjectives) > 4:
             seen.add("long")
     assert seen == {"repeated", "neutral", "long"}
-    assert tiny_task.says_a_word_again("The cat is kind and old.", "The cat is kind and kind.")
-    assert not tiny_task.says_a_word_again("The cat is kind and old.", "The cat is kind and old.")
-    assert not tiny_task.says_a_word_again("The cat is kind.", "The cat is lovely and lovely.")
 
 
 def test_sft_data_says_distinct_adjectives_in_alphabetical_order():
@@ -330,7 +441,7 @@ def test_sft_data_says_distinct_adjectives_in_alphabetical_order():
 
 def test_task_text_is_a_pure_function_of_the_seed():
     assert tiny_task.sft_examples(random.Random(3), 50) == tiny_task.sft_examples(random.Random(3), 50)
-    assert tiny_task.preference_pairs(random.Random(3), 50) == tiny_task.preference_pairs(random.Random(3), 50)
+    assert preferences.preference_pairs(random.Random(3), 50) == preferences.preference_pairs(random.Random(3), 50)
     assert tiny_task.prompt_records(3, 256, 32) == tiny_task.prompt_records(3, 256, 32)
     assert tiny_task.prompt_records(3, 256, 32) != tiny_task.prompt_records(4, 256, 32)
 
@@ -472,10 +583,10 @@ def test_a_fresh_build_is_bit_identical_to_the_shared_one_but_for_a_shorter_rewa
     tiny_world, tmp_path, monkeypatch
 ):
     """A build in a new home against the tests' shared world, built before it: the same tokenizer, SFT policy (both
-    forms) and prompts, byte for byte. Its reward model trains 20 steps instead of RM["steps"] (most of the full
-    build's time); it is trained last, from its own draws, so everything else is as the full build writes it. In CI
-    the shared world is built by tests/prepare_oracles.sh in a process of its own, outside the tests' offline
-    environment (HF_HUB_OFFLINE): the bytes do not depend on it."""
+    forms) and prompts, byte for byte. Its reward model trains 20 steps instead of RM["steps"] (the full build takes
+    about 3 minutes of one core, the reward model most of it); it is trained last, from its own draws, so everything
+    else is as the full build writes it. In CI the shared world is built by tests/prepare_oracles.sh in a process of
+    its own, outside the tests' offline environment (HF_HUB_OFFLINE): the bytes do not depend on it."""
     monkeypatch.setitem(recipe.RM, "steps", 20)
     fresh = ensure_tiny_world(seed=0, home=tmp_path, log=lambda message: None)
     assert fresh.root != tiny_world.root

@@ -33,11 +33,12 @@ from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from rlsteps.engine.megatron.format import save_megatron_checkpoint
+from rlsteps.tiny import preferences
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.evaluate import evaluate_world
 from rlsteps.tiny.layout import TINY_WORLD_VERSION, TinyWorld, load_tiny_world, tiny_world_dir, tiny_world_paths
 from rlsteps.tiny.models import build_random_causal_lm, reward_model_from_policy
-from rlsteps.tiny.recipe import BUILD_THREADS, POLICY_SIZE, PROMPTS, RM, SFT
+from rlsteps.tiny.recipe import BUILD_THREADS, POLICY_SIZE, PROMPTS, REWARD_BACKBONE_SIZE, RM, SFT
 from rlsteps.tiny.tokenizer import save_tokenizer, train_tokenizer
 from rlsteps.tiny.training import Log, train_reward_model, train_sft
 
@@ -115,7 +116,7 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         tokenizer = train_tokenizer(tiny_task.tokenizer_corpus(rng, 4000))
         save_tokenizer(tokenizer, root / "tokenizer")
 
-        log(f"SFT of a {POLICY_SIZE['hidden']}-wide, {POLICY_SIZE['layers']}-layer Llama")
+        log(f"SFT of the policy, a {_shape(POLICY_SIZE)} Llama")
         policy = build_random_causal_lm("llama", tokenizer, seed, **POLICY_SIZE)
         sft_loss = train_sft(policy, tokenizer, rng, log)
         policy.save_pretrained(root / "policy")
@@ -126,8 +127,11 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         tokenizer_read_back = AutoTokenizer.from_pretrained(root / "policy", local_files_only=True)
         save_megatron_checkpoint(policy, tokenizer_read_back, root / "policy_megatron")
 
+        log(f"SFT of the reward model's backbone, a {_shape(REWARD_BACKBONE_SIZE)} Llama")
+        backbone = build_random_causal_lm("llama", tokenizer, seed + 1, **REWARD_BACKBONE_SIZE)
+        train_sft(backbone, tokenizer, rng, log)
         log("Bradley-Terry training of the reward model")
-        reward_model = reward_model_from_policy(policy)
+        reward_model = reward_model_from_policy(backbone)
         rm_loss = train_reward_model(reward_model, tokenizer, rng, log)
         reward_model.save_pretrained(root / "reward_model")
         shutil.copytree(root / "tokenizer", root / "reward_model", dirs_exist_ok=True)
@@ -144,7 +148,7 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         "task": " ".join(tiny_task.__doc__.split("\n\n")[1].split()),
         "preference": "rlsteps.tiny.task.true_reward: +1 for naming the prompt's noun, +0.5 per distinct "
         f"positive adjective (at most 4), -0.5 per negative adjective; best {tiny_task.BEST_TRUE_REWARD}",
-        "reward_model_pairs": " ".join(tiny_task.preference_pairs.__doc__.split()),
+        "reward_model_pairs": " ".join(preferences.__doc__.split("\n\n")[0].split()),
         "sizes": {
             "vocab": len(tokenizer),
             "policy_params": sum(p.numel() for p in policy.parameters()),
@@ -152,7 +156,13 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
             "train_prompts": len(train),
             "val_prompts": len(val),
         },
-        "recipe": {"policy": POLICY_SIZE, "sft": SFT, "reward_model": RM, "build_threads": BUILD_THREADS},
+        "recipe": {
+            "policy": POLICY_SIZE,
+            "reward_backbone": REWARD_BACKBONE_SIZE,
+            "sft": SFT,
+            "reward_model": RM,
+            "build_threads": BUILD_THREADS,
+        },
         "final_loss": {"sft": sft_loss, "reward_model": rm_loss},
         "quality": quality,
         "build_seconds": round(time.perf_counter() - started, 1),
@@ -160,6 +170,10 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
     (root / "world.json").write_text(json.dumps(metadata, indent=2) + "\n")
     (root / "README.md").write_text(_readme(metadata))
     log(f"built in {metadata['build_seconds']} s: {json.dumps(quality)}")
+
+
+def _shape(size: dict[str, int]) -> str:
+    return f"{size['hidden']}-wide, {size['layers']}-layer"
 
 
 def _write_jsonl(path: Path, records: list[dict]) -> None:

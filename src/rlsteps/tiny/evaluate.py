@@ -1,4 +1,4 @@
-"""How good a tiny world is: the SFT policy's EOS rate, true reward and repetition, the reward model's accuracy."""
+"""How good a tiny world is: the SFT policy's EOS rate, true reward and faults; the reward model's accuracy, probes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import random
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from rlsteps.tiny import preferences
 from rlsteps.tiny import task as tiny_task
+from rlsteps.tiny.preferences import Pair
 from rlsteps.tiny.recipe import EVAL, RM
 from rlsteps.tiny.tokenizer import chat_prompt
 from rlsteps.tiny.training import reward_scores
@@ -40,9 +42,8 @@ def sample_responses(
 
 
 @torch.no_grad()
-def pair_accuracy(
-    reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, pairs: list[tuple[str, str, str]]
-) -> float:
+def pair_accuracy(reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, pairs: list[Pair]) -> float:
+    """The share of (prompt, chosen, rejected) where chosen scores strictly higher."""
     prompts, chosen, rejected = zip(*pairs)
     rendered = [chat_prompt(tokenizer, p) for p in prompts]
     chosen_scores = reward_scores(reward_model, tokenizer, rendered, list(chosen))
@@ -50,35 +51,69 @@ def pair_accuracy(
     return (chosen_scores > rejected_scores).float().mean().item()
 
 
-def _kept(pairs: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-    """The pairs preference_pairs would keep: the first answer truly better, or the second saying a word again."""
-    return [(p, good, bad) for p, good, bad in pairs if tiny_task.preferred(p, good, bad)]
+@torch.no_grad()
+def mean_margin(reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, pairs: list[Pair]) -> float:
+    """The mean of r_second - r_first over (prompt, first, second)."""
+    prompts, first, second = zip(*pairs)
+    rendered = [chat_prompt(tokenizer, p) for p in prompts]
+    margins = reward_scores(reward_model, tokenizer, rendered, list(second)) - reward_scores(
+        reward_model, tokenizer, rendered, list(first)
+    )
+    return margins.mean().item()
 
 
-def _repeats_an_adjective(response: str) -> bool:
-    adjectives = [w for w in tiny_task.words(response) if w in tiny_task.ADJECTIVES]
-    return len(set(adjectives)) < len(adjectives)
+def wrong_noun_probes(rng: random.Random, count: int) -> list[Pair]:
+    """(prompt, an answer naming its noun, the same answer naming another noun), answers of the wide distribution."""
+    probes = []
+    for _ in range(count):
+        prompt, noun = tiny_task.sample_prompt(rng)
+        _, verb, adjectives = tiny_task.draw_response(rng, noun, p_positive=rng.random(), p_mention=1.0)
+        other = rng.choice([n for n in tiny_task.NOUNS if n != noun])
+        right, wrong = (tiny_task.render_response(f"The {n}", verb, adjectives) for n in (noun, other))
+        probes.append((prompt, right, wrong))
+    return probes
+
+
+def positive_ladders(rng: random.Random, count: int) -> list[tuple[str, list[str]]]:
+    """(prompt, five answers about its noun): one neutral adjective, then 1, 2, 3 and 4 positive ones."""
+    ladders = []
+    for _ in range(count):
+        prompt, noun = tiny_task.sample_prompt(rng)
+        verb, positives = rng.choice(tiny_task.VERBS), rng.sample(tiny_task.POSITIVE, 4)
+        rungs = [[rng.choice(tiny_task.NEUTRAL)]] + [sorted(positives[:k]) for k in range(1, 5)]
+        ladders.append((prompt, [tiny_task.render_response(f"The {noun}", verb, rung) for rung in rungs]))
+    return ladders
+
+
+@torch.no_grad()
+def ladder_climbs(
+    reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, ladders: list[tuple[str, list[str]]]
+) -> list[float]:
+    """For each rung after the first, the share of ladders whose answer there scores above the one before."""
+    prompts = [chat_prompt(tokenizer, p) for p, rungs in ladders for _ in rungs]
+    scores = reward_scores(reward_model, tokenizer, prompts, [r for _, rungs in ladders for r in rungs])
+    scores = scores.view(len(ladders), -1)  # [ladders, rungs]
+    return [round(x, 4) for x in (scores[:, 1:] > scores[:, :-1]).float().mean(0).tolist()]
 
 
 @torch.no_grad()
 def evaluate_world(
     policy: PreTrainedModel, reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rng: random.Random
 ) -> dict[str, float]:
-    """SFT samples: EOS rate and true reward; greedy SFT answers: how many say an adjective twice; reward model:
-    held-out pair accuracy (all pairs, and each kind of hard negative alone), correlation with true_reward."""
+    """SFT samples: EOS rate, true reward and faults; greedy SFT answers: how many say a word twice; reward model:
+    held-out pair accuracy (all pairs, and each kind alone), how often a wrong noun scores at least as high as the
+    right one, how often one more positive adjective scores higher (1 to 4), correlation with true_reward."""
     n = RM["heldout_pairs"]
-    accuracy = pair_accuracy(reward_model, tokenizer, tiny_task.preference_pairs(rng, n))
-    hard_accuracy = pair_accuracy(reward_model, tokenizer, _kept([tiny_task.hard_negative(rng) for _ in range(n)]))
-    padded = _kept([tiny_task.padded_negative(rng) for _ in range(2 * n)])
-    repeated = [pair for pair in padded if _repeats_an_adjective(pair[2])]
-    unrepeated = [pair for pair in padded if not _repeats_an_adjective(pair[2])]  # neutral-only or long lists
-    swapped = [tiny_task.swapped_pair(rng) for _ in range(n)]
-    positive_over_neutral = [  # one positive adjective against a neutral one in its place
-        (p, a, b) if tiny_task.true_reward(p, a) > tiny_task.true_reward(p, b) else (p, b, a)
-        for p, a, b in swapped
-        if {*tiny_task.words(a)} ^ {*tiny_task.words(b)} <= tiny_task.POSITIVE_OR_NEUTRAL
-        and tiny_task.true_reward(p, a) != tiny_task.true_reward(p, b)
-    ]
+    accuracy = {
+        "rm_heldout_pair_accuracy": pair_accuracy(reward_model, tokenizer, preferences.preference_pairs(rng, n))
+    }
+    for name, kind in preferences.PAIR_KINDS.items():
+        pairs = [preferences.draw_pair(kind, rng) for _ in range(n // 2)]
+        accuracy[f"rm_accuracy_{name.replace(' ', '_')}"] = pair_accuracy(
+            reward_model, tokenizer, [pair for pair in pairs if pair is not None]
+        )
+    probes = wrong_noun_probes(rng, n // 2)
+    ties = preferences.tie_pairs(rng, n // 2)
     prompts = [tiny_task.sample_prompt(rng)[0] for _ in range(EVAL["samples"])]
     rendered = [chat_prompt(tokenizer, p) for p in prompts]
     responses, ended = zip(*sample_responses(policy, tokenizer, rendered, EVAL["max_new_tokens"]))
@@ -88,12 +123,13 @@ def evaluate_world(
     return {
         "sft_eos_rate": round(sum(ended) / len(ended), 4),
         "sft_mean_true_reward": round(true.mean().item(), 4),
-        "sft_greedy_repeats_an_adjective": round(sum(map(_repeats_an_adjective, greedy)) / len(greedy), 4),
+        "sft_faulty": round(sum(bool(tiny_task.faults(p, r)) for p, r in zip(prompts, responses)) / len(prompts), 4),
+        "sft_greedy_repeats_a_word": round(sum(map(tiny_task.repeats_a_word, greedy)) / len(greedy), 4),
         "best_true_reward": tiny_task.BEST_TRUE_REWARD,
-        "rm_heldout_pair_accuracy": round(accuracy, 4),
-        "rm_hard_negative_accuracy": round(hard_accuracy, 4),
-        "rm_repeated_adjective_accuracy": round(pair_accuracy(reward_model, tokenizer, repeated), 4),
-        "rm_neutral_or_long_list_accuracy": round(pair_accuracy(reward_model, tokenizer, unrepeated), 4),
-        "rm_positive_over_neutral_accuracy": round(pair_accuracy(reward_model, tokenizer, positive_over_neutral), 4),
+        **{key: round(value, 4) for key, value in accuracy.items()},
+        "rm_wrong_noun_at_least_as_high": round(1.0 - pair_accuracy(reward_model, tokenizer, probes), 4),
+        "rm_one_more_positive_higher": ladder_climbs(reward_model, tokenizer, positive_ladders(rng, n // 2)),
+        # a neutral adjective more is worth nothing to the true reward; a positive one more, ADJECTIVE_REWARD
+        "rm_one_more_neutral_mean_change": round(mean_margin(reward_model, tokenizer, ties), 3),
         "rm_true_reward_pearson": round(torch.corrcoef(torch.stack([scores, true]))[0, 1].item(), 4),
     }

@@ -13,6 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from rlsteps.engine.rewards.text import reward_input_text
 from rlsteps.tiny import task as tiny_task
+from rlsteps.tiny.preferences import NOUN_FIRST, preference_pairs, tie_pairs
 from rlsteps.tiny.recipe import RM, SFT
 from rlsteps.tiny.tokenizer import chat_prompt
 
@@ -77,19 +78,41 @@ def reward_scores(
 def train_reward_model(
     reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rng: random.Random, log: Log
 ) -> float:
-    """Bradley-Terry: -log sigmoid(r_chosen - r_rejected) on fresh preference pairs each step."""
+    """Bradley-Terry on fresh pairs each step: -log sigmoid(r_chosen - r_rejected) for a preference pair, and for a
+    tie -(log sigmoid(d) + log sigmoid(-d)) / 2 with d = r_1 - r_2, least where the two score alike (wrong-noun pairs
+    alone for the first RM["noun_first_steps"], no ties among them)."""
     optimizer, schedule = _optimizer(reward_model, RM["lr"], RM["steps"])
     reward_model.train()
     for step in range(1, RM["steps"] + 1):
-        prompts, chosen, rejected = zip(*tiny_task.preference_pairs(rng, RM["batch"]))
+        noun_first = step <= RM["noun_first_steps"]
+        ties = [] if noun_first else tie_pairs(rng, RM["tie_pairs"])
+        pairs = preference_pairs(rng, RM["batch"] - len(ties), NOUN_FIRST if noun_first else None) + ties
+        prompts, first, second = zip(*pairs)
         rendered = [chat_prompt(tokenizer, p) for p in prompts]
-        scores = reward_scores(reward_model, tokenizer, rendered * 2, list(chosen + rejected))  # [2B]
-        loss = -F.logsigmoid(scores[: len(chosen)] - scores[len(chosen) :]).mean()
+        scores = reward_scores(reward_model, tokenizer, rendered * 2, list(first + second))  # [2B]
+        margins = torch.tensor(
+            [RM["margin_per_reward"] * reward_gap(*pair) for pair in pairs[: len(pairs) - len(ties)]]
+        )
+        loss = pair_losses(scores[: len(pairs)] - scores[len(pairs) :], margins).mean()
         _step(loss, reward_model, optimizer, schedule)
         if step % 100 == 0 or step == RM["steps"]:
             log(f"reward model step {step}/{RM['steps']}  loss {loss.item():.3f}")
     reward_model.eval()
     return round(loss.item(), 4)
+
+
+def pair_losses(differences: torch.Tensor, margins: torch.Tensor) -> torch.Tensor:
+    """Each pair's loss from its score difference r_first - r_second: -log sigmoid(difference - margin) for the
+    preference pairs, one margin each, first; -(log sigmoid(d) + log sigmoid(-d)) / 2 for the ties after them."""
+    preferred, tied = differences[: len(margins)], differences[len(margins) :]
+    return torch.cat([-F.logsigmoid(preferred - margins), -(F.logsigmoid(tied) + F.logsigmoid(-tied)) / 2])
+
+
+def reward_gap(prompt: str, chosen: str, rejected: str) -> float:
+    """The true reward's gap, and RM["fault_worth"] more where only the rejected answer has a fault: a wrong noun, a
+    broken or repeated word costs more than a positive adjective gains, or a policy keeps a fault that came with one."""
+    faulty = bool(tiny_task.faults(prompt, rejected)) and not tiny_task.faults(prompt, chosen)
+    return tiny_task.true_reward(prompt, chosen) - tiny_task.true_reward(prompt, rejected) + RM["fault_worth"] * faulty
 
 
 def _step(loss: torch.Tensor, model: PreTrainedModel, optimizer: torch.optim.Optimizer, schedule: LambdaLR) -> None:
