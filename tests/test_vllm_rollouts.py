@@ -39,9 +39,9 @@ def test_a_tiny_run_with_vllm_rollouts_learns_with_the_sampler_in_agreement(tiny
     assert "rollouts: vLLM in process (float32, up to 96 tokens a row)" in done.stderr
     run = run_dir(tmp_path, "rl_rs")
     true_reward = series(run, "val/true_reward")
-    # vLLM draws other samples than the built-in sampler, so the run takes another path (measured 0.0 -> 1.5, where the
-    # built-in sampler's run reaches 2.0: test_runs holds that bar); here it must rise by a whole point
-    assert true_reward[0] < 1.0 and true_reward[-1] >= true_reward[0] + 1.0, true_reward
+    # vLLM draws other samples than the built-in sampler, so the run takes another path (tiny world v16: 1.0 -> 3.0,
+    # as the built-in sampler's run; test_runs holds that one to 2.5); here it must rise by a point and a half
+    assert true_reward[0] == 1.0 and true_reward[-1] >= 2.5, true_reward
     agreement = series(run, "train/token_mult_prob_error")
     assert len(agreement) == 16 and all(1.0 <= x < 1.001 for x in agreement), agreement
     assert len(series(run, "timers/weight_sync")) == 16
