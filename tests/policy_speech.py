@@ -90,20 +90,17 @@ def measure(samples: list[tuple[str, str, bool]]) -> Speech:
     )
 
 
-def regressions(
-    trained: Speech, sft: Speech, checks: tuple[str, ...] = CHECKS, slack: dict[str, float] | None = None
-) -> list[str]:
-    """What the trained policy does worse than the SFT policy did, beyond the slack: [] when nothing."""
-    slack = {**SLACK, **(slack or {})}
+def regressions(trained: Speech, sft: Speech, checks: tuple[str, ...] = CHECKS) -> list[str]:
+    """What the trained policy does worse than the SFT policy did, beyond SLACK: [] when nothing."""
     worse = []
     for name in checks:
         before, after = getattr(sft, name), getattr(trained, name)
         if name == "repeated":
-            regressed = after > before + slack[name]
+            regressed = after > before + SLACK[name]
         elif name == "words_used":
             regressed = after < WORDS_USED_SHARE * before
         else:
-            regressed = after < before - slack[name]
+            regressed = after < before - SLACK[name]
         if regressed:
             worse.append(f"{name}: {before:.3f} (SFT) -> {after:.3f}")
     return worse
@@ -166,17 +163,13 @@ def _baseline(sft_dir: str, prompts: tuple[str, ...], samples_per_prompt: int) -
     return speech(Path(sft_dir), list(prompts), samples_per_prompt=samples_per_prompt)
 
 
-def against_sft(
-    policy_dir: Path, sft_dir: Path, prompts: list[str], sampled_slack: dict[str, float] | None = None
-) -> tuple[str, list[str]]:
+def against_sft(policy_dir: Path, sft_dir: Path, prompts: list[str]) -> tuple[str, list[str]]:
     """A trained policy beside the SFT policy it started from, sampled (4 a prompt) and greedy: their figures as
-    text, and what got worse ([] when nothing). The SFT figures are measured once per process. sampled_slack: a
-    wider slack for some checks of the sampled answers (the greedy ones keep SLACK)."""
+    text, and what got worse ([] when nothing). The SFT figures are measured once per process."""
     lines, worse = [], []
     for mode, samples_per_prompt, checks in (("sampled", 4, CHECKS), ("greedy", 0, GREEDY_CHECKS)):
         sft = _baseline(str(sft_dir), tuple(prompts), samples_per_prompt)
         trained = speech(policy_dir, prompts, samples_per_prompt=samples_per_prompt)
         lines += [f"{mode} SFT: {sft}", f"{mode} trained: {trained}"]
-        slack = sampled_slack if mode == "sampled" else None
-        worse += [f"{mode} {regression}" for regression in regressions(trained, sft, checks, slack)]
+        worse += [f"{mode} {regression}" for regression in regressions(trained, sft, checks)]
     return "\n".join(lines), worse

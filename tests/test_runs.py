@@ -72,10 +72,10 @@ def fault_ranks(samples: list[dict], steps: range) -> list[float]:
         if s["split"] == "train" and s["step"] in steps:
             groups.setdefault((s["step"], s["prompt_id"]), []).append(s)
     ranks = []
-    for group in groups.values():
+    for group in (g for g in groups.values() if len(g) > 1):
         rewards = [s["reward"] for s in group]
         for s in group:
-            if len(group) > 1 and tiny_task.faults(s["prompt"], s["response"]):
+            if tiny_task.faults(s["prompt"], s["response"]):
                 below, alike = sum(r < s["reward"] for r in rewards), rewards.count(s["reward"]) - 1
                 ranks.append((below + alike / 2) / (len(group) - 1))
     return ranks
