@@ -21,6 +21,8 @@ Configurations, built afresh and run one after the other in this process on the 
     + dynamic      the same with micro-batches by tokens (train.dynamic_batching: rows sorted by length, each
                    micro-batch within --micro-batch x the longest row a step can have), with --dynamic-batching;
                    with --varied-lengths, where responses are 1 to --response-len tokens long, it pads less
+    + packed       the same with sequence packing (train.sequence_packing: rows end to end in --micro-batch rows of
+                   the longest row a step can have, each attending only to itself), with --sequence-packing
 
 With --reference each step first runs the reference policy's log-prob pass over the batch, as a REINFORCE or GRPO
 step's prepare does, and the configuration holds that reference as a run does: a frozen copy of the policy in the
@@ -61,6 +63,7 @@ from rlsteps.engine.algorithms.reinforce import reinforce_loss
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.policy.logprobs import token_logprobs
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler, optimizer_step
+from rlsteps.engine.policy.packing import pack_batch
 from rlsteps.engine.records.throughput import (
     attended_length,
     mfu,
@@ -88,11 +91,12 @@ class Variant:
     compiled: bool = False
     lora: bool = False
     dynamic: bool = False
+    packed: bool = False
 
     @property
     def name(self) -> str:
         options = (" + ckpt", self.checkpointing), (" + compile", self.compiled), (" + lora", self.lora)
-        options += ((" + dynamic", self.dynamic),)
+        options += (" + dynamic", self.dynamic), (" + packed", self.packed)
         return self.precision + "".join(text for text, on in options if on)
 
 
@@ -102,6 +106,7 @@ class Result:
 
     step_seconds: list[float] = field(default_factory=list)
     peak_gb: float = 0.0
+    padding: float = 0.0  # the share of the positions passed that are padding
 
     @property
     def median(self) -> float:
@@ -131,6 +136,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--dynamic-batching", action="store_true", help="add each precision with micro-batches by tokens"
     )
+    parser.add_argument("--sequence-packing", action="store_true", help="add each precision with packed rows")
     parser.add_argument(
         "--varied-lengths", action="store_true", help="responses 1 to --response-len tokens (seeded), not all full"
     )
@@ -175,6 +181,7 @@ def variants(args: argparse.Namespace) -> list[tuple[Variant, Variant]]:
         ("compiled", args.compile),
         ("lora", args.lora),
         ("dynamic", args.dynamic_batching),
+        ("packed", args.sequence_packing),
     ):
         if on:
             pairs += [(replace(variant, **{option: True}), variant) for variant in plain]
@@ -209,11 +216,19 @@ def takes_positions() -> bool:
     return "positions" in inspect.signature(token_logprobs).parameters
 
 
-def micro_loss(model: torch.nn.Module, micro: RolloutBatch, normaliser: float, loss: str) -> torch.Tensor:
-    """The engine's token-level loss of one micro-batch: log-probs of the response tokens, then GRPO or REINFORCE."""
+def micro_loss(
+    model: torch.nn.Module, micro: RolloutBatch, normaliser: float, loss: str, bin_tokens: int | None = None
+) -> torch.Tensor:
+    """The engine's token-level loss of one micro-batch: log-probs of the response tokens (packed into rows of
+    bin_tokens when given), then GRPO or REINFORCE."""
     mask = micro.response_mask()
-    extra = {"positions": mask.bool()} if takes_positions() else {}
-    logprobs = token_logprobs(model, micro.tokens, micro.attention_mask(), **extra)
+    if bin_tokens is not None:
+        from rlsteps.engine.policy.logprobs import packed_token_logprobs
+
+        logprobs = packed_token_logprobs(model, micro, bin_tokens)
+    else:
+        extra = {"positions": mask.bool()} if takes_positions() else {}
+        logprobs = token_logprobs(model, micro.tokens, micro.attention_mask(), **extra)
     advantages = micro.extras["advantages"]
     if loss == "reinforce":
         return reinforce_loss(logprobs, advantages, mask, normaliser)[0]
@@ -272,10 +287,17 @@ def release_memory(device: str) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap otherwise
 
 
+def passed_positions(batch: RolloutBatch, plan: list[list[int]], bin_tokens: int | None) -> int:
+    """Positions the micro-batches' forward passes run: rows x the longest row, or packed rows x the fullest."""
+    if bin_tokens is None:
+        return sum(len(rows) * int(batch.sequence_lengths[rows].max()) for rows in plan)
+    return sum(pack_batch(batch.select(rows), bin_tokens).tokens.numel() for rows in plan)
+
+
 def run(
     variant: Variant, args: argparse.Namespace, config: Qwen2Config, batch: RolloutBatch
-) -> tuple[list[float], float]:
-    """One configuration built afresh, warmup then timed steps: (step seconds, peak memory in GB).
+) -> tuple[list[float], float, float]:
+    """One configuration built afresh, warmup then timed steps: (step seconds, peak memory in GB, padding share).
 
     Its peak memory counts from before its model is built: what the model, its gradients, the optimizer's state
     and the activations held at once.
@@ -292,23 +314,26 @@ def run(
     precision = PRECISIONS[variant.precision]
     autocast = variant.precision == "autocast-bf16"
     seconds = []
-    budget = args.micro_batch * (args.prompt_len + args.response_len) if variant.dynamic else None
+    longest = args.prompt_len + args.response_len
+    budget = args.micro_batch * longest if variant.dynamic else None
+    bin_tokens = longest if variant.packed else None
+    plan = batch.micro_batch_rows(args.micro_batch, budget, bin_tokens=bin_tokens)
     for step in range(args.warmup + args.steps):
         synchronize(args.device)
         start = time.perf_counter()
         for micro in batch.micro_batches(args.micro_batch) if reference else []:
             with torch.autocast(torch.device(args.device).type, dtype=precision, enabled=autocast):
                 reference(micro)
-        for micro in [batch.select(rows) for rows in batch.micro_batch_rows(args.micro_batch, budget)]:
+        for micro in [batch.select(rows) for rows in plan]:
             with torch.autocast(torch.device(args.device).type, dtype=precision, enabled=autocast):
-                loss = micro_loss(forward, micro, normaliser, args.loss)
+                loss = micro_loss(forward, micro, normaliser, args.loss, bin_tokens)
             loss.backward()
         optimizer_step(model, optimizer, scheduler, max_grad_norm=1.0)
         synchronize(args.device)
         if step >= args.warmup:
             seconds.append(time.perf_counter() - start)
     peak = peak_memory_gb(args.device) if torch.device(args.device).type == "cuda" else peak_rss_gb()
-    return seconds, peak
+    return seconds, peak, 1 - int(batch.sequence_lengths.sum()) / passed_positions(batch, plan, bin_tokens)
 
 
 def step_flops(config: Qwen2Config, batch: RolloutBatch) -> float:
@@ -347,7 +372,7 @@ def table(
 ) -> str:
     """One line per configuration: step seconds, tokens/s, MFU, peak memory, and the ratios to its reference."""
     memory = "peak GB" if torch.device(device).type == "cuda" else "peak RSS GB"
-    columns = f"{'step s (min-max)':<22} {'tokens/s':>9} {'TFLOP/s':>8} {'MFU':>6} {memory:>12}"
+    columns = f"{'step s (min-max)':<22} {'tokens/s':>9} {'TFLOP/s':>8} {'MFU':>6} {memory:>12} {'padding':>8}"
     header = f"{'configuration':<26} {columns}  vs"
     lines = [header, "-" * len(header)]
     for variant, reference in pairs:
@@ -358,7 +383,9 @@ def table(
         ratios = f"{ref.median / r.median:.2f}x speed, {r.peak_gb / ref.peak_gb:.2f}x memory"
         versus = "baseline" if variant == reference else f"{ratios} of {reference.name}"
         speed, rate = tokens / r.median, flops / r.median / 1e12
-        line = f"{variant.name:<26} {spread:<22} {speed:>9.0f} {rate:>8.3g} {share:>6} {r.peak_gb:>12.2f}  {versus}"
+        padding = f"{100 * r.padding:.0f}%"
+        line = f"{variant.name:<26} {spread:<22} {speed:>9.0f} {rate:>8.3g} {share:>6} {r.peak_gb:>12.2f} {padding:>8}"
+        line += f"  {versus}"
         lines.append(line)
     return "\n".join(lines)
 
@@ -374,7 +401,7 @@ def main() -> None:
     results = {variant: Result() for variant, _ in pairs}
     for _ in range(args.rounds):  # in turns, so a busy spell on a shared machine slows every configuration
         for variant, result in results.items():
-            seconds, peak = run(variant, args, config, batch)
+            seconds, peak, result.padding = run(variant, args, config, batch)
             result.step_seconds += seconds
             result.peak_gb = max(result.peak_gb, peak)
     tokens = int(batch.attention_mask().sum())

@@ -53,9 +53,9 @@ def test_the_plan_follows_the_recipe_and_pads_less():
     assert micro_batch_plan(batch, groups.cfg.train, groups) == [[4, 5, 6, 7], [0, 1, 2, 3]]
 
 
-def update_of(name: str, dynamic: bool, micro: int) -> tuple[list[torch.Tensor], dict[str, float], dict]:
-    """One optimizer step on the same prepared rollouts: its gradient, statistics and weights."""
-    chosen = recipe(name, micro=micro, dynamic=dynamic)
+def update_of(name: str, dynamic: bool, micro: int, **options) -> tuple[list[torch.Tensor], dict[str, float], dict]:
+    """One optimizer step on the same prepared rollouts: its gradient, statistics and weights (options: recipe's)."""
+    chosen = recipe(name, micro=micro, dynamic=dynamic, **options)
     model = policy_model()
     reference = reference_model()
     batch, prepared = chosen.prepare(

@@ -80,7 +80,9 @@ REWARDS = Scores(
 MAX_PROMPT, MAX_NEW = 5, 7  # the rollouts' longest: with train.dynamic_batching, micro-batches of 4 x 12 tokens
 
 
-def recipe(name: str, micro: int = 4, global_batch: int = ROWS, dynamic: bool = False) -> Recipe:
+def recipe(
+    name: str, micro: int = 4, global_batch: int = ROWS, dynamic: bool = False, packing: bool = False, max_new=MAX_NEW
+) -> Recipe:
     section = {
         "grpo-k3": ("grpo", {"kl_beta": 0.05, "eps_low": 0.2, "eps_high": 0.28}, False),
         "grpo-tis-dynamic": ("grpo", {"kl_beta": 0.05, "dynamic_sampling": True, "overlong_filtering": True}, True),
@@ -95,11 +97,12 @@ def recipe(name: str, micro: int = 4, global_batch: int = ROWS, dynamic: bool = 
         "data": {"max_prompt_tokens": MAX_PROMPT},
         "rollout": {
             "prompts_per_step": PROMPTS, "num_rollouts_per_prompt": PER_PROMPT,
-            "sampling": {"max_new_tokens": MAX_NEW},
+            "sampling": {"max_new_tokens": max_new},
         },
         "train": {
             "global_batch_size": global_batch, "micro_batch_size": micro, "lr": 1e-3, "warmup_steps": 0,
             "truncated_importance_sampling": tis, "importance_sampling_cap": 1.5, "dynamic_batching": dynamic,
+            "sequence_packing": packing,
         },
         algorithm: options,
     }  # fmt: skip

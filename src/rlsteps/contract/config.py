@@ -123,13 +123,35 @@ class TrainConfig(Section):
     # the policy's training forward through torch.compile (inductor): the first steps pay the compiling (a minute
     # for a 0.37B policy), later ones run faster (1.87x the train phase of a 0.37B policy in bf16 on one H100)
     compile: bool = False
-    # micro-batches by tokens rather than rows (NeMo-RL's dynamic batching): rows sorted by length share a micro-batch
-    # while rows x its longest sequence stay within micro_batch_size x the longest sequence a row can have
-    # (data.max_prompt_tokens + rollout.sampling.max_new_tokens), so no micro-batch needs more memory than
-    # micro_batch_size rows could; the same gradient to rounding, in fewer and less padded passes where responses
-    # vary in length. Off by default while the tiny runs' figures are the padded path's (docs/scaling-out.md)
+    # rollouts end to end in rows of the longest sequence a row can have (data.max_prompt_tokens +
+    # rollout.sampling.max_new_tokens), each attending only to itself (NeMo-RL's sequence packing): micro_batch_size
+    # such rows a pass, so no pass needs more memory than micro_batch_size padded rows, with far less padding where
+    # lengths vary; the padded path's gradient to rounding. A model that attends across packed sequences is found
+    # by a probe and passed padded rows (docs/scaling-out.md)
+    sequence_packing: bool = True
+    # micro-batches by tokens rather than rows (NeMo-RL's dynamic batching), the other way to cut padding: rows sorted
+    # by length share a micro-batch while rows x its longest sequence stay within micro_batch_size x the longest a row
+    # can have. Setting it turns sequence_packing off unless that is set too (both on is refused, as in NeMo-RL)
     dynamic_batching: bool = False
     lora: LoraConfig = LoraConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dynamic_batching_instead_of_packing(cls, data: Any) -> Any:
+        """Sequence packing is on by default: dynamic batching asked for, and packing not, means packing off."""
+        asked = isinstance(data, dict) and str(data.get("dynamic_batching")).lower() in ("true", "1")
+        if asked and "sequence_packing" not in data:
+            return {**data, "sequence_packing": False}
+        return data
+
+    @model_validator(mode="after")
+    def _one_way_to_batch_by_tokens(self) -> TrainConfig:
+        if self.dynamic_batching and self.sequence_packing:
+            raise ValueError(
+                "train.dynamic_batching and train.sequence_packing are two ways to batch by tokens; set one of them "
+                "(sequence packing pads less: it fills rows with several rollouts)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _micro_divides_global(self) -> TrainConfig:

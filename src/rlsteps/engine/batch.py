@@ -8,6 +8,7 @@ Groups are explicit prompt ids, never equal padded tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,13 +134,17 @@ class RolloutBatch:
     def micro_batches(self, size: int) -> list[RolloutBatch]:
         return [self.select(rows) for rows in self.micro_batch_rows(size)]
 
-    def micro_batch_rows(self, size: int, max_tokens: int | None = None, whole_groups: bool = False) -> list[list[int]]:
+    def micro_batch_rows(
+        self, size: int, max_tokens: int | None = None, whole_groups: bool = False, bin_tokens: int | None = None
+    ) -> list[list[int]]:
         """The rows of each micro-batch. Without a token budget: `size` rows at a time, in order. With one (dynamic
         batching): units (single rows, or whole prompt groups with whole_groups; a group's rows are adjacent)
         sorted by length, longest first, each micro-batch taking units while its rows times its longest sequence
         stay within max_tokens: short rows share a micro-batch, padded to each other's length rather than to a long
-        one's. A unit over the budget on its own makes a micro-batch of its own."""
-        if max_tokens is None:
+        one's. A unit over the budget on its own makes a micro-batch of its own. With bin_tokens (sequence packing),
+        the units longest first, each micro-batch taking units while its rows pack (first_fit_bins) into at most
+        `size` bins of bin_tokens tokens."""
+        if max_tokens is None and bin_tokens is None:
             return [list(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
         lengths = self.sequence_lengths.tolist()
         units = _group_runs(self.prompt_ids) if whole_groups else [[row] for row in range(len(self))]
@@ -147,12 +152,33 @@ class RolloutBatch:
         plan: list[list[int]] = []
         width = 0
         for unit in units:
-            if plan and (len(plan[-1]) + len(unit)) * width <= max_tokens:
+            if plan and bin_tokens is not None:
+                fits = len(first_fit_bins([lengths[row] for row in plan[-1] + unit], bin_tokens)) <= size
+            else:
+                fits = bool(plan) and (len(plan[-1]) + len(unit)) * width <= max_tokens
+            if fits:
                 plan[-1].extend(unit)
             else:
                 plan.append(list(unit))
                 width = max(lengths[row] for row in unit)  # the longest: units come longest first
         return plan
+
+
+def first_fit_bins(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Indexes into `lengths` in bins of at most `capacity` tokens: longest first, each into the first bin with room
+    (first-fit decreasing). A length over the capacity gets a bin of its own. Equal lengths keep their order."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        fit = next((b for b, left in enumerate(room) if lengths[i] <= left), None)
+        if fit is None:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+        else:
+            bins[fit].append(i)
+            room[fit] -= lengths[i]
+    return bins
 
 
 def _group_runs(prompt_ids: list[str]) -> list[list[int]]:

@@ -35,6 +35,8 @@ SHARED = (  # (rlsteps key, NeMo-RL key): the same meaning, value for value
     ("train.weight_decay", "policy.optimizer.kwargs.weight_decay"),
     ("train.betas", "policy.optimizer.kwargs.betas"),
     ("train.activation_checkpointing", "policy.dtensor_cfg.activation_checkpointing"),
+    ("train.sequence_packing", "policy.sequence_packing.enabled"),
+    ("train.dynamic_batching", "policy.dynamic_batching.enabled"),
     ("train.truncated_importance_sampling", "loss_fn.use_importance_sampling_correction"),
     ("train.lora.enabled", f"{LORA}.enabled"),
     ("train.lora.dim", f"{LORA}.dim"),

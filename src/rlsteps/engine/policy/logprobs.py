@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import nn
 
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.policy.model import eval_mode
+from rlsteps.engine.policy.packing import pack_batch
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,15 @@ VOCAB_CHUNK = 8192  # rows of W per logits chunk: [N, 8192] fp32 is 32 MB per 10
 POST_HEAD_LOGIT_FIELDS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 _warned: set[tuple[str, str]] = set()
+
+# Mean absolute difference of the checked log-probs, packed against padded, that still counts as rounding: the
+# attention kernels differ between the two layouts (a block-diagonal mask against a padding mask).
+AGREEMENT = {torch.float32: 1e-4, torch.float64: 1e-8}
+HALF_PRECISION_AGREEMENT = 2e-2
+
+PROBE_LENGTHS = (24, 17, 9)  # the probe's sequences: the second and third attend to what comes before them
+
+_checked: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T]
@@ -59,32 +70,97 @@ def token_logprobs(
         raise ValueError(f"vocab_chunk must be a positive number of vocabulary rows, got {vocab_chunk}")
     wanted = _wanted_entries(attention_mask, positions)  # [B, T-1] bool
     targets = tokens[:, 1:][wanted]  # [N]
-    inputs = _forward_inputs(model, tokens, attention_mask)
-    reason = full_logits_reason(model)
-    if reason is None:
-        picked = _chunked_path(model, inputs, wanted, targets, vocab_chunk)
-    else:
-        _warn_once(model, reason)
-        picked = _full_path(model, inputs, wanted, targets)
+    inputs = forward_inputs(model, tokens, attention_mask, position_ids_from_mask(attention_mask))
+    picked = wanted_logprobs(model, inputs, wanted, targets, vocab_chunk)
     return torch.zeros(wanted.shape, dtype=torch.float32, device=picked.device).masked_scatter(wanted, picked)
 
 
-def batched_token_logprobs(model: nn.Module, batch: RolloutBatch, micro_batch_size: int) -> torch.Tensor:
+def wanted_logprobs(
+    model: nn.Module, inputs: dict, wanted: torch.Tensor, targets: torch.Tensor, vocab_chunk: int = VOCAB_CHUNK
+) -> torch.Tensor:
+    """The log-probs [N] fp32 of the `wanted` entries [B, T-1] of the forward on `inputs` (forward_inputs), whose
+    predicted tokens are `targets` [N]: through the chunked head where it reproduces the logits, else the full ones."""
+    reason = full_logits_reason(model)
+    if reason is None:
+        return _chunked_path(model, inputs, wanted, targets, vocab_chunk)
+    _warn_once(model, reason)
+    return _full_path(model, inputs, wanted, targets)
+
+
+def batched_token_logprobs(
+    model: nn.Module, batch: RolloutBatch, micro_batch_size: int, bin_tokens: int | None = None
+) -> torch.Tensor:
     """token_logprobs of the response positions over micro-batches without gradients, at the batch's full width.
 
     [B, T-1] fp32, 0 outside `batch.response_mask()`: old, new and reference log-probs computed this way share one
-    layout, so they subtract cleanly, and prompt positions (which no algorithm scores) cost nothing.
+    layout, so they subtract cleanly, and prompt positions (which no algorithm scores) cost nothing. bin_tokens:
+    sequence packing, micro_batch_size rows of bin_tokens tokens a pass (packed_token_logprobs).
     """
     device = next(model.parameters()).device
     out = torch.zeros(len(batch), batch.tokens.shape[1] - 1)
-    row = 0
     with torch.no_grad(), eval_mode(model):
-        for micro in batch.micro_batches(micro_batch_size):
-            micro = micro.to(device)
-            logprobs = token_logprobs(model, micro.tokens, micro.attention_mask(), positions=micro.response_mask())
-            out[row : row + len(micro), : logprobs.shape[1]] = logprobs.cpu()
-            row += len(micro)
+        for rows in batch.micro_batch_rows(micro_batch_size, bin_tokens=bin_tokens):
+            micro = batch.select(rows).to(device)
+            if bin_tokens is None:
+                logprobs = token_logprobs(model, micro.tokens, micro.attention_mask(), positions=micro.response_mask())
+            else:
+                logprobs = packed_token_logprobs(model, micro, bin_tokens)
+            out[rows, : logprobs.shape[1]] = logprobs.cpu()
     return out.to(batch.tokens.device)
+
+
+def packed_token_logprobs(
+    model: nn.Module, batch: RolloutBatch, capacity: int, vocab_chunk: int = VOCAB_CHUNK
+) -> torch.Tensor:
+    """token_logprobs of the batch's response positions, its rows packed into bins of `capacity` tokens: [B, T-1]
+    fp32, 0 outside the response mask; the padded pass's to rounding, in value and gradient, for a model that reads
+    packed sequences (reads_packed_sequences)."""
+    packed = pack_batch(batch, capacity)
+    inputs = forward_inputs(model, packed.tokens, None, packed.position_ids)
+    targets = packed.tokens[:, 1:][packed.wanted]
+    picked = wanted_logprobs(model, inputs, packed.wanted, targets, vocab_chunk)
+    rows, width = len(batch), batch.tokens.shape[1] - 1
+    flat = torch.zeros(rows * width, dtype=picked.dtype, device=picked.device)
+    return flat.index_put((packed.source,), picked).view(rows, width)
+
+
+def reads_packed_sequences(model: nn.Module, device: torch.device, autocast=nullcontext) -> bool:
+    """Whether `model` keeps packed sequences apart: two sequences of random tokens, packed in one row, against the
+    same two padded, in eval mode and under `autocast` (the passes' own precision). Probed once per model; every
+    process runs the same probe, so distributed forwards stay in step."""
+    if model in _checked:
+        return _checked[model]
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.get_input_embeddings().num_embeddings
+    lengths = torch.tensor(PROBE_LENGTHS)
+    tokens = torch.randint(0, vocab, (len(lengths), int(lengths.max())), generator=generator)
+    probe = RolloutBatch(
+        tokens=tokens, prompt_lengths=torch.ones_like(lengths), response_lengths=lengths - 1,
+        is_end=torch.ones(len(lengths), dtype=torch.bool), prompt_ids=["probe"] * len(lengths),
+        prompt_texts=[""] * len(lengths), response_texts=[""] * len(lengths), pad_id=0,
+    ).to(device)  # fmt: skip
+    with torch.no_grad(), eval_mode(model), autocast():
+        packed = packed_token_logprobs(model, probe, capacity=int(lengths.sum()))
+        padded = token_logprobs(model, probe.tokens, probe.attention_mask(), probe.response_mask())
+        dtype = _compute_dtype(model, device)
+    wanted = probe.response_mask().bool()
+    gap = (packed - padded)[wanted].abs().mean().item()
+    tolerance = AGREEMENT.get(dtype, HALF_PRECISION_AGREEMENT)
+    _checked[model] = gap <= tolerance
+    if not _checked[model]:
+        log.warning(
+            "train.sequence_packing: %s's log-probs of packed rows differ from the padded rows' by %.3g on average "
+            "(more than rounding, %.0e): its forward attends across packed sequences (it does not read restarting "
+            "position ids without an attention mask as Hugging Face's own models do). Its rows are passed padded.",
+            type(model).__name__, gap, tolerance,
+        )  # fmt: skip
+    return _checked[model]
+
+
+def _compute_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return next(model.parameters()).dtype
 
 
 def full_logits_reason(model: nn.Module) -> str | None:
@@ -200,9 +276,12 @@ def _wanted_entries(attention_mask: torch.Tensor, positions: torch.Tensor | None
     return real & positions.to(real.device).bool()
 
 
-def _forward_inputs(model: nn.Module, tokens: torch.Tensor, attention_mask: torch.Tensor) -> dict:
-    """The root forward's arguments: no KV cache, and every position's hidden state reaching the head."""
-    inputs = dict(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
+def forward_inputs(
+    model: nn.Module, tokens: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor
+) -> dict:
+    """The root forward's arguments: no KV cache, and every position's hidden state reaching the head. No attention
+    mask (None): the position ids alone say where sequences start (packed rows)."""
+    inputs = dict(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids)
     accepted = inspect.signature(model.forward).parameters
     if "use_cache" in accepted:
         inputs["use_cache"] = False

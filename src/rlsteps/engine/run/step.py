@@ -40,7 +40,7 @@ from rlsteps.engine.distributed import (
 )
 from rlsteps.engine.generation.rollouts import Sampler
 from rlsteps.engine.inputs.data import prompt_indices
-from rlsteps.engine.policy.logprobs import batched_token_logprobs
+from rlsteps.engine.policy.logprobs import batched_token_logprobs, reads_packed_sequences
 from rlsteps.engine.policy.lora import adapters_off, has_adapters
 from rlsteps.engine.policy.parallel import (
     Precision,
@@ -59,7 +59,7 @@ from rlsteps.engine.records.throughput import (
 )
 from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionFailed
 from rlsteps.engine.rewards.scores import RewardSource, Scores
-from rlsteps.engine.run.update import PolicyUpdate, UpdateResult
+from rlsteps.engine.run.update import PolicyUpdate, UpdateResult, longest_row
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -282,10 +282,13 @@ class StepRun:
         def logprobs(batch: RolloutBatch) -> torch.Tensor:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(gathered(model, self.device))
-                stack.enter_context(self.precision.autocast(self.device))
+                autocast = lambda: self.precision.autocast(self.device)  # noqa: E731
+                stack.enter_context(autocast())
                 if base:
                     stack.enter_context(adapters_off(model))
-                return batched_token_logprobs(model, batch, self.cfg.rollout.logprob_micro_batch_size)
+                packing = self.cfg.train.sequence_packing and reads_packed_sequences(model, self.device, autocast)
+                bin_tokens = longest_row(self.cfg) if packing else None
+                return batched_token_logprobs(model, batch, self.cfg.rollout.logprob_micro_batch_size, bin_tokens)
 
         return logprobs
 

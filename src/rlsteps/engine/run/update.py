@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from rlsteps.contract.config import TrainConfig
+from rlsteps.contract.config import RecipeConfig, TrainConfig
 from rlsteps.engine.algorithms.recipe import Recipe
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.distributed import (
@@ -35,7 +35,7 @@ from rlsteps.engine.distributed import (
     reduce_sum,
     row_weighted_mean,
 )
-from rlsteps.engine.policy.logprobs import token_logprobs
+from rlsteps.engine.policy.logprobs import packed_token_logprobs, reads_packed_sequences, token_logprobs
 from rlsteps.engine.policy.optim import optimizer_step
 from rlsteps.engine.policy.parallel import Precision, set_gradient_sync
 
@@ -74,10 +74,13 @@ class PolicyUpdate:
     precision: Precision = field(default_factory=Precision)
     world: World = SINGLE
     forward: nn.Module = field(init=False)  # what the training passes call: the model, or it compiled (train.compile)
+    packing: bool = field(init=False)  # train.sequence_packing, where the model reads packed sequences
 
     def __post_init__(self) -> None:
         # the compiled module shares the model's parameters; the optimizer, checkpoints and sync keep the model
         self.forward = torch.compile(self.model) if self.train.compile else self.model
+        autocast = lambda: self.precision.autocast(self.device)  # noqa: E731
+        self.packing = self.train.sequence_packing and reads_packed_sequences(self.model, self.device, autocast)
 
     def __call__(self, batch: RolloutBatch) -> UpdateResult:
         t, world = self.train, self.world
@@ -117,7 +120,7 @@ class PolicyUpdate:
     ) -> TokenCount:
         """Gradients of one global batch's share on this process; the tokens it ran. logprobs_out [rows, T-1]: when
         given, filled with the forward's log-probs (detached, on the CPU)."""
-        plan = micro_batch_plan(chunk, self.train, self.recipe) if len(chunk) else []
+        plan = micro_batch_plan(chunk, self.train, self.recipe, self.packing) if len(chunk) else []
         count = int(reduce_max(self.world, len(plan)))
         tokens = TokenCount()
         for i in range(count):
@@ -125,9 +128,7 @@ class PolicyUpdate:
             if i < len(plan):
                 micro = chunk.select(plan[i]).to(self.device)
                 with self.precision.autocast(self.device):  # log-probs of the response positions only
-                    logprobs = token_logprobs(
-                        self.forward, micro.tokens, micro.attention_mask(), positions=micro.response_mask()
-                    )
+                    logprobs = self._logprobs(micro)
                 if logprobs_out is not None:
                     logprobs_out[plan[i], : logprobs.shape[1]] = logprobs.detach().cpu()
                 loss, micro_stats = self.recipe.loss(logprobs, micro, normaliser)
@@ -138,6 +139,11 @@ class PolicyUpdate:
             (loss * self.world.size).backward()
         return tokens
 
+    def _logprobs(self, micro: RolloutBatch) -> torch.Tensor:
+        if self.packing:
+            return packed_token_logprobs(self.forward, micro, longest_row(self.recipe.cfg))
+        return token_logprobs(self.forward, micro.tokens, micro.attention_mask(), positions=micro.response_mask())
+
     def _empty_pass(self) -> torch.Tensor:
         """A forward pass that adds nothing to the gradient: this process has no rows left in this step."""
         tokens = torch.zeros(1, 2, dtype=torch.long, device=self.device)
@@ -147,16 +153,24 @@ class PolicyUpdate:
         return logprobs.sum() * 0.0
 
 
-def micro_batch_plan(chunk: RolloutBatch, train: TrainConfig, recipe: Recipe) -> list[list[int]]:
-    """Each micro-batch's rows of a global batch's share: micro_batch_size rows in order, or with
-    train.dynamic_batching rows sorted by length within micro_batch_size times the longest sequence a row can have
-    (whole prompt groups where the recipe's loss reads them). The gradient is the same either way: every
-    micro-batch's loss divides by the whole global batch's loss tokens."""
-    budget = None
+def micro_batch_plan(chunk: RolloutBatch, train: TrainConfig, recipe: Recipe, packing: bool = False) -> list[list[int]]:
+    """Each micro-batch's rows of a global batch's share: micro_batch_size rows in order; with train.dynamic_batching
+    rows sorted by length within micro_batch_size times the longest sequence a row can have; with packing (train.
+    sequence_packing, where the model reads packed sequences) rows longest first while they pack into micro_batch_size
+    rows of that longest sequence. Whole prompt groups where the recipe's loss reads them. The gradient is the same
+    either way: every micro-batch's loss divides by the whole global batch's loss tokens."""
+    whole_groups = recipe.loss_reads_whole_groups()
+    size, longest = train.micro_batch_size, longest_row(recipe.cfg)
+    if packing:
+        return chunk.micro_batch_rows(size, whole_groups=whole_groups, bin_tokens=longest)
     if train.dynamic_batching:
-        cfg = recipe.cfg
-        budget = train.micro_batch_size * (cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_new_tokens)
-    return chunk.micro_batch_rows(train.micro_batch_size, budget, whole_groups=recipe.loss_reads_whole_groups())
+        return chunk.micro_batch_rows(size, size * longest, whole_groups=whole_groups)
+    return chunk.micro_batch_rows(size)
+
+
+def longest_row(cfg: RecipeConfig) -> int:
+    """The longest sequence a rollout can have: the prompt's limit and the response's."""
+    return cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_new_tokens
 
 
 class StepStats:
