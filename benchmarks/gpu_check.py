@@ -27,6 +27,8 @@ the same from a bare GPU machine's python as from the repository's venv. Rows (b
                                    compiled (train.compile=true): MFU
     lora train phase 0.37b         bench_train.py --lora --reference: full fine-tuning and LoRA with the reference's
                                    pass, bf16: step time and peak memory of each
+    packed train phase 0.37b       bench_train.py --varied-lengths --sequence-packing, bf16, 256 rows of 64 + 1-128
+                                   tokens: padded rows against packed ones (train.sequence_packing)
     decode 0.37b vs hf.generate    bench_generate.py on the 0.37B shape, bf16, sampling: tokens/s against HF generate
 
 Targets on one H100 or H200 (judged only where the device's name says so, unless --no-targets): the GRPO step's
@@ -512,12 +514,28 @@ def lora_train_phase(ctx: Context) -> str:
     return "; ".join([*figures, ratios])
 
 
+def packed_train_phase(ctx: Context) -> str:
+    """bench_train.py --varied-lengths --sequence-packing: the 0.37B train phase in bf16 on rows of a GRPO step's
+    lengths (64 + 1-128 tokens: the 32x8x128 step's 256 rows), padded rows against packed ones (train.sequence_packing):
+    step time of each and the ratio. The tiny shape, fp32, on a CPU."""
+    shape = ["--size", "0.37b", "--dtype", "bfloat16", "--rows", "256", "--prompt-len", "64", "--response-len", "128",
+             "--micro-batch", "16", "--steps", "3", "--warmup", "1", "--varied-lengths",
+             "--sequence-packing"]  # fmt: skip
+    if ctx.smoke:
+        shape = ["--size", "tiny", "--steps", "1", "--warmup", "0", "--varied-lengths", "--sequence-packing"]
+    rows, figures = bench_train_rows(ctx, "packed_train_phase", shape)
+    if len(rows) != 2:
+        raise Failed(f"bench_train.py printed {len(rows)} rows, not padded and packed: " + "; ".join(figures))
+    (_, padded_s, *_), (_, packed_s, *_) = rows
+    return "; ".join([*figures, f"packed {float(padded_s) / float(packed_s):.2f}x the padded rows' speed"])
+
+
 def bench_train_rows(ctx: Context, name: str, shape: list[str]) -> tuple[list[tuple[str, ...]], list[str]]:
     """bench_train.py's table: (configuration, step s, tokens/s, FLOPs, MFU, peak GB) rows, and their figures."""
     argv = [sys.executable, str(BENCHMARKS / "bench_train.py"), "--device", ctx.device, *shape]
     done = call(ctx, name, argv, REPO)
     expect_success(done, "bench_train.py")
-    rows = re.findall(r"^((?:float32|autocast-bf16)(?: \+ (?:compile|lora))?)\s+([\d.]+) \(.*?\)\s+(\d+)\s+"
+    rows = re.findall(r"^((?:float32|autocast-bf16)(?: \+ (?:compile|lora|packed))?)\s+([\d.]+) \(.*?\)\s+(\d+)\s+"
                       r"([\d.e+-]+)\s+(\S+)\s+([\d.]+)", done.stdout, flags=re.MULTILINE)  # fmt: skip
     if not rows:
         raise Failed(f"bench_train.py printed no row: {last_line(done.stdout)}")
@@ -560,6 +578,7 @@ CHECKS = [
           alone=True),
     Check("train phase 0.37b", train_phase, alone=True),
     Check("lora train phase 0.37b", lora_train_phase, alone=True),
+    Check("packed train phase 0.37b", packed_train_phase, alone=True),
     Check("decode 0.37b vs hf.generate", decode_vs_hf, alone=True),
 ]  # fmt: skip
 

@@ -182,3 +182,15 @@ def test_rl_nemo_rl_rlhfs_lora_cfg_runs_as_train_lora_on_the_embedded_engine():
     seed["policy"]["dtensor_cfg"]["lora_cfg"].update(target_modules=[], match_all_linear=True)
     recipe, notes = to_embedded(seed, base, [])
     assert recipe["train"]["lora"]["target_modules"] == [] and any("match_all_linear" in note for note in notes)
+
+
+def test_batching_by_tokens_compiles_to_one_of_nemo_rls_two_ways():
+    # packing by default, as in NeMo-RL's GRPO configs; dynamic batching asked for turns it off, as NeMo-RL's policy
+    # asserts the two exclusive ("Dynamic Batching is exclusive of Sequence Packing")
+    for step, inputs in (("rl/rlhf", RLHF_INPUTS), ("rl/reinforce", REINFORCE_INPUTS)):
+        policy = master(step, *inputs).config["policy"]
+        assert policy["sequence_packing"]["enabled"] is True and policy["dynamic_batching"]["enabled"] is False
+        policy = master(step, *inputs, "train.dynamic_batching=true").config["policy"]
+        assert policy["sequence_packing"]["enabled"] is False and policy["dynamic_batching"]["enabled"] is True
+    with pytest.raises(UsageError, match="two ways to batch by tokens"):
+        validated("rl/rlhf", *RLHF_INPUTS, "train.dynamic_batching=true", "train.sequence_packing=true")
