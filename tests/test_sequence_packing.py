@@ -164,3 +164,15 @@ def test_the_packed_rows_pass_fewer_positions_than_the_padded():
     packed = pack_batch(batch, MAX_PROMPT + MAX_NEW)  # [11, 10] [9, 8, 8] [7, 6, 5]: 3 x 25 positions
     assert packed.filled == int(batch.sequence_lengths.sum()) == 64
     assert packed.tokens.shape == (3, 25) and packed.padding == 11
+
+
+def test_the_probe_allows_tf32s_rounding_where_fp32_matmuls_run_on_it():
+    model = policy_model()
+    assert logprobs_module._rounding(model, CPU) == logprobs_module.AGREEMENT[torch.float32]
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # fp32 matmuls on TF32 tensor cores, where CUDA has them
+    try:
+        assert logprobs_module._rounding(model, torch.device("cuda")) == logprobs_module.HALF_PRECISION_AGREEMENT
+        assert logprobs_module._rounding(model, CPU) == logprobs_module.AGREEMENT[torch.float32]
+    finally:
+        torch.set_float32_matmul_precision(previous)

@@ -1,4 +1,5 @@
-"""Where models run: 'auto' picks the GPU when there is one; asking for CUDA without one is a clear error."""
+"""Where models run: 'auto' picks the GPU when there is one; asking for CUDA without one is a clear error. And how
+fp32 matmuls run there."""
 
 from __future__ import annotations
 
@@ -11,3 +12,11 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device {name!r} asked for, but no CUDA device is visible; use cpu or auto")
     return torch.device(name)
+
+
+def tf32_matmuls() -> bool:
+    """Whether fp32 matmuls on CUDA run on the TF32 tensor cores (torch's default is no: full fp32)."""
+    precision = getattr(torch.backends.cuda.matmul, "fp32_precision", "none")
+    if precision in ("tf32", "ieee"):
+        return precision == "tf32"
+    return torch.get_float32_matmul_precision() != "highest"

@@ -11,6 +11,10 @@ so the extra memory is O(N * vocab_chunk) in both directions, not O(B * T * V) (
 their fp32 copy and log_softmax for a 128k vocabulary, T=1536 and 8 rows). The model's own root forward still
 runs, so hooks on it (FSDP2's parameter gathering) run too.
 Heads this cannot reproduce (a bias, logits changed after the head, not an nn.Linear) take the full path.
+
+The rows can be passed packed (packed_token_logprobs: several sequences end to end in a row, rlsteps.engine.policy.
+packing) and the log-probs come back in the same layout; reads_packed_sequences probes once per model that its
+forward keeps packed sequences apart.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from torch import nn
 
 from rlsteps.engine.batch import RolloutBatch
+from rlsteps.engine.device import tf32_matmuls
 from rlsteps.engine.policy.model import eval_mode
 from rlsteps.engine.policy.packing import pack_batch
 
@@ -38,8 +43,9 @@ POST_HEAD_LOGIT_FIELDS = ("final_logit_softcapping", "logit_scale", "logits_scal
 
 _warned: set[tuple[str, str]] = set()
 
-# Mean absolute difference of the checked log-probs, packed against padded, that still counts as rounding: the
-# attention kernels differ between the two layouts (a block-diagonal mask against a padding mask).
+# Mean absolute difference of the probe's log-probs, packed against padded, that still counts as rounding: the
+# attention kernels differ between the two layouts (a block-diagonal mask against a padding mask). bf16, fp16 and
+# fp32 matmuls on TF32 tensor cores (10-bit mantissas) round alike.
 AGREEMENT = {torch.float32: 1e-4, torch.float64: 1e-8}
 HALF_PRECISION_AGREEMENT = 2e-2
 
@@ -125,8 +131,8 @@ def packed_token_logprobs(
 
 
 def reads_packed_sequences(model: nn.Module, device: torch.device, autocast=nullcontext) -> bool:
-    """Whether `model` keeps packed sequences apart: two sequences of random tokens, packed in one row, against the
-    same two padded, in eval mode and under `autocast` (the passes' own precision). Probed once per model; every
+    """Whether `model` keeps packed sequences apart: three sequences of random tokens, packed in one row, against the
+    same three padded, in eval mode and under `autocast` (the passes' own precision). Probed once per model; every
     process runs the same probe, so distributed forwards stay in step."""
     if model in _checked:
         return _checked[model]
@@ -142,10 +148,9 @@ def reads_packed_sequences(model: nn.Module, device: torch.device, autocast=null
     with torch.no_grad(), eval_mode(model), autocast():
         packed = packed_token_logprobs(model, probe, capacity=int(lengths.sum()))
         padded = token_logprobs(model, probe.tokens, probe.attention_mask(), probe.response_mask())
-        dtype = _compute_dtype(model, device)
+        tolerance = _rounding(model, device)
     wanted = probe.response_mask().bool()
     gap = (packed - padded)[wanted].abs().mean().item()
-    tolerance = AGREEMENT.get(dtype, HALF_PRECISION_AGREEMENT)
     _checked[model] = gap <= tolerance
     if not _checked[model]:
         log.warning(
@@ -157,10 +162,15 @@ def reads_packed_sequences(model: nn.Module, device: torch.device, autocast=null
     return _checked[model]
 
 
-def _compute_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
+def _rounding(model: nn.Module, device: torch.device) -> float:
+    """The probe's tolerance for the precision its passes compute in."""
     if torch.is_autocast_enabled(device.type):
-        return torch.get_autocast_dtype(device.type)
-    return next(model.parameters()).dtype
+        dtype = torch.get_autocast_dtype(device.type)
+    else:
+        dtype = next(model.parameters()).dtype
+    if dtype == torch.float32 and device.type == "cuda" and tf32_matmuls():
+        return HALF_PRECISION_AGREEMENT
+    return AGREEMENT.get(dtype, HALF_PRECISION_AGREEMENT)
 
 
 def full_logits_reason(model: nn.Module) -> str | None:

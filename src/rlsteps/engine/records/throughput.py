@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlsteps.engine.device import tf32_matmuls
+
 PEAK_TFLOPS_ENV = "RLSTEPS_PEAK_TFLOPS"
 GB = 1e9  # memory figures are decimal gigabytes
 
@@ -147,14 +149,6 @@ def _name_words(name: str) -> set[str]:
     return {word.lower() for word in re.split(r"[\s\-_]+", name) if word}
 
 
-def _tf32_matmuls() -> bool:
-    """Whether fp32 matmuls on CUDA run on the TF32 tensor cores (torch's default is no: full fp32)."""
-    precision = getattr(torch.backends.cuda.matmul, "fp32_precision", "none")
-    if precision in ("tf32", "ieee"):
-        return precision == "tf32"
-    return torch.get_float32_matmul_precision() != "highest"
-
-
 def peak_flops_by_name(device_name: str, dtype: torch.dtype = torch.bfloat16) -> float | None:
     """The datasheet's dense peak FLOP/s of the GPU called `device_name` for matmuls in `dtype`, or None.
 
@@ -168,7 +162,7 @@ def peak_flops_by_name(device_name: str, dtype: torch.dtype = torch.bfloat16) ->
             if dtype in (torch.bfloat16, torch.float16):
                 return half
             if dtype == torch.float32:
-                return tf32 if _tf32_matmuls() else fp32
+                return tf32 if tf32_matmuls() else fp32
             return None
     return None
 
