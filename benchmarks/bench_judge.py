@@ -4,8 +4,8 @@ Two parts, each a round-robin of interleaved repetitions, reported as medians an
 
     scoring   one step's rewards on their own: 16 prompts x 4 responses of the tiny task, scored by a judge
               server (`python -m rlsteps.engine.rewards.judge`, the tiny reward model, as a run starts it) through
-              `JudgeClient` at the tiny config's concurrency (8: 64 circular comparisons; `--concurrency 8 64`:
-              a client at each, in turns; `--prompts`, `--group`: another step's shape), and by a reward-model
+              `JudgeClient` at concurrency 8 (64 circular comparisons; the tiny config sends 32; `--concurrency 8
+              64`: a client at each, in turns; `--prompts`, `--group`: another step's shape), and by a reward-model
               server (`python -m rlsteps.engine.rewards.rm`) through `RewardClient` (64 rows); both servers are
               subprocesses on loopback, started once, warmed up, then called in turns
     steps     whole runs, `rlsteps run rl/reinforce -c tiny train.max_steps=S` and `rl/rlhf` (16 prompts x 4
