@@ -199,7 +199,8 @@ def run_folder(cwd: Path, step: str) -> Path:
 
 
 SERIES = (
-    "import json, sys; from rlsteps.engine.records.metrics import metric_series, read_metrics; "
+    "import json, sys; from rlsteps.contract.run_files import read_metrics; "
+    "from rlsteps.engine.records.metrics import metric_series; "
     "print(json.dumps(metric_series(read_metrics(sys.argv[1]), sys.argv[2])[1]))"
 )
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rlsteps.contract.run_files import read_metrics
-from rlsteps.engine.records.metrics import MetricsWriter, Timers, TrainingProgress, metric_series, plot_metrics, trend
+from rlsteps.engine.records.metrics import MetricsWriter, Timers, TrainingProgress, metric_series, trend
+from rlsteps.engine.records.plot import plot_metrics
 
 
 def test_lines_are_appended_flushed_and_read_back(tmp_path):
@@ -183,7 +184,7 @@ def test_plot_metrics_writes_a_png_and_skips_keys_never_logged(tmp_path, caplog)
     with MetricsWriter(path) as writer:
         for step in range(1, 11):
             writer.log(step, {"train/reward": math.sin(step), "train/loss": 1.0 / step})
-    with caplog.at_level(logging.INFO, logger="rlsteps.engine.records.metrics"):
+    with caplog.at_level(logging.INFO, logger="rlsteps.engine.records.plot"):
         out = plot_metrics(path, tmp_path / "plots" / "curves.png", ["train/reward", "train/loss", "val/reward"])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     assert "val/reward" in caplog.text

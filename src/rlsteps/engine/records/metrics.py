@@ -1,4 +1,4 @@
-"""Training metrics: an append-only JSONL log, optional TensorBoard / W&B, timers, progress, plots.
+"""Training metrics: an append-only JSONL log, optional TensorBoard / W&B, timers, progress (the plot: plot.py).
 
 The JSONL file is the record of a run: one line {"step", "time", **metrics} per `log` call,
 written at once and whole: a write the disk cannot take is cut back, so the file never ends in a torn line
@@ -21,8 +21,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
-
-from rlsteps.contract.run_files import read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -230,74 +228,6 @@ def trend(values: list[float | None], window: int) -> tuple[float, float]:
     return sum(finite[:window]) / window, sum(finite[-window:]) / window
 
 
-def plot_metrics(metrics_path: Path, out_png: Path, keys: list[str]) -> Path:
-    """One PNG with a subplot per logged key against step; keys never logged are skipped."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    records = read_metrics(metrics_path)
-    series = {key: metric_series(records, key) for key in keys}
-    missing = [key for key, (steps, _) in series.items() if not steps]
-    plotted = {key: s for key, s in series.items() if s[0]}
-    if not plotted:
-        logged = sorted({k for r in records for k in r} - set(RESERVED_KEYS))
-        raise ValueError(f"none of {keys} was logged in {metrics_path}; logged metrics: {logged}")
-    if missing:
-        logger.info("plot_metrics: skipped %s (never logged in %s)", missing, metrics_path)
-
-    figure = Figure(figsize=(8, 2.6 * len(plotted)), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(len(plotted), 1, sharex=True, squeeze=False)[:, 0]
-    for ax, (key, (steps, values)) in zip(axes, plotted.items()):
-        ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, markersize=3)
-        ax.set_title(key, fontsize=10)
-        ax.grid(alpha=0.3)
-    axes[-1].set_xlabel("step")
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    staging = out_png.with_name(f".{out_png.name}.{os.getpid()}.tmp")
-    try:  # whole or not at all: a reader (or a run killed mid-draw) never meets half a PNG
-        figure.savefig(staging, dpi=100, format="png")
-        os.replace(staging, out_png)
-    finally:
-        staging.unlink(missing_ok=True)
-    return out_png
-
-
-PLOT_FAILED = 2  # `python -m rlsteps.engine.records.metrics plot ...`: no plot (why on stderr)
-
-
-def start_plot(metrics_path: Path, out_png: Path, keys: list[str]) -> Any:
-    """plot_metrics in a process of its own (matplotlib's import and the drawing: seconds on a loaded CPU),
-    to run beside what the caller does next; `finish_plot` waits for it."""
-    import subprocess
-
-    command = [sys.executable, "-m", "rlsteps.engine.records.metrics", "plot", str(metrics_path), str(out_png), *keys]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def finish_plot(process: Any, out_png: Path) -> Path:
-    """The plot's path once its process is done; ValueError with its reason when it drew none."""
-    _, errors = process.communicate()
-    if process.returncode != 0:
-        lines = [line for line in (errors or "").splitlines() if line.strip()]
-        raise ValueError(lines[-1] if lines else f"the plotting process exited {process.returncode}")
-    return Path(out_png)
-
-
-def _main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[0] != "plot":
-        print("usage: python -m rlsteps.engine.records.metrics plot METRICS_JSONL OUT_PNG KEY...", file=sys.stderr)
-        return PLOT_FAILED
-    try:
-        plot_metrics(Path(argv[1]), Path(argv[2]), argv[3:])
-    except (ValueError, ImportError) as error:
-        print(f"{error}", file=sys.stderr)
-        return PLOT_FAILED
-    return 0
-
-
 class Timers:
     """Wall-clock time per phase: `with timers("rollout"): ...`; `pop()` returns and resets the totals."""
 
@@ -392,7 +322,3 @@ def _duration(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}"
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

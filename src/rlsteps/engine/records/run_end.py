@@ -1,14 +1,14 @@
 """What a run says and draws at its end: its main figures first -> last, the failures and the signs of reward hacking
-it met, and metrics.png."""
+it met, and metrics.png (drawn by records/plot.py's process)."""
 
 from __future__ import annotations
 
 import logging
-import subprocess
 from pathlib import Path
 
 from rlsteps.contract.run_files import METRICS_FILE, read_metrics
 from rlsteps.engine.records import metrics
+from rlsteps.engine.records.plot import PlotProcess
 from rlsteps.engine.records.reward_hacking import RECORD_FILE, recorded_signs
 
 log = logging.getLogger("rlsteps")
@@ -68,22 +68,15 @@ def _warn_of_judge_bias(records: list[dict]) -> None:
         )
 
 
-def start_plot(run_dir: Path, extra_keys: list[str]) -> subprocess.Popen | None:
-    """metrics.png drawn by a process of its own from the finished metrics.jsonl (the run's main figures and
-    `extra_keys`); None where none can start."""
-    keys = PLOTTED[:2] + extra_keys + PLOTTED[2:]
-    try:
-        return metrics.start_plot(run_dir / METRICS_FILE, run_dir / "metrics.png", keys)
-    except OSError as error:
-        log.warning("no metrics plot: %s", error)
-        return None
+def run_plot(run_dir: Path, extra_keys: list[str]) -> PlotProcess:
+    """The process that draws metrics.png (the run's main figures and `extra_keys`), not yet started."""
+    return PlotProcess(run_dir / METRICS_FILE, run_dir / "metrics.png", PLOTTED[:2] + extra_keys + PLOTTED[2:])
 
 
-def finish_plot(run_dir: Path, process: subprocess.Popen | None) -> None:
-    """Wait for the plot (the run ends with its file written, or a warning saying why not)."""
-    if process is None:
-        return
+def draw_plot(plot: PlotProcess) -> None:
+    """Draw the plot now that the metrics are complete: the run ends with its file written, or a warning saying
+    why not."""
     try:
-        log.info("metrics plot: %s", metrics.finish_plot(process, run_dir / "metrics.png"))
+        log.info("metrics plot: %s", plot.draw())
     except ValueError as error:
         log.warning("no metrics plot: %s", error)

@@ -76,13 +76,16 @@ def train(
     say: Callable[[str], None] = print,
     run_prompts: RunPrompts | None = None,
     world: World = SINGLE,
+    at_last_record: Callable[[], None] | None = None,
 ) -> RunResult:
     """run_prompts: the prompts already loaded and measured (the worker does it before the policy loads); else
     they are loaded here, with the policy's tokenizer. rewards: the main process's source (None elsewhere).
-    Every process of `world` calls train; the result's model is whole on the main process only."""
+    at_last_record: called once the last step's metrics are logged, before its checkpoint (the worker's plotting
+    process draws them then, beside the checkpoint and the output). Every process of `world` calls train; the
+    result's model is whole on the main process only."""
     try:
         with contextlib.ExitStack() as cleanup:  # what the run made for itself, removed however it ends
-            return _train(cleanup, cfg, recipe, rewards, run_dir, say, run_prompts, world)
+            return _train(cleanup, cfg, recipe, rewards, run_dir, say, run_prompts, world, at_last_record)
     except OSError as error:  # a write that met a full disk (each writer has undone its part)
         if not is_disk_full(error):
             raise
@@ -99,6 +102,7 @@ def _train(
     say: Callable[[str], None],
     run_prompts: RunPrompts | None,
     world: World,
+    at_last_record: Callable[[], None] | None,
 ) -> RunResult:
     device = join(world, resolve_device(cfg.run.device))
     precision = Precision.named(cfg.run.dtype)
@@ -167,6 +171,8 @@ def _train(
             if val_prompts and cfg.validation.interval and counters.step % cfg.validation.interval == 0:
                 step_metrics.update(run.validate(val_prompts))
             metrics.log(counters.step, step_metrics)
+            if counters.step == total_steps and at_last_record is not None:
+                at_last_record()
             progress.update(counters.step, step_metrics)
             step_log.info("step %d/%d %s", counters.step, total_steps, _step_line(step_metrics))
             run.stop_if_not_learning(step_metrics)

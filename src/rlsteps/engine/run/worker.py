@@ -40,8 +40,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
     from rlsteps.contract.input_check import check_inputs_in_job
     from rlsteps.contract.output_dir import make_output_dir
     from rlsteps.engine.distributed import world_from_env
-    from rlsteps.engine.records.output import job_record, write_policy_output
-    from rlsteps.engine.run import signals
+    from rlsteps.engine.records.output import job_record
     from rlsteps.engine.run.worker_log import log_to
 
     cfg = load_config(config_path)
@@ -64,20 +63,34 @@ def run(config_path: Path, log_level: str = "info") -> int:
     if done:  # a rerun of a finished run: no server, no policy load, no torch import
         log.info("already done: %s", done)
         return 0
+    plot = None if isinstance(cfg, ConvertConfig) or not world.is_main else _run_plot(cfg, run_dir)
+    with plot or contextlib.nullcontext():  # a run that ends before its output lets the plotting process go
+        return _run_to_output(cfg, run_dir, world, job, versions, plot)
+
+
+def _run_to_output(cfg: StepConfig, run_dir: Path, world: Any, job: dict, versions: dict, plot: Any) -> int:
+    """Serve the rewards and train (or read the checkpoint to convert), then write the output and draw the plot."""
+    from rlsteps.contract.config import ConvertConfig
+    from rlsteps.engine.records.output import write_policy_output
+    from rlsteps.engine.run import signals
     from rlsteps.engine.run.run_identity import RunDirectoryInUse
 
+    converting = isinstance(cfg, ConvertConfig)
     with contextlib.ExitStack() as servers:  # stopped before the output is written
-        converting = isinstance(cfg, ConvertConfig)
         try:  # the main process serves (or reaches) the rewards and scores for all
             rewards = None if converting or not world.is_main else _start_rewards(cfg, run_dir, servers)
         except RunDirectoryInUse as refused:
             log.error("%s", refused)
             return refused.exit_code
+        if plot:
+            plot.start()  # it imports matplotlib on what the run leaves idle
         _prepare_torch(cfg)  # while a reward server loads
         from rlsteps.engine.run.step import RunStopped
 
         try:
-            model, tokenizer, counters = _convert(cfg) if converting else _train(cfg, run_dir, rewards, world)
+            model, tokenizer, counters = (
+                _convert(cfg) if converting else _train(cfg, run_dir, rewards, world, plot.cue if plot else None)
+            )
         except RunStopped as stopped:
             (log.error if world.is_main else log.debug)("%s", stopped)
             return 1
@@ -89,17 +102,27 @@ def run(config_path: Path, log_level: str = "info") -> int:
     if converting:
         write_policy_output(cfg, model, tokenizer, counters, job, versions)
         return 0
-    from rlsteps.engine.records.run_end import finish_plot, start_plot, summarise
+    from rlsteps.engine.records.run_end import draw_plot, summarise
 
-    terms = list(cfg.reward_terms) if len(cfg.reward_terms) > 1 else []
-    extra_keys = [f"val/reward/{name}" for name in terms] + [f"val/{n}" for n in cfg.validation.reward_functions]
-    plot = start_plot(run_dir, extra_keys)  # drawn while the output is written
-    try:
+    try:  # the plot, cued at the last step's metrics, is drawn while the output is written
         write_policy_output(cfg, model, tokenizer, counters, job, versions)
-        summarise(run_dir, extra_keys)
+        summarise(run_dir, _plotted_extra_keys(cfg))
     finally:
-        finish_plot(run_dir, plot)
+        draw_plot(plot)
     return 0
+
+
+def _plotted_extra_keys(cfg: RecipeConfig) -> list[str]:
+    """What the run's plot and end summary show beside its main figures: each reward term's validation mean (of
+    more than one) and each validation reward function."""
+    terms = list(cfg.reward_terms) if len(cfg.reward_terms) > 1 else []
+    return [f"val/reward/{name}" for name in terms] + [f"val/{n}" for n in cfg.validation.reward_functions]
+
+
+def _run_plot(cfg: RecipeConfig, run_dir: Path) -> Any:
+    from rlsteps.engine.records.run_end import run_plot
+
+    return run_plot(run_dir, _plotted_extra_keys(cfg))
 
 
 def _claim(run_dir: Path, config_path: Path) -> bool:
@@ -190,14 +213,18 @@ def _prepare_torch(cfg: StepConfig) -> None:
     log.info("code: %s from %s", describe(), Path(rlsteps.__file__).parent)
 
 
-def _train(cfg: RecipeConfig, run_dir: Path, rewards: Any, world: Any) -> tuple[Any, Any, dict[str, int]]:
+def _train(
+    cfg: RecipeConfig, run_dir: Path, rewards: Any, world: Any, at_last_record: Any
+) -> tuple[Any, Any, dict[str, int]]:
     from rlsteps.engine.algorithms import RECIPES
     from rlsteps.engine.run.loop import train
 
     run_prompts = _measured_prompts(cfg)  # a bad prompt stops the run in seconds, and the server with it
     say = log.info if world.is_main else log.debug
     recipe = RECIPES[cfg.algorithm](cfg)
-    result = train(cfg, recipe, rewards, run_dir, say=say, run_prompts=run_prompts, world=world)
+    result = train(
+        cfg, recipe, rewards, run_dir, say=say, run_prompts=run_prompts, world=world, at_last_record=at_last_record
+    )
     from rlsteps.engine.distributed import leave
 
     leave(world)  # the main process writes the output alone (megatron-core's save makes a group of its own)
