@@ -238,11 +238,13 @@ class StandIn:
     a comparison involving "babble" never gets a parseable answer; "flaky" gets an HTTP 500 first.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, models: dict | None = None) -> None:
         self.bodies: list[dict] = []
         self.headers: list[dict] = []
         self.attempts: Counter[str] = Counter()
         self.lock = threading.Lock()
+        self.models = models  # GET /v1/models's answer; None: 404, as a server without the route
+        self.models_asked: list[dict] = []  # the headers of each GET /v1/models
 
     def answer(self, body: dict) -> tuple[int, str]:
         request = parse_judge_request(body["messages"])
@@ -271,6 +273,17 @@ def stand_in_server(stand_in: StandIn) -> Iterator[str]:
             payload = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
             data = json.dumps(payload if status == 200 else {"error": content}).encode()
             self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            with stand_in.lock:
+                stand_in.models_asked.append(dict(self.headers))
+            found = self.path == "/v1/models" and stand_in.models is not None
+            data = json.dumps(stand_in.models if found else {"error": "not found"}).encode()
+            self.send_response(200 if found else 404)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -334,6 +347,44 @@ def test_both_orders_cancel_a_judge_that_favours_the_response_shown_first():
     with stand_in_server(StandIn()) as url, make_client(url) as client:
         once = client.judge(groups)
     assert once.rewards == [[4.5, 1.5], [5.0, 1.0]] and once.stats["first_position_rate"] == 1.0
+
+
+def _models(entry: dict) -> dict:
+    return {"object": "list", "data": [{"id": "other-model", "object": "model"}, {"object": "model", **entry}]}
+
+
+@pytest.mark.parametrize(
+    ("models", "once"),
+    [
+        (_models({"id": "judge-model", "rlsteps": {"position_independent": True}}), True),
+        (None, False),  # no /v1/models route: says nothing
+        (_models({"id": "judge-model"}), False),  # vLLM's and NIM's entries: nothing said
+        (_models({"id": "another", "rlsteps": {"position_independent": True}}), False),  # of another model
+        (_models({"id": "judge-model", "rlsteps": {"position_independent": "yes"}}), False),  # true, or nothing
+        ({"data": "no list"}, False),
+    ],
+)
+def test_a_judge_that_says_position_cannot_sway_it_is_shown_each_pair_once(models, once):
+    """Both orders are asked for (the default); the judge's entry in /v1/models decides, asked once a client.
+    Shown once, a judge that favours the first shown would keep its tie wins: the StandIn does favour it, so the
+    rewards show which way the client went."""
+    stand_in = StandIn(models)
+    groups = [(user("Q"), ["fine", "meh"]), (user("R"), ["great", "poor"])]
+    with stand_in_server(stand_in) as url, make_client(url, both_orders=True) as client:
+        first, second = client.judge(groups), client.judge(groups[:1])
+    assert len(stand_in.models_asked) == 1 and stand_in.models_asked[0]["Authorization"] == "Bearer sk-test"
+    assert client.position_independent is once
+    assert first.stats["comparisons"] == (2 if once else 4) and second.stats["comparisons"] == (1 if once else 2)
+    assert first.rewards == ([[4.5, 1.5], [5.0, 1.0]] if once else [[3.0, 3.0], [5.0, 1.0]])
+    # which position won says nothing of the judge when each pair is shown once because it said so
+    assert ("first_position_rate" in first.stats) is not once
+
+
+def test_a_client_showing_one_order_asks_the_judge_nothing():
+    stand_in = StandIn(_models({"id": "judge-model", "rlsteps": {"position_independent": True}}))
+    with stand_in_server(stand_in) as url, make_client(url) as client:
+        result = client.judge([(user("Q"), ["fine", "meh"])])
+    assert stand_in.models_asked == [] and result.stats["first_position_rate"] == 1.0
 
 
 def test_structured_output_can_be_switched_and_extra_body_passes_through():

@@ -75,6 +75,25 @@ def test_openai_endpoints_and_the_answer_format(scorer: RewardScorer):
     )
 
 
+def test_the_tiny_judge_says_position_cannot_sway_it_and_one_order_gives_the_rewards_of_both(scorer: RewardScorer):
+    """Its verdict on a pair shown the other way round is the mirror of the first, as its /v1/models entry says: the
+    client (both orders asked for, the default) shows each pair once and gets the rewards both orders give."""
+    groups = [(CONVERSATION, CANDIDATES[:4]), (CONVERSATION, CANDIDATES[2:])]
+    with serving(create_app(scorer, "tiny-judge", token="s3cret"), path="/v1") as url:
+        models = httpx.get(f"{url}/models", headers={"Authorization": "Bearer s3cret"}).json()
+        with JudgeClient(url, "tiny-judge", api_key="s3cret") as once:
+            shown_once = once.judge(groups)
+        with JudgeClient(url, "tiny-judge", api_key="s3cret") as both:
+            both.position_independent = False  # as a judge that says nothing is taken
+            shown_both = both.judge(groups)
+    assert models["data"][0]["rlsteps"] == {"position_independent": True}
+    assert once.position_independent is True
+    assert shown_once.stats["comparisons"] == 8 and shown_both.stats["comparisons"] == 16
+    assert shown_once.rewards == shown_both.rewards and shown_once.valid == shown_both.valid
+    assert len({r for group in shown_once.rewards for r in group}) > 4  # rewards that tell the responses apart
+    assert "first_position_rate" not in shown_once.stats and shown_both.stats["first_position_rate"] == 0.5
+
+
 def test_unreadable_requests_get_400_with_the_reason(scorer: RewardScorer):
     with serving(create_app(scorer), path="/v1") as url:
         not_json = httpx.post(f"{url}/chat/completions", content=b"{oops", headers={"Content-Type": "application/json"})

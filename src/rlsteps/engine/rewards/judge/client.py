@@ -1,10 +1,20 @@
-"""The judge client: scores groups of responses with a judge LLM behind an OpenAI-compatible chat API."""
+"""The judge client: scores groups of responses with a judge LLM behind an OpenAI-compatible chat API.
+
+Each pair is shown both ways round (judge.both_orders) unless the judge says, in its entry of GET {base_url}/models,
+that its verdicts do not depend on which response is shown first (`"rlsteps": {"position_independent": true}`, as
+`rlsteps serve judge` says of itself: it scores each response on its own). Shown the other way round, such a judge
+answers the mirror of its first verdict, so the second order is skipped: the rewards are the ones both orders give,
+in half the requests. A judge that says nothing (vLLM, NIM, NeMo-Gym) is shown both orders.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import httpx
 
 from rlsteps.engine.rewards.json_post import TransportError, json_poster
 from rlsteps.engine.rewards.judge.parsing import (
@@ -21,6 +31,7 @@ from rlsteps.engine.rewards.judge.protocol import (
 from rlsteps.engine.rewards.judge.scoring import group_rewards, verdict_stats
 from rlsteps.engine.rewards.waiting import Waiting, minutes
 
+log = logging.getLogger(__name__)
 NO_RETRY_STATUS = {400, 401, 403, 404, 405, 422}  # the request itself is wrong: retrying cannot help
 START_ONE = (
     "start the judge server (rlsteps serve judge --model PATH, or vLLM) or fix the judge URL, model name and API key"
@@ -102,6 +113,7 @@ class JudgeClient:
             choices = ", ".join(RESPONSE_FORMATS)
             raise ValueError(f"unknown structured_output {structured_output!r}: use one of {choices}")
         self.url = base_url.rstrip("/") + "/chat/completions"
+        self.models_url = base_url.rstrip("/") + "/models"
         self.model = model
         self.concurrency = max(1, concurrency)
         self.max_retries, self.retry_sleep_s, self.timeout_s = max_retries, retry_sleep_s, timeout_s
@@ -118,9 +130,10 @@ class JudgeClient:
         }
         self.pairing = pairing
         self.both_orders = both_orders  # each pair is also shown the other way round, its two verdicts averaged
+        self.position_independent: bool | None = None  # what the judge says of itself, asked at the first call
         self.principle = principle
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._poster = json_poster(self.url, headers, timeout_s, self.concurrency)
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._poster = json_poster(self.url, self.headers, timeout_s, self.concurrency)
 
     def close(self) -> None:
         self._poster.close()
@@ -152,7 +165,8 @@ class JudgeClient:
         scores them together; answers, rewards and failures are kept in the comparisons' order.
         A conversation is the prompt's chat messages ({"role", "content"}), never a rendered template.
         """
-        pairs = [comparison_pairs(len(responses), self.pairing, self.both_orders) for _, responses in groups]
+        both_orders = self.shows_both_orders()
+        pairs = [comparison_pairs(len(responses), self.pairing, both_orders) for _, responses in groups]
         jobs = [(g, pair) for g, group_pairs in enumerate(pairs) for pair in group_pairs]
         waiting = Waiting(f"the judge at {self.url}", self.patience_s(), 1 + self.max_retries)
         with waiting, ThreadPoolExecutor(max_workers=self.concurrency) as pool:
@@ -167,9 +181,38 @@ class JudgeClient:
             by_group[g].append(outcome.judgement)
         scored = [group_rewards(len(responses), pairs[g], by_group[g]) for g, (_, responses) in enumerate(groups)]
         answers = [JudgeAnswer(g, pair, o.content, o.failure, o.error) for (g, pair), o in zip(jobs, outcomes)]
-        return JudgeResult(
-            rewards=[r for r, _ in scored], valid=[v for _, v in scored], stats=_stats(outcomes), answers=answers
-        )
+        stats = _stats(outcomes)
+        if self.position_independent:  # which position won is then the data's doing, not the judge's
+            stats.pop("first_position_rate", None)
+        return JudgeResult(rewards=[r for r, _ in scored], valid=[v for _, v in scored], stats=stats, answers=answers)
+
+    def shows_both_orders(self) -> bool:
+        """judge.both_orders, unless the judge says its verdicts do not depend on position (asked once, said once)."""
+        if not self.both_orders:
+            return False
+        if self.position_independent is None:
+            self.position_independent = self._says_position_independent()
+            if self.position_independent:
+                log.info(
+                    "the judge at %s says its verdicts do not depend on which response is shown first "
+                    "(position_independent, at %s): each pair is shown once, which gives the rewards both orders would",
+                    self.url,
+                    self.models_url,
+                )
+        return not self.position_independent
+
+    def _says_position_independent(self) -> bool:
+        """Whether the judge's entry for our model at GET {base_url}/models says so; False for any other answer."""
+        try:
+            reply = httpx.get(self.models_url, headers=self.headers, timeout=min(self.timeout_s, 10.0))
+            entries = reply.json().get("data", []) if reply.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and entry.get("id") == self.model:
+                extension = entry.get("rlsteps")
+                return isinstance(extension, dict) and extension.get("position_independent") is True
+        return False
 
     def _compare(self, group: tuple[str, list[str]], pair: tuple[int, int], waiting: Waiting) -> _Outcome:
         """One comparison with retries on transport errors and unparseable answers."""

@@ -11,8 +11,10 @@ which of the two is better:
     p       = sigmoid((reward_1 - reward_2) / scale)         how likely response 1 is the better one
     ranking = 1 + 5 (1 - p)                                  1 = response 1 much better ... 6 = response 2
 
-Its numbers are fractional, finer than the whole numbers the structured-output schema holds a judge LLM to:
-the reward model's signal is kept, and the client reads any number in range.
+Its verdict on a pair shown the other way round is the mirror of the first (scores swapped, ranking 7 minus it), so
+its entry in /v1/models says `"rlsteps": {"position_independent": true}` and rlsteps' judge client shows it each pair
+once (judge/client.py). Its numbers are fractional, finer than the whole numbers the structured-output schema holds
+a judge LLM to: the reward model's signal is kept, and the client reads any number in range.
 
 Batching, as the reward-model server does it: a chat completion holds one comparison, and a client sends a
 step's comparisons at once, so each admitted comparison waits in a queue; a batch takes up to `max_batch` of
@@ -311,7 +313,8 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "rlsteps"}]}
+        entry = {"id": model_name, "object": "model", "owned_by": "rlsteps", "rlsteps": {"position_independent": True}}
+        return {"object": "list", "data": [entry]}
 
     async def answer(body: bytes) -> JSONResponse:
         """The answer to a chat completion's body: the completion, or an error."""
