@@ -22,8 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-import httpx
-
 from rlsteps.engine.rewards.waiting import Waiting
 
 LOG_TAIL_CHARS = 4000
@@ -119,6 +117,8 @@ class LocalServer:
         self.ready = True
 
     def _wait_until_healthy(self) -> None:
+        import httpx  # here, not at the top: a run starts its server before paying for httpx's import (0.3 s)
+
         assert self.process is not None
         deadline = time.monotonic() + self.startup_timeout_s
         what = (

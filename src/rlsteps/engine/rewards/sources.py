@@ -109,11 +109,11 @@ def term_source(cfg: RecipeConfig, entry: RewardEntry, name: str, run_dir: Path)
 
 @contextlib.contextmanager
 def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
-    from rlsteps.engine.rewards.rm.client import RewardClient
-
     rm, model = cfg.rm, cfg.inputs.model_extra.get("reward_model")
     server_args, log_path = local_rm_server_args(rm), run_dir / "rm_server.log"
     with _served(RM_SERVER, rm.url, model, log_path, server_args, rm.token) as (url, ready):
+        from rlsteps.engine.rewards.rm.client import RewardClient  # once the server is on its way (httpx: 0.3 s)
+
         fix = unavailable_fix("reward server", "rm.url", rm.url, log_path)
         client = RewardClient(url, unavailable_fix=fix, **rm.model_dump(include=RM_CLIENT_OPTIONS))
         log.info("reward model at %s: %s", url, client.patience())
@@ -140,13 +140,13 @@ def local_rm_server_args(rm) -> list[str]:
 
 @contextlib.contextmanager
 def _judge_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[RewardSource]:
-    from rlsteps.engine.rewards.judge.client import JudgeClient
-    from rlsteps.engine.rewards.judge.source import JudgeSource
-
     j, model = cfg.judge, cfg.inputs.model_extra.get("judge_model")
     model_name = j.model or "judge"
     naming, log_path = ["--model-name", model_name], run_dir / "judge_server.log"
     with _served(JUDGE_SERVER, j.url, model, log_path, naming, j.api_key) as (url, ready):
+        from rlsteps.engine.rewards.judge.client import JudgeClient  # once the server is on its way
+        from rlsteps.engine.rewards.judge.source import JudgeSource
+
         options = j.model_dump(include=JUDGE_CLIENT_OPTIONS)
         fix = unavailable_fix("judge", "judge.url", j.url, log_path)
         client = JudgeClient(url if j.url else f"{url}/v1", model_name, unavailable_fix=fix, **options)
