@@ -83,7 +83,10 @@ def fault_ranks(samples: list[dict], steps: range) -> list[float]:
 
 @pytest.mark.parametrize("step, slug", [("rl/rs", "rl_rs"), ("rl/reinforce", "rl_reinforce"), ("rl/rlhf", "rl_rlhf")])
 def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug):
-    done = rlsteps("run", step, "-c", "tiny", *FAST, f"logging.samples_per_step={SAMPLES_PER_STEP}", cwd=tmp_path)
+    overlap = "run.overlap_reference=true" if step == "rl/rlhf" else "run.overlap_reference=auto"  # each way once
+    done = rlsteps(
+        "run", step, "-c", "tiny", *FAST, f"logging.samples_per_step={SAMPLES_PER_STEP}", overlap, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     run = run_dir(tmp_path, slug)
     train, val = series(run, "train/reward"), series(run, "val/reward_mean")
@@ -101,8 +104,9 @@ def test_tiny_step_trains_and_the_reward_rises(tiny_world, tmp_path, step, slug)
     agreement = series(run, "train/token_mult_prob_error")  # the built-in sampler is the trainer's own model
     assert len(agreement) == 16 and all(1.0 <= x < 1.001 for x in agreement), agreement
     assert "rollouts: the built-in sampler, 128 rows per batch" in done.stderr
-    # the reference's log-probs computed while the rewards were scored (rl/rs has no reference)
-    assert len(series(run, "timers/reference")) == (0 if step == "rl/rs" else 16)
+    # the reference's log-probs computed while the rewards were scored where asked; on a CPU by default after them,
+    # in prepare (rl/rs has no reference)
+    assert len(series(run, "timers/reference")) == (16 if step == "rl/rlhf" else 0)
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert {s["split"] for s in samples} == {"train", "val"} and len(
         [s for s in samples if s["split"] == "train"]

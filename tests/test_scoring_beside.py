@@ -1,16 +1,19 @@
 """A step scores its rollouts and computes the reference's log-probs at once (run/step.py `run_beside`): the reward
 sources wait on servers in a thread of their own while this thread runs the reference's pass, which needs no reward.
+By default only on an accelerator (`run.overlap_reference: auto`): on a CPU both share its cores.
 """
 
 import threading
 
+import pydantic
 import pytest
+import torch
 
-from rlsteps.contract.config import GRPOConfig, ReinforceConfig, RSConfig
+from rlsteps.contract.config import GRPOConfig, ReinforceConfig, RSConfig, RunConfig
 from rlsteps.engine.algorithms.grpo import GRPO
 from rlsteps.engine.algorithms.reinforce import ReinforceRLOO
 from rlsteps.engine.algorithms.rs import RejectionSampling
-from rlsteps.engine.run.step import run_beside
+from rlsteps.engine.run.step import overlaps_reference, run_beside
 
 
 def config(schema, algorithm: str, **section):
@@ -77,3 +80,13 @@ def test_an_error_of_either_is_raised_here_after_both_have_ended():
 )
 def test_the_reference_is_computed_beside_the_scoring_only_where_prepare_asks_for_every_rows(recipe, expected):
     assert recipe().reference_of_every_row() is expected
+
+
+def test_the_reference_overlaps_the_scoring_on_an_accelerator_unless_the_config_says_otherwise():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert not overlaps_reference("auto", cpu) and overlaps_reference("auto", cuda)
+    assert overlaps_reference(True, cpu) and not overlaps_reference(False, cuda)
+    assert RunConfig().overlap_reference == "auto"
+    assert RunConfig.model_validate({"overlap_reference": True}).overlap_reference is True
+    with pytest.raises(pydantic.ValidationError, match="overlap_reference"):
+        RunConfig.model_validate({"overlap_reference": "sometimes"})

@@ -26,6 +26,9 @@ class RunConfig(Section):
     dtype: Literal["float32", "bfloat16"] = "float32"
     num_threads: PositiveInt | None = None
     offload_reference: bool = False  # one process: keep the frozen reference policy in CPU memory between passes
+    # the reference's log-probs computed while the rewards are scored (where the recipe needs them of every row):
+    # auto = on an accelerator; on a CPU both would share its cores (and the scoring threads the GIL), which is slower
+    overlap_reference: bool | Literal["auto"] = "auto"
 
 
 class Inputs(Section):

@@ -22,7 +22,7 @@ RUN_FILE = "run.json"
 RESUMABLE = (
     "train.max_steps", "train.max_epochs", "train.max_steps_without_update",
     "validation", "checkpoint", "logging", "output",
-    "run.num_threads", "run.device",
+    "run.num_threads", "run.device", "run.overlap_reference",
     "rm.url", "rm.token", "rm.timeout_s", "rm.max_retries", "rm.backoff_s", "rm.concurrency", "rm.server",
     "judge.url", "judge.api_key", "judge.concurrency", "judge.timeout_s", "judge.max_retries",
     "judge.max_parse_failure_rate", "judge.on_failure",

@@ -123,8 +123,12 @@ class StepRun:
                 prompt_positions=mine,
             )
         reference = self._reference()
-        early = reference is not None and self.recipe.reference_of_every_row()
-        with self.timers("reward"):  # and beside the scoring, when prepare will ask for them, the reference's log-probs
+        early = (
+            reference is not None
+            and self.recipe.reference_of_every_row()
+            and overlaps_reference(self.cfg.run.overlap_reference, self.device)
+        )
+        with self.timers("reward"):  # and beside the scoring, if it is to be (early), the reference's log-probs
             scored, ref_logprobs = self._score_or_stop(
                 batch,
                 len(indices),
@@ -384,6 +388,14 @@ class _Scored:
     whole: Scores  # every row of the step, in prompt order
     rollout_stats: dict[str, float]  # over the whole step
     mine: Scores | None = None  # this process's rows
+
+
+def overlaps_reference(choice: bool | str, device: torch.device) -> bool:
+    """Whether the reference's log-probs are computed while the rewards are scored (run.overlap_reference); "auto"
+    overlaps where the policy runs on an accelerator. On a CPU the reference's forward already takes every core,
+    which the scoring needs too (a local server's forward, the client's threads and the GIL): a tiny world step took
+    0.285 s overlapped against 0.235 s one after the other (rl/reinforce; rl/rlhf 0.376 against 0.329 s)."""
+    return device.type != "cpu" if choice == "auto" else bool(choice)
 
 
 def run_beside(first: Callable[[], Any], second: Callable[[], T] | None) -> tuple[Any, T | None]:
