@@ -32,6 +32,7 @@ from rlsteps.engine.rewards.judge.scoring import group_rewards, verdict_stats
 from rlsteps.engine.rewards.waiting import Waiting, minutes
 
 log = logging.getLogger(__name__)
+MODELS_TIMEOUT_S = 5.0  # the one question to /v1/models; unanswered in time, both orders (it adds this much at most)
 NO_RETRY_STATUS = {400, 401, 403, 404, 405, 422}  # the request itself is wrong: retrying cannot help
 START_ONE = (
     "start the judge server (rlsteps serve judge --model PATH, or vLLM) or fix the judge URL, model name and API key"
@@ -165,12 +166,13 @@ class JudgeClient:
         scores them together; answers, rewards and failures are kept in the comparisons' order.
         A conversation is the prompt's chat messages ({"role", "content"}), never a rendered template.
         """
-        both_orders = self.shows_both_orders()
-        pairs = [comparison_pairs(len(responses), self.pairing, both_orders) for _, responses in groups]
-        jobs = [(g, pair) for g, group_pairs in enumerate(pairs) for pair in group_pairs]
         waiting = Waiting(f"the judge at {self.url}", self.patience_s(), 1 + self.max_retries)
-        with waiting, ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            outcomes = list(pool.map(lambda job: self._compare(groups[job[0]], job[1], waiting), jobs))
+        with waiting:  # said while it lasts, the question of the first call to /v1/models included
+            both_orders = self.shows_both_orders()
+            pairs = [comparison_pairs(len(responses), self.pairing, both_orders) for _, responses in groups]
+            jobs = [(g, pair) for g, group_pairs in enumerate(pairs) for pair in group_pairs]
+            with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+                outcomes = list(pool.map(lambda job: self._compare(groups[job[0]], job[1], waiting), jobs))
         if outcomes and all(o.failure == "transport" for o in outcomes):
             raise JudgeUnavailable(
                 f"the judge at {self.url} failed all {len(outcomes)} comparisons after "
@@ -204,7 +206,7 @@ class JudgeClient:
     def _says_position_independent(self) -> bool:
         """Whether the judge's entry for our model at GET {base_url}/models says so; False for any other answer."""
         try:
-            reply = httpx.get(self.models_url, headers=self.headers, timeout=min(self.timeout_s, 10.0))
+            reply = httpx.get(self.models_url, headers=self.headers, timeout=min(self.timeout_s, MODELS_TIMEOUT_S))
             entries = reply.json().get("data", []) if reply.status_code == 200 else []
         except (httpx.HTTPError, ValueError, AttributeError):
             return False
