@@ -134,6 +134,9 @@ def test_installed_alone_it_runs_a_tiny_step_and_records_its_version_and_source(
     assert record["version"] == "0.1.0" and record["source"]["from"] == "wheel"
     log = (cwd / ".rlsteps" / "runs" / "rl_rs-tiny" / "train.log").read_text()
     assert "code: rlsteps 0.1.0 (git " in log and str(installed) in log
+    # metrics.png drawn by the wheel's own plotting process (python -m rlsteps.engine.records.plot), started ahead
+    assert "metrics plot: " in log and "no metrics plot" not in log
+    assert (cwd / ".rlsteps" / "runs" / "rl_rs-tiny" / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     artifact = json.loads((cwd / ".rlsteps" / "runs" / "rl_rs-tiny" / "policy" / "rlsteps_artifact.json").read_text())
     assert artifact["producer"]["rlsteps"] == record
     if head_commit():

@@ -63,7 +63,9 @@ def run(config_path: Path, log_level: str = "info") -> int:
     if done:  # a rerun of a finished run: no server, no policy load, no torch import
         log.info("already done: %s", done)
         return 0
-    plot = None if isinstance(cfg, ConvertConfig) or not world.is_main else _run_plot(cfg, run_dir)
+    from rlsteps.engine.records.run_end import run_plot
+
+    plot = None if isinstance(cfg, ConvertConfig) or not world.is_main else run_plot(run_dir, _plotted_extra_keys(cfg))
     with plot or contextlib.nullcontext():  # a run that ends before its output lets the plotting process go
         return _run_to_output(cfg, run_dir, world, job, versions, plot)
 
@@ -117,12 +119,6 @@ def _plotted_extra_keys(cfg: RecipeConfig) -> list[str]:
     more than one) and each validation reward function."""
     terms = list(cfg.reward_terms) if len(cfg.reward_terms) > 1 else []
     return [f"val/reward/{name}" for name in terms] + [f"val/{n}" for n in cfg.validation.reward_functions]
-
-
-def _run_plot(cfg: RecipeConfig, run_dir: Path) -> Any:
-    from rlsteps.engine.records.run_end import run_plot
-
-    return run_plot(run_dir, _plotted_extra_keys(cfg))
 
 
 def _claim(run_dir: Path, config_path: Path) -> bool:
