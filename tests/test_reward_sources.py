@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,14 @@ from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.rewards.rm.client import RewardClient
 from rlsteps.engine.rewards.rm.scorer import RewardScorer
 from rlsteps.engine.rewards.rm.server import create_app
-from rlsteps.engine.rewards.sources import RM_CLIENT_OPTIONS, RewardModelSource, local_rm_server_args
+from rlsteps.engine.rewards.sources import (
+    JUDGE_SERVER,
+    RM_CLIENT_OPTIONS,
+    RM_SERVER,
+    RewardModelSource,
+    _served,
+    local_rm_server_args,
+)
 from test_reward_server import TEMPLATE
 
 STEPS = Path(__file__).resolve().parents[1] / "steps"
@@ -72,6 +80,18 @@ def test_the_step_config_says_where_and_in_what_dtype_a_local_reward_server_runs
     assert RewardScorer(save_reward_model(tmp_path / "rm"), device="cpu").model.dtype == torch.float32  # as stored
     with pytest.raises(ValidationError, match="dtype"):
         RewardServerConfig(dtype="float64")
+
+
+@pytest.mark.slow  # two servers, each a process that imports torch
+@pytest.mark.parametrize("module", [RM_SERVER, JUDGE_SERVER])
+def test_a_server_the_run_starts_computes_on_the_runs_threads(module, tmp_path) -> None:
+    """run.num_threads reaches the reward or judge server a run starts for itself, as it does the worker: left at
+    torch's default, the server takes every core, and runs side by side spin their servers against each other."""
+    threads = (os.cpu_count() or 1) + 1  # never torch's own default, which is at most the cores
+    log_path = tmp_path / "server.log"
+    with _served(module, None, str(save_reward_model(tmp_path / "rm")), log_path, [], None, threads) as (_, ready):
+        ready()
+    assert f"(torch.float32, {threads} CPU threads)" in log_path.read_text()
 
 
 def batch_of(conversations: list[list[dict]], prompt_texts: list[str], responses: list[str]) -> RolloutBatch:

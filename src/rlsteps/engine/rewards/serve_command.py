@@ -22,19 +22,27 @@ from rlsteps.engine.rewards.auth import token_from_env
 Host = Annotated[str, typer.Option("--host", help="Address to bind; loopback by default.")]
 Port = Annotated[int, typer.Option("--port", help="Port to listen on.")]
 Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one).")]
+Threads = Annotated[
+    int | None, typer.Option("--threads", min=1, help="torch's CPU threads; default: torch's own (one a core).")
+]
 TokenEnv = Annotated[
     str | None,
     typer.Option("--token-env", metavar="VAR", help="Environment variable holding the bearer token (never the token)."),
 ]
 
 
-def server_setup(token_env: str | None) -> str | None:
-    """A server's token from --token-env (a usage error when that variable is unset) and its log on stderr."""
+def server_setup(token_env: str | None, threads: int | None = None) -> str | None:
+    """A server's token from --token-env (a usage error when that variable is unset), its log on stderr, and its
+    torch threads (--threads: set before the model loads; torch's default takes every core)."""
     try:
         token = token_from_env(token_env)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None  # the message names --token-env and the variable
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if threads:
+        import torch  # here, not at the top: `rlsteps serve --help` imports no torch
+
+        torch.set_num_threads(threads)
     return token
 
 

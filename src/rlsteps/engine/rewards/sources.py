@@ -111,7 +111,7 @@ def term_source(cfg: RecipeConfig, entry: RewardEntry, name: str, run_dir: Path)
 def _reward_model_source(cfg, run_dir: Path) -> Iterator[RewardModelSource]:
     rm, model = cfg.rm, cfg.inputs.model_extra.get("reward_model")
     server_args, log_path = local_rm_server_args(rm), run_dir / "rm_server.log"
-    with _served(RM_SERVER, rm.url, model, log_path, server_args, rm.token) as (url, ready):
+    with _served(RM_SERVER, rm.url, model, log_path, server_args, rm.token, cfg.run.num_threads) as (url, ready):
         from rlsteps.engine.rewards.rm.client import RewardClient  # once the server is on its way (httpx: 0.3 s)
 
         fix = unavailable_fix("reward server", "rm.url", rm.url, log_path)
@@ -143,7 +143,7 @@ def _judge_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[RewardSource]:
     j, model = cfg.judge, cfg.inputs.model_extra.get("judge_model")
     model_name = j.model or "judge"
     naming, log_path = ["--model-name", model_name], run_dir / "judge_server.log"
-    with _served(JUDGE_SERVER, j.url, model, log_path, naming, j.api_key) as (url, ready):
+    with _served(JUDGE_SERVER, j.url, model, log_path, naming, j.api_key, cfg.run.num_threads) as (url, ready):
         from rlsteps.engine.rewards.judge.client import JudgeClient  # once the server is on its way
         from rlsteps.engine.rewards.judge.source import JudgeSource
 
@@ -165,18 +165,27 @@ def _judge_source(cfg: RecipeConfig, run_dir: Path) -> Iterator[RewardSource]:
 
 @contextlib.contextmanager
 def _served(
-    module: str, url: str | None, model: str | None, log_path: Path, args: list[str], token: str | None
+    module: str,
+    url: str | None,
+    model: str | None,
+    log_path: Path,
+    args: list[str],
+    token: str | None,
+    threads: int | None = None,
 ) -> Iterator[tuple[str, Callable[[], None]]]:
     """(URL, wait until it answers): the given URL, or a server started on loopback for the model, loading while
-    the block goes on (stopped when the block ends)."""
+    the block goes on (stopped when the block ends). `threads` (run.num_threads) sets the server's torch threads as
+    the worker's: a server left at torch's default takes every core, and two runs side by side on a small machine
+    then spin their servers' threads against each other (a tiny step's scoring 0.10 -> 0.54 s, two runs on 2 cores)."""
     if url:
         yield url.rstrip("/"), nothing_to_wait_for
         return
     if not model:
         raise ValueError(f"no server URL and no model to serve for {module}: set the URL or the model input")
     env = {TOKEN_ENV: token} if token else {}
-    token_args = ["--token-env", TOKEN_ENV] if token else []
-    server = LocalServer(module, ["--model", str(model), *args, *token_args], log_path=log_path, env=env or None)
+    options = ["--token-env", TOKEN_ENV] if token else []
+    options += ["--threads", str(threads)] if threads else []
+    server = LocalServer(module, ["--model", str(model), *args, *options], log_path=log_path, env=env or None)
     try:
         server.start(wait=False)
         log.info(

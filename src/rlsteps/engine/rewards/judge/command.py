@@ -10,6 +10,7 @@ from rlsteps.engine.rewards.serve_command import (
     Device,
     Host,
     Port,
+    Threads,
     TokenEnv,
     reward_model_folder,
     run_as_program,
@@ -44,10 +45,11 @@ def serve_judge(
         int | None,
         typer.Option(help="Comparisons waiting before new ones get 503 with Retry-After; default: 4 x --max-batch."),
     ] = None,
+    threads: Threads = None,
     token_env: TokenEnv = None,
 ) -> None:
     """Serve an OpenAI-compatible judge: POST /v1/chat/completions answering the judge's JSON protocol."""
-    token = server_setup(token_env)
+    token = server_setup(token_env, threads)
     from rlsteps.engine.rewards.judge.server import serve
 
     serve(

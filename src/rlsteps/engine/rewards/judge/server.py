@@ -394,5 +394,6 @@ def serve(
         log.warning("serving on %s without a token: anyone who can reach this port can use the judge", host)
     scorer = RewardScorer(model_path, device=device, dtype=dtype, max_length=max_length, batch_size=batch_size)
     app = create_app(scorer, model_name, token, **app_kwargs)
-    log.info("judge %s (reward model %s) on http://%s:%d/v1", model_name, model_path, host, port)
+    where = scorer.placement
+    log.info("judge %s (reward model %s on %s) on http://%s:%d/v1", model_name, model_path, where, host, port)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)

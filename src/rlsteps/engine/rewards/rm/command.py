@@ -10,6 +10,7 @@ from rlsteps.engine.rewards.serve_command import (
     Device,
     Host,
     Port,
+    Threads,
     TokenEnv,
     reward_model_folder,
     run_as_program,
@@ -55,10 +56,11 @@ def serve_reward_model(
         ),
     ] = None,
     max_request_mb: Annotated[float, typer.Option(help="Largest request body; a larger one gets 413.")] = 8.0,
+    threads: Threads = None,
     token_env: TokenEnv = None,
 ) -> None:
     """Serve a scalar reward model: POST /v1/rewards, GET /health."""
-    token = server_setup(token_env)
+    token = server_setup(token_env, threads)
     from rlsteps.engine.rewards.rm.server import serve
 
     batching = {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_queue": max_queue}

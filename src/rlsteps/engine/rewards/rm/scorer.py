@@ -83,6 +83,12 @@ class RewardScorer:
         return "\n\n".join(message["content"] for message in conversation)
 
     @property
+    def placement(self) -> str:
+        """Where and how it computes, for a server's first log line: 'cpu (torch.float32, 2 CPU threads)'."""
+        threads = torch.get_num_threads()
+        return f"{self.device} ({self.model.dtype}, {threads} CPU thread{'s' if threads != 1 else ''})"
+
+    @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 

@@ -250,6 +250,5 @@ def serve(
         truncation_side=truncation_side,
     )
     app = create_app(scorer, **app_kwargs)
-    where = f"{scorer.device} ({scorer.model.dtype})"
-    log.info("reward model %s on %s, serving on http://%s:%d", scorer.name, where, host, port)
+    log.info("reward model %s on %s, serving on http://%s:%d", scorer.name, scorer.placement, host, port)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
