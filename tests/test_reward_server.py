@@ -231,14 +231,15 @@ def test_a_request_finding_the_queue_full_waits_its_turn_at_the_door(scorer: Rew
     def post(url: str, name: str) -> None:
         answers[name] = httpx.post(f"{url}/v1/rewards", json={"tokens": rows[name]}, timeout=30).status_code
 
-    with serving(create_app(gated, max_batch=1, max_wait_ms=0, max_queue=1)) as url:
+    # a door that waits long: on a loaded machine, the polls below may take longer than the usual second
+    with serving(create_app(gated, max_batch=1, max_wait_ms=0, max_queue=1, door_wait_s=30)) as url:
         threads = [in_thread(post, url, "a")]
         assert gated.entered.wait(10)  # a is being scored: the queue is full
         threads.append(in_thread(post, url, "b"))
         wait_for_health(url, lambda h: h["waiting"] == 1)
         threads.append(in_thread(post, url, "c"))
         wait_for_health(url, lambda h: h["waiting"] == 2)
-        gated.gate.set()  # room again well within the door's wait: b, then c, are let in
+        gated.gate.set()  # room again within the door's wait: b, then c, are let in
         for t in threads:
             t.join(30)
         health = httpx.get(f"{url}/health").json()

@@ -54,11 +54,13 @@ def create_app(
     max_batch_tokens: int | None = None,
     max_request_mb: float = 8,
     token: str | None = None,
+    door_wait_s: float = DOOR_WAIT_S,
 ) -> FastAPI:
     """The app. max_queue: pairs waiting before new requests get 503; None sizes it to QUEUE_BATCHES full
     batches, or to QUEUE_SECONDS of the measured throughput when that is more (a queue of about one
     Retry-After's worth of work keeps a client no longer than a refusal would). max_batch_tokens: the token
-    budget of a batch; None: max_batch pairs of a quarter of the scorer's max_length."""
+    budget of a batch; None: max_batch pairs of a quarter of the scorer's max_length. door_wait_s: the longest a
+    request waits for room before 503."""
     if max_batch_tokens is None:
         max_batch_tokens = max_batch * max(1, scorer.max_length // BATCH_TOKENS_PER_PAIR)
     if max_batch < 1 or (max_queue is not None and max_queue < 1) or max_wait_ms < 0 or max_request_mb <= 0:
@@ -66,8 +68,8 @@ def create_app(
             "need max_batch >= 1, max_queue >= 1, max_wait_ms >= 0, max_request_mb > 0; "
             f"got {max_batch}, {max_queue}, {max_wait_ms}, {max_request_mb}"
         )
-    if max_batch_tokens < 1:
-        raise ValueError(f"need max_batch_tokens >= 1, got {max_batch_tokens}")
+    if max_batch_tokens < 1 or door_wait_s < 0:
+        raise ValueError(f"need max_batch_tokens >= 1 and door_wait_s >= 0, got {max_batch_tokens}, {door_wait_s}")
     max_request_bytes = int(max_request_mb * 1_000_000)
     batcher = FairBatcher(scorer, max_batch, max_wait_ms / 1000, max_queue, max_batch_tokens)
 
@@ -119,7 +121,7 @@ def create_app(
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > max_request_bytes:
             return too_large(int(declared))  # the body is never read (the server discards it as it arrives)
-        reserved = await batcher.enter(DOOR_WAIT_S)
+        reserved = await batcher.enter(door_wait_s)
         if reserved is None:
             return busy()  # the body was never read: an overloaded server spends little on a refusal
         queued = None
