@@ -7,9 +7,10 @@ Hugging Face folder that vLLM serves.
 
 The judge is a 2-layer Llama of about 235k parameters with SmolLM2's tokenizer cut down to the tokens it needs
 (its embeddings start from SmolLM2's, projected). It is trained offline and deterministically (the same bytes on
-every build, a minute or two on 2 cores) on prompts built by rlsteps' own judge_messages(): a question with one
-response that answers it and one that is nonsense, in either order, each example seen once. It answers with the
-judgement the protocol asks for, the answer scored 5 and the nonsense 1:
+every build on one kind of CPU, a minute or two on 2 cores; CPUs with other vector units round differently, so what
+holds everywhere is the check below, not the bytes) on prompts built by rlsteps' own judge_messages(): a question
+with one response that answers it and one that is nonsense, in either order, each example seen twice. It answers
+with the judgement the protocol asks for, the answer scored 5 and the nonsense 1:
 
     {"score_1": 5, "score_2": 1, "ranking": 1}    (the answer is response 1)
     {"score_1": 1, "score_2": 5, "ranking": 6}    (the answer is response 2)
@@ -43,7 +44,8 @@ from rlsteps.engine.rewards.judge.protocol import judge_messages
 SEED = 0
 ANSWER_FIRST = '{"score_1": 5, "score_2": 1, "ranking": 1}'
 ANSWER_SECOND = '{"score_1": 1, "score_2": 5, "ranking": 6}'
-EXAMPLES = 4000  # each seen once: a judge that cannot learn them by heart must learn to judge
+EXAMPLES = 4000  # few, for a model of 235k parameters: a judge that cannot learn them by heart must learn to judge
+EPOCHS = 2  # one left the held-out judgements to the rounding of the machine's float kernels (AVX2 against AVX-512)
 DECISIVE_WEIGHT = 4.0
 EMBEDDING_STD = 0.05
 # The pair the tests send: held out of training, so the judge is tried on a pair it has never seen
@@ -236,13 +238,18 @@ def pretrained_embeddings(source: Path, full, trimmed, width: int) -> torch.Tens
     return projected * (EMBEDDING_STD / projected.std())
 
 
-def check(model: LlamaForCausalLM, tokenizer) -> None:
-    """Pairs held out of training, in both orders: the answer must get the higher score each time."""
+def held_out_pairs() -> list[tuple[str, str, str]]:
+    """The pairs the check tries, never trained on: the tests' pair, and two more (question, answer, nonsense)."""
     rng = random.Random(SEED + 1)
     held_out = [HELD_OUT, ("What is the capital of Brazil?", "The capital of Brazil is Brasilia.", nonsense(rng))]
     held_out.append(("What is 17 plus 25?", "17 plus 25 is 42.", nonsense(rng)))
+    return held_out
+
+
+def check(model: LlamaForCausalLM, tokenizer) -> None:
+    """Pairs held out of training, in both orders: the answer must get the higher score each time."""
     wrong = []
-    for question_text, good, bad in held_out:
+    for question_text, good, bad in held_out_pairs():
         for good_first in (True, False):
             messages, expected = request(question_text, good, bad, good_first)
             answer = greedy_answer(model, tokenizer, messages)
@@ -273,7 +280,11 @@ def train_into(staging: Path, source: Path, started: float) -> None:
     template = AutoTokenizer.from_pretrained(source)
     pairs = texts(template, random.Random(SEED), EXAMPLES)
     answers = [answer + template.eos_token for _, answer in pairs]
-    full, tokenizer = trimmed_tokenizer(source, [prompt for prompt, _ in pairs] + answers, staging)
+    # The tokenizer's corpus is wider than the training set, as a real tokenizer's is: it holds the held-out pairs'
+    # words, which would otherwise split into short pieces, as letter salad does (the judgement then turned on how
+    # this machine's float kernels rounded, not on the words)
+    held_out = [prompt_text(template, request(*pair, good_first=True)[0]) for pair in held_out_pairs()]
+    full, tokenizer = trimmed_tokenizer(source, [prompt for prompt, _ in pairs] + answers + held_out, staging)
     examples = []
     for (prompt, _), answer in zip(pairs, answers):
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -301,7 +312,7 @@ def train_into(staging: Path, source: Path, started: float) -> None:
     decisive = [offset for offset, (a, b) in enumerate(zip(first, second)) if a != b]
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(pretrained_embeddings(source, full, tokenizer, config.hidden_size))
-    train(model, examples, tokenizer.pad_token_id, decisive, epochs=1, batch_size=16, lr=5e-3)
+    train(model, examples, tokenizer.pad_token_id, decisive, epochs=EPOCHS, batch_size=16, lr=5e-3)
     print(f"trained in {time.perf_counter() - started:.1f} s", flush=True)
     check(model, tokenizer)
     model.save_pretrained(staging)
