@@ -32,6 +32,12 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank(groups[item.nodeid]))
 
 
+# A world whose reward model trains this many steps instead of the recipe's (tests/lowest_versions.sh: the API tests
+# build a world with every library the build calls, and leave the reward model's learning to the tests at the pinned
+# versions, which are marked learned_reward_model)
+REWARD_MODEL_STEPS = "RLSTEPS_TEST_REWARD_MODEL_STEPS"
+
+
 @pytest.fixture(scope="session")
 def tiny_world():
     """The seed-0 tiny world under $RLSTEPS_HOME (CI sets it) or the per-user ~/.cache/rlsteps.
@@ -41,6 +47,11 @@ def tiny_world():
     from rlsteps.tiny.build import ensure_tiny_world
     from rlsteps.tiny.layout import rlsteps_home
 
+    reward_model_steps = os.environ.get(REWARD_MODEL_STEPS)
+    if reward_model_steps:
+        from rlsteps.tiny import recipe
+
+        recipe.RM["steps"] = int(reward_model_steps)
     return ensure_tiny_world(seed=0, home=rlsteps_home())
 
 

@@ -6,15 +6,17 @@
 # torch is the exception: only torch==2.13.0 (the CPU build, from pip's configured sources) is installed here, so
 # its lower bound in pyproject.toml is what the code needs, read from the APIs it uses, not a run (docs/development.md).
 # The switches that make a missing counterpart a failure (RLSTEPS_REQUIRE_*) are the main suite's: off here. The tiny
-# world is built with these versions, in a home of its own. It runs the fast tests of the files that drive the bounded
-# packages' own APIs (API_TESTS below), not the whole fast tier: the rest reach them only through these, and the whole
-# tier on one worker took about 8 minutes of CI's two cores beside the main suite.
+# world is built with these versions, in a home of its own, its reward model trained 20 steps instead of the recipe's
+# 900 (every library call of the build made, at a tenth of its 3 minutes of one core): the tests of what the reward
+# model learned (marked learned_reward_model) are the main suite's. It runs the fast tests of the files that drive the
+# bounded packages' own APIs (API_TESTS below), not the whole fast tier: the rest reach them only through these, and the
+# whole tier on one worker took about 8 minutes of CI's two cores beside the main suite.
 #   bash tests/lowest_versions.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD venv=$PWD/.venv-lowest
 for name in $(env | grep -o '^RLSTEPS_REQUIRE_[A-Z]*'); do unset "$name"; done
-export RLSTEPS_HOME="$repo/.rlsteps-home-lowest"
+export RLSTEPS_HOME="$repo/.rlsteps-home-lowest" RLSTEPS_TEST_REWARD_MODEL_STEPS=20  # tests/conftest.py
 # A copy of the tracked files, built and tested there: CI's main install builds rlsteps in this tree at the same
 # time, and two builds must not share its egg-info, build/ or bytecode. The copy goes at the end (and with it this
 # environment's editable rlsteps: it is rebuilt on every call).
@@ -42,4 +44,4 @@ API_TESTS=(
     test_launch_lepton.py                                          # leptonai
     test_run_end_costs.py                                          # matplotlib's plot
 )
-"$venv/bin/python" -m pytest -m "not slow" -p no:cacheprovider "${API_TESTS[@]/#/tests/}" "$@"
+"$venv/bin/python" -m pytest -m "not slow and not learned_reward_model" -p no:cacheprovider "${API_TESTS[@]/#/tests/}" "$@"

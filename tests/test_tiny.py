@@ -158,12 +158,14 @@ def test_sft_greedy_answers_are_the_tasks_sentence_and_repeat_no_adjective(model
     assert all(a == sorted(a) for a in adjectives), greedy  # as the SFT data says them
 
 
+@pytest.mark.learned_reward_model
 def test_reward_model_ranks_held_out_preference_pairs(models):
     tokenizer, _, reward_model = models
     pairs = preferences.preference_pairs(random.Random(2024), 256)  # the build draws pairs from seed 0 and 1
     assert evaluate.pair_accuracy(reward_model, tokenizer, pairs) > 0.9
 
 
+@pytest.mark.learned_reward_model
 @pytest.mark.parametrize(
     "better, worse",
     [
@@ -189,6 +191,7 @@ def test_reward_model_prefers_positive_adjectives_over_neutral_ones_and_over_rep
     assert evaluate.pair_accuracy(reward_model, tokenizer, [("Describe the cat.", better, worse)]) == 1.0
 
 
+@pytest.mark.learned_reward_model
 def test_reward_model_checks_the_noun_against_the_prompts_and_counts_positive_adjectives_up_to_four(models):
     """Probes of the answers the v8 world's policies gamed its reward model with: the same answer naming another noun
     than the prompt's (which v8's scored at least as high in 54% of 200), and one more positive adjective, from one
@@ -212,6 +215,7 @@ def test_reward_model_checks_the_noun_against_the_prompts_and_counts_positive_ad
     assert evaluate.pair_accuracy(reward_model, tokenizer, [four]) == 1.0
 
 
+@pytest.mark.learned_reward_model
 @pytest.mark.parametrize("kind", ["repeated", "neutral or long", "positive over neutral"])
 def test_reward_model_ranks_held_out_hard_negatives_of_each_kind(models, kind):
     tokenizer, _, reward_model = models
@@ -235,6 +239,7 @@ def test_reward_model_ranks_held_out_hard_negatives_of_each_kind(models, kind):
     assert evaluate.pair_accuracy(reward_model, tokenizer, pairs) > 0.9
 
 
+@pytest.mark.learned_reward_model
 def test_reward_model_scores_correlate_with_true_reward_on_sft_samples(models, sft_samples):
     """On the SFT policy's faultless samples: a faulty one (a wrong noun, a broken word, a word said again: about one
     in ten) has faults the true reward does not see, which the reward model learnt to score down."""
@@ -400,6 +405,7 @@ def test_pair_losses_on_hand_computed_margins():
     assert training.reward_gap("Describe the cat.", "It is kind.", "The dog is kind.") == recipe.RM["fault_worth"]
 
 
+@pytest.mark.learned_reward_model
 def test_reward_model_scores_a_neutral_adjective_far_nearer_alike_than_a_positive_one(models):
     """A neutral adjective is worth nothing to the true reward: without ties in its pairs the reward model of the
     world v11 marked each one down by 2-3 where a positive one gained 0.3-0.9, and its policies stopped at two
