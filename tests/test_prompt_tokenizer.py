@@ -6,6 +6,7 @@ controls. A prompt the run would refuse is refused by the dry run, at the same l
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,12 @@ def test_a_template_that_raises_refuses_the_line_as_the_run_would(tmp_path):
 
 def test_a_folder_without_tokenizer_json_says_why(tmp_path):
     assert tokenizer_from_files(tmp_path) == (None, f"{tmp_path} has no tokenizer.json")
+
+
+def test_a_core_install_without_the_tokenizers_package_is_told_the_extra_to_install(tmp_path, monkeypatch):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers raises ImportError, as without it
+    assert tokenizer_from_files(tmp_path) == (
+        None,
+        "the tokenizers package is not installed here (pip install 'rlsteps[engine]')",
+    )
