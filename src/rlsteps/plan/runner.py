@@ -271,7 +271,7 @@ def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:
     except ImportError as missing:
         raise RunFailed(
             f"the tiny world cannot be built: {missing}",
-            fix="pip install torch==2.13.0 first, then pip install -e '.[engine,megatron]'",
+            fix="pip install torch first (the build for this machine), then pip install 'rlsteps[engine,megatron]'",
         ) from None
     ensure_tiny_world(seed=seed, log=say)
 
