@@ -49,6 +49,11 @@ def tiny_world():
 
     reward_model_steps = os.environ.get(REWARD_MODEL_STEPS)
     if reward_model_steps:
+        if not os.environ.get("RLSTEPS_HOME"):  # the world's folder does not say how its reward model was trained
+            raise pytest.UsageError(
+                f"{REWARD_MODEL_STEPS} needs an RLSTEPS_HOME of its own: in the per-user one, its world would be "
+                "every later tiny run's"
+            )
         from rlsteps.tiny import recipe
 
         recipe.RM["steps"] = int(reward_model_steps)
