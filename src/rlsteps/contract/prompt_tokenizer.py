@@ -24,6 +24,7 @@ TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves the chat template (else in CONFIG_FILE)
+ENGINE_EXTRA = "pip install 'rlsteps[engine]'"  # brings the tokenizers package and jinja2
 
 
 def tokenizer_folder(policy: str | Path) -> Path:
@@ -40,13 +41,13 @@ def tokenizer_from_files(policy: str | Path) -> tuple[FileTokenizer | None, str]
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        return None, "the tokenizers package is not installed here (pip install 'rlsteps[engine]')"
+        return None, f"the tokenizers package is not installed here ({ENGINE_EXTRA})"
     try:
         config = _json(folder / CONFIG_FILE)
         special = {**_tokens(_json(folder / SPECIAL_TOKENS_FILE)), **_tokens(config)}
         template = _template(folder, config)
         if template is not None and importlib.util.find_spec("jinja2") is None:
-            return None, "jinja2 is not installed here to render its chat template (pip install 'rlsteps[engine]')"
+            return None, f"jinja2 is not installed here to render its chat template ({ENGINE_EXTRA})"
         return FileTokenizer(Tokenizer.from_file(str(folder / TOKENIZER_FILE)), special, template), ""
     except (OSError, ValueError, TypeError) as error:  # the tokenizers package raises Exception subclasses of its own
         return None, f"the tokenizer in {folder} cannot be read: {error}"
