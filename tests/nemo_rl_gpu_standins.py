@@ -19,7 +19,7 @@ from nemo_rl_standin_vllm import VLLM, generation_workers
 
 POLICY_WORKERS = {  # the modules NeMo-RL's Policy imports its workers from: (class name, backend)
     "nemo_rl.models.policy.workers.dtensor_policy_worker": ("DTensorPolicyWorker", "dtensor"),
-    "nemo_rl.models.policy.workers.dtensor_policy_worker_v2": ("DTensorPolicyWorkerV2", "dtensor"),
+    "nemo_rl.models.policy.workers.dtensor_policy_worker_v2": ("DTensorPolicyWorkerV2", "dtensor_v2"),
     "nemo_rl.models.policy.workers.megatron_policy_worker": ("MegatronPolicyWorker", "megatron"),
 }
 GENERATION_WORKERS = {  # the class names NeMo-RL's VllmGeneration imports, by module
@@ -58,6 +58,23 @@ def replace(module: types.ModuleType, name: str, stand_in: Any) -> None:
             setattr(loaded, name, stand_in)
 
 
+def automodel_absent() -> None:
+    """Automodel as NeMo-RL's pinned one is to nemo_rl.models.automodel.setup, which is imported for its config checks
+    (the v2 worker's validate_and_prepare_config): inert, and lacking NeMoAutoModelForTokenClassification, whose
+    presence the module's tripwire refuses (it backports the class)."""
+    import upstream
+
+    class WithoutTokenClassification(type(upstream.inert_module("nemo_automodel"))):
+        def __getattr__(self, name: str):
+            if name == "NeMoAutoModelForTokenClassification":
+                raise AttributeError(name)
+            return super().__getattr__(name)
+
+    sys.modules["nemo_automodel"] = WithoutTokenClassification("nemo_automodel")
+    sys.modules["nemo_automodel"].__path__ = []
+    sys.modules["nemo_automodel.NeMoAutoModelForTokenClassification"] = None  # not a submodule either
+
+
 def install() -> None:
     """The stand-ins in place (after standin_ray.install, with NeMo-RL importable; report_gpus follows per case)."""
     import nemo_gym.cli
@@ -71,6 +88,7 @@ def install() -> None:
 
     for module_name, names in VLLM.items():
         vars(sys.modules.setdefault(module_name, upstream.inert_module(module_name))).update(names)
+    automodel_absent()
     replace(numa, "bind_to_gpu_numa", lambda *args, **kwargs: None)
     replace(vllm_worker, "_apply_vllm_patches", lambda *args, **kwargs: None)
     replace(venvs, "create_local_venv_on_each_node", lambda py_executable, venv_name: sys.executable)

@@ -7,8 +7,9 @@ dynamic batching, sequence packing with NeMo-RL's pack_sequences and SequencePac
 function through its prepare_loss_input, on the logits of a small real model (an embedding and a projection to the
 policy's vocabulary: the right shapes, real gradients), then an optimizer step and the learning-rate schedule built
 from policy.optimizer and policy.scheduler as the DTensor worker builds them. The Megatron worker first runs NeMo-RL's
-Megatron config checks that need no GPU. Collectives over the data-parallel ranks do not exist in one process: the
-global normalisers are this rank's counts times the data-parallel size.
+Megatron config checks that need no GPU, the DTensor v2 worker NeMo-RL's validate_and_prepare_config. Collectives
+over the data-parallel ranks do not exist in one process: the global normalisers are this rank's counts times the
+data-parallel size.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def policy_worker_class():
                 self.dtype = megatron_checks(config)
             else:
                 lora_checks(config)
+            if self.backend == "dtensor_v2":
+                automodel_checks(config)
             vocab = AutoConfig.from_pretrained(config["model_name"]).vocab_size
             generator_state = torch.random.get_rng_state()
             torch.manual_seed(1234)
@@ -286,6 +289,14 @@ def lora_checks(config: dict) -> None:
     wrong = {key: value for key, value in lora_cfg.items() if not _of_type(value, declared[key])}
     if wrong:
         raise TypeError(f"lora_cfg values not of NeMo-RL's LoRAConfig types: {wrong}")
+
+
+def automodel_checks(config: dict) -> None:
+    """The DTensor v2 worker's own config checks (NeMo-RL's validate_and_prepare_config: precision, sequence packing
+    against context parallelism, the attention kernel, reward models), on the policy's config.json."""
+    from nemo_rl.models.automodel.setup import validate_and_prepare_config
+
+    validate_and_prepare_config(config, processor=None, rank=0)
 
 
 def _of_type(value: Any, declared: Any) -> bool:

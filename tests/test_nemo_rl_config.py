@@ -159,7 +159,7 @@ def test_what_nemo_rls_lora_cannot_run_is_refused_or_set_with_a_note():
     assert refused.value.fix == "nemo_rl_job.policy_backend=dtensor"
     with pytest.raises(NemoRlConfigError, match="DTensor v2 worker only") as v1:
         master("rl/rlhf", *RLHF_INPUTS, "train.lora.enabled=true", "nemo_rl.policy.dtensor_cfg._v2=false")
-    assert v1.value.fix == "nemo_rl.policy.dtensor_cfg._v2=True"
+    assert v1.value.fix == "nemo_rl.policy.dtensor_cfg._v2=true"
     split = master(
         "rl/rlhf", *RLHF_INPUTS, "train.lora.enabled=true", "nemo_rl.policy.dtensor_cfg.tensor_parallel_size=2"
     )
@@ -194,3 +194,27 @@ def test_batching_by_tokens_compiles_to_one_of_nemo_rls_two_ways():
         assert policy["sequence_packing"]["enabled"] is False and policy["dynamic_batching"]["enabled"] is True
     with pytest.raises(UsageError, match="two ways to batch by tokens"):
         validated("rl/rlhf", *RLHF_INPUTS, "train.dynamic_batching=true", "train.sequence_packing=true")
+
+
+def test_context_parallelism_takes_the_batching_each_nemo_rl_policy_needs_or_is_refused_with_it():
+    """NeMo-RL's DTensor workers refuse sequence packing with context parallelism; its Megatron setup asserts it.
+    (tests/test_nemo_rl_runs.py runs both refused configs through NeMo-RL's own worker checks.)"""
+    cp2 = "nemo_rl.policy.dtensor_cfg.context_parallel_size=2"
+    with pytest.raises(NemoRlConfigError, match="DTensor workers stop") as packed:
+        master("rl/rlhf", *RLHF_INPUTS, cp2)
+    assert packed.value.fix == "train.sequence_packing=false"
+    unpacked = master("rl/rlhf", *RLHF_INPUTS, cp2, "train.dynamic_batching=true").config["policy"]
+    assert unpacked["dtensor_cfg"]["context_parallel_size"] == 2 and not unpacked["sequence_packing"]["enabled"]
+    megatron = ("nemo_rl_job.policy_backend=megatron", "nemo_rl.policy.megatron_cfg.context_parallel_size=2")
+    with pytest.raises(NemoRlConfigError, match="needs sequence packing") as batched:
+        master("rl/reinforce", *REINFORCE_INPUTS, *megatron, "train.dynamic_batching=true")
+    assert batched.value.fix == "train.sequence_packing=true train.dynamic_batching=false"
+    assert master("rl/reinforce", *REINFORCE_INPUTS, *megatron).config["policy"]["sequence_packing"]["enabled"]
+
+
+def test_a_refusal_of_nemo_rls_own_keys_says_the_fix_in_them():
+    seed = validated("rl/nemo_rl/rlhf", "data.train.data_path=/p.jsonl", "policy.model_name=/sft",
+                     "policy.dtensor_cfg.context_parallel_size=2")  # fmt: skip
+    with pytest.raises(NemoRlConfigError) as refused:
+        compile_master_config(seed, Cluster(2, 8), RUN)
+    assert refused.value.fix == "policy.sequence_packing.enabled=false"

@@ -80,6 +80,16 @@ CASES = {  # name: (step, config, batch profile, overrides): what users compile,
                                      "train.lora.dim=16", "train.lora.target_modules=[q_proj,v_proj]")),
     "rl/reinforce, LoRA": ("rl/reinforce", "default", "two_nodes", (*REINFORCE_INPUTS, "train.lora.enabled=true")),
     "seed page, LoRA": (SEED, "default", "two_nodes", (*SEED_INPUTS, "policy.dtensor_cfg.lora_cfg.enabled=true")),
+    "rl/reinforce, dynamic batching": ("rl/reinforce", "default", "two_nodes", (*REINFORCE_INPUTS,
+                                       "train.dynamic_batching=true")),
+    "rl/rlhf, megatron, dynamic batching": ("rl/rlhf", "default", "two_nodes", (*RLHF_INPUTS,
+                                            "nemo_rl_job.policy_backend=megatron", "train.dynamic_batching=true")),
+    "seed page, context parallel 2": (SEED, "default", "two_nodes", (*SEED_INPUTS,
+                                      "policy.dtensor_cfg.context_parallel_size=2")),
+    "seed page, megatron, context parallel 2, dynamic batching": (SEED, "default", "two_nodes", (*SEED_INPUTS,
+        "policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false",
+        "policy.megatron_cfg.context_parallel_size=2", "policy.dynamic_batching.enabled=true",
+        "policy.sequence_packing.enabled=false")),
 }  # fmt: skip
 ORACLE_DRIVER = {"examples/nemo_gym/run_grpo_nemo_gym.py": "nemo_gym", "examples/run_grpo.py": "grpo"}
 
@@ -145,9 +155,13 @@ def outcomes(project, tiny_world):
             runs.append((name, compiled))
     cases = [{"name": name, **runnable(c, tiny_world, project / f"run{n}")} for n, (name, c) in enumerate(runs)]
     cases.append(control(cases[0], project / "control", CONTROL, _batch_of_512))
-    lora = next(case for case in cases if case["name"] == "rl/reinforce, LoRA")
+    by_name = {case["name"]: case for case in cases}
+    lora = by_name["rl/reinforce, LoRA"]
     cases.append(control(lora, project / "control_v1", LORA_ON_V1, _on_the_v1_worker))
     cases.append(control(lora, project / "control_key", LORA_KEY, _a_key_nemo_rl_lacks))
+    dtensor_cp, megatron_cp = (by_name.get(f"{name}, fixed") or by_name[name] for name in CONTEXT_PARALLEL)
+    cases.append(control(dtensor_cp, project / "control_cp", CP_PACKED, _packed))
+    cases.append(control(megatron_cp, project / "control_mcore_cp", CP_UNPACKED, _batched_dynamically))
     results = upstream.run_nemo_rl(cases, project)
     yield refused, results
     for n in range(len(runs)):
@@ -157,6 +171,20 @@ def outcomes(project, tiny_world):
 CONTROL = "control: 256 rows a step, a global batch of 512"
 LORA_ON_V1 = "control: LoRA on the DTensor v1 worker"
 LORA_KEY = "control: a lora_cfg key NeMo-RL does not declare"
+
+
+CONTEXT_PARALLEL = ("seed page, context parallel 2", "seed page, megatron, context parallel 2, dynamic batching")
+CP_PACKED = "control: context parallel 2 on DTensor, packed"
+CP_UNPACKED = "control: context parallel 2 on Megatron, batched dynamically"
+
+
+def _packed(master: dict) -> None:
+    master["policy"]["sequence_packing"]["enabled"] = True
+
+
+def _batched_dynamically(master: dict) -> None:
+    master["policy"]["sequence_packing"]["enabled"] = False
+    master["policy"]["dynamic_batching"]["enabled"] = True
 
 
 def _batch_of_512(master: dict) -> None:
@@ -201,6 +229,19 @@ def test_nemo_rl_itself_stops_lora_on_its_v1_worker_and_a_lora_cfg_key_it_does_n
     assert not results[LORA_KEY]["ok"] and "not in NeMo-RL's LoRAConfig ['rank']" in results[LORA_KEY]["error"]
 
 
+def test_nemo_rl_itself_stops_what_rlsteps_refuses_of_context_parallelism(outcomes):
+    """The refused context-parallel configs, run as they were asked: NeMo-RL's own worker setup stops on each."""
+    results = outcomes[1]
+    packed, unpacked = results[CP_PACKED], results[CP_UNPACKED]
+    assert not packed["ok"] and packed["error"].startswith("ValueError: Context parallel is not supported for sequence")
+    assert packed["where"].startswith("nemo_rl/models/automodel/setup.py:")
+    assert not unpacked["ok"]
+    assert (
+        unpacked["error"] == "AssertionError: Sequence Packing must be enabled to use Context Parallelism with MCore."
+    )
+    assert unpacked["where"].startswith("nemo_rl/models/megatron/setup.py:")
+
+
 def describe(result: dict) -> str:
     return f"{result.get('error')} at {result.get('where')}\n{result.get('traceback', '')[-3000:]}"
 
@@ -214,18 +255,30 @@ def test_nemo_rl_runs_a_step_of_what_rlsteps_compiles_or_rlsteps_refuses_it_with
     assert result["steps"] == 1 and Path(result["checkpoint"]).is_dir()
     if case in refused:
         error = refused[case]
-        assert "NeMo-RL would stop at its first step" in error.message, error.message
-        assert "data-parallel rank(s)" in error.message and "=" in error.fix
+        assert EXPECTED_REFUSALS[case] in error.message, error.message
+        assert "=" in error.fix
 
 
-# The cases above that rlsteps refuses, and what NeMo-RL says of them: the arithmetic is NeMo-RL's own.
-EXPECTED_REFUSALS = {"one node", "four nodes", "rl/rlhf on one node", "rl/rlhf on four nodes",
-                     "rl/reinforce on one node", "rl/reinforce on four nodes"}  # fmt: skip
+# The cases above that rlsteps refuses, and what it says of them: the arithmetic and the checks are NeMo-RL's own
+# (the controls run what was refused, and NeMo-RL stops on it).
+PLACEMENT = "NeMo-RL would stop at its first step"
+EXPECTED_REFUSALS = {
+    **dict.fromkeys(("one node", "four nodes", "rl/rlhf on one node", "rl/rlhf on four nodes",
+                     "rl/reinforce on one node", "rl/reinforce on four nodes"), PLACEMENT),
+    CONTEXT_PARALLEL[0]: "'Context parallel is not supported for sequence packing'",
+    CONTEXT_PARALLEL[1]: "'Sequence Packing must be enabled to use Context Parallelism with MCore'",
+}  # fmt: skip
 
 
 def test_only_what_nemo_rl_cannot_run_is_refused(outcomes):
     refused, _ = outcomes
-    assert set(refused) == EXPECTED_REFUSALS, {name: str(error) for name, error in refused.items()}
+    assert set(refused) == set(EXPECTED_REFUSALS), {name: str(error) for name, error in refused.items()}
+    assert all("data-parallel rank(s)" in refused[name].message for name, said in EXPECTED_REFUSALS.items()
+               if said == PLACEMENT)  # fmt: skip
+    assert refused[CONTEXT_PARALLEL[0]].fix == "policy.sequence_packing.enabled=false"
+    assert (
+        refused[CONTEXT_PARALLEL[1]].fix == "policy.sequence_packing.enabled=true policy.dynamic_batching.enabled=false"
+    )
     assert refused["one node"].fix == "grpo.num_prompts_per_step=35 policy.train_global_batch_size=280"
     assert refused["rl/rlhf on one node"].fix.startswith("rollout.prompts_per_step=")
 

@@ -12,6 +12,7 @@ Without the judge (rl/reinforce): NeMo-RL's reward-model environment serves a Br
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 from rlsteps.dotted import get
@@ -34,7 +35,15 @@ class NemoRlConfigError(ValueError):
 
     def __init__(self, message: str, fix: str | None = None, changes: dict[str, Any] | None = None) -> None:
         super().__init__(message)
-        self.fix, self.changes = fix, changes or {}
+        self.changes = changes or {}
+        self.fix = fix or (assignments(self.changes) if self.changes else None)
+
+
+def assignments(changes: dict[str, Any], name: Callable[[str], str] = str) -> str:
+    """`key=value` overrides that set `changes` (a key named by `name`), as a user types them."""
+    return " ".join(
+        f"{name(key)}={str(value).lower() if isinstance(value, bool) else value}" for key, value in changes.items()
+    )
 
 
 def uses_gym(master: dict[str, Any]) -> bool:

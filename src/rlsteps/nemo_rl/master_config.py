@@ -19,7 +19,13 @@ from omegaconf import OmegaConf
 
 from rlsteps.contract.nemo_rl_job import NemoRlPaths
 from rlsteps.dotted import get, leaves, put
-from rlsteps.nemo_rl.environments import NemoRlConfigError, compile_judge, reward_model_env, uses_gym
+from rlsteps.nemo_rl.environments import (
+    NemoRlConfigError,
+    assignments,
+    compile_judge,
+    reward_model_env,
+    uses_gym,
+)
 from rlsteps.nemo_rl.key_map import INPUTS, JUDGE, PAIRINGS, RLSTEPS_KEYS, pairs
 from rlsteps.nemo_rl.lora import check_lora, compile_lora, lora_notes
 from rlsteps.nemo_rl.placement import Cluster, place
@@ -65,7 +71,7 @@ def compile_master_config(cfg: dict[str, Any], cluster: Cluster, run_dir: PurePo
 
 def _in_recipe_keys(changes: dict[str, Any], algorithm: str) -> str:
     ours = {theirs: mine for mine, theirs in pairs(algorithm)}
-    return " ".join(f"{ours.get(key, 'nemo_rl.' + key)}={value}" for key, value in changes.items())
+    return assignments(changes, lambda key: ours.get(key, "nemo_rl." + key))
 
 
 def from_recipe(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -220,6 +226,7 @@ def _finalize(master: dict[str, Any], cfg: dict[str, Any], cluster: Cluster, pat
     notes += place(master, cluster)
     notes += _megatron_precision(master)
     notes += check_lora(master)
+    _context_parallel_batching(master)
     _sequence_divisor(master)
     return notes + [
         "known only on the cluster, so not checked here: the files at policy.model_name and data.*.data_path (the "
@@ -260,6 +267,29 @@ def _megatron_precision(master: dict[str, Any]) -> list[str]:
         return []
     given = ", ".join(f"megatron_cfg.optimizer.{key} {str(value).lower()}" for key, value in changed.items())
     return [f"policy.precision {policy['precision']}: {given} (NeMo-RL's Megatron setup needs them to agree)"]
+
+
+def _context_parallel_batching(master: dict[str, Any]) -> None:
+    """Context parallelism asks opposite things of sequence packing on NeMo-RL's two policies: its DTensor workers
+    refuse packing with it ('Context parallel is not supported for sequence packing'), its Megatron setup asserts
+    packing with it ('Sequence Packing must be enabled to use Context Parallelism with MCore')."""
+    policy = master["policy"]
+    packing = bool(policy["sequence_packing"].get("enabled"))
+    if policy["megatron_cfg"].get("enabled"):
+        if policy["megatron_cfg"]["context_parallel_size"] > 1 and not packing:
+            raise NemoRlConfigError(
+                f"policy.megatron_cfg.context_parallel_size {policy['megatron_cfg']['context_parallel_size']} needs "
+                "sequence packing: NeMo-RL's Megatron setup asserts 'Sequence Packing must be enabled to use Context "
+                "Parallelism with MCore'",
+                changes={"policy.sequence_packing.enabled": True, "policy.dynamic_batching.enabled": False},
+            )
+    elif policy["dtensor_cfg"]["context_parallel_size"] > 1 and packing:
+        raise NemoRlConfigError(
+            f"policy.dtensor_cfg.context_parallel_size {policy['dtensor_cfg']['context_parallel_size']} and sequence "
+            "packing: NeMo-RL's DTensor workers stop at their setup with 'Context parallel is not supported for "
+            "sequence packing'",
+            changes={"policy.sequence_packing.enabled": False},
+        )
 
 
 def _sequence_divisor(master: dict[str, Any]) -> None:
