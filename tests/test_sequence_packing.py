@@ -150,6 +150,20 @@ def test_a_model_that_attends_across_packed_sequences_is_passed_padded_rows(capl
     assert not policy_update(model, chosen).packing  # the update plans and passes padded rows
 
 
+@pytest.mark.parametrize(("row", "reads"), [(0, True), (1, False), (2, False)])
+def test_the_probe_judges_the_sequences_that_follow_another_in_the_packed_row(monkeypatch, row, reads):
+    """Attention across sequences can only reach those after the row's first: a gap there is the model's, a gap on
+    the first sequence alone (its kernels' rounding, the largest on trained models in half precision) is not."""
+
+    def packed_off_by_half_a_nat_on(model, batch, capacity):
+        logprobs = token_logprobs(model, batch.tokens, batch.attention_mask(), batch.response_mask())
+        logprobs[row] += 0.5 * batch.response_mask()[row]
+        return logprobs
+
+    monkeypatch.setattr(logprobs_module, "packed_token_logprobs", packed_off_by_half_a_nat_on)
+    assert reads_packed_sequences(policy_model(), CPU) is reads
+
+
 def test_dynamic_batching_and_sequence_packing_are_one_or_the_other():
     assert TrainConfig().sequence_packing and not TrainConfig().dynamic_batching  # packing by default
     asked = TrainConfig(dynamic_batching=True)  # dynamic batching asked for, packing not: packing off
