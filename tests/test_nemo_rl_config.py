@@ -197,8 +197,9 @@ def test_batching_by_tokens_compiles_to_one_of_nemo_rls_two_ways():
 
 
 def test_context_parallelism_takes_the_batching_each_nemo_rl_policy_needs_or_is_refused_with_it():
-    """NeMo-RL's DTensor workers refuse sequence packing with context parallelism; its Megatron setup asserts it.
-    (tests/test_nemo_rl_runs.py runs both refused configs through NeMo-RL's own worker checks.)"""
+    """NeMo-RL's DTensor workers refuse sequence packing with context parallelism; its Megatron setup asserts it
+    (tests/test_nemo_rl_runs.py runs both refused configs through NeMo-RL's own worker checks). DTensor's model setup
+    (Automodel's, not run off a GPU) refuses it beside tensor and sequence parallelism."""
     cp2 = "nemo_rl.policy.dtensor_cfg.context_parallel_size=2"
     with pytest.raises(NemoRlConfigError, match="DTensor workers stop") as packed:
         master("rl/rlhf", *RLHF_INPUTS, cp2)
@@ -210,6 +211,11 @@ def test_context_parallelism_takes_the_batching_each_nemo_rl_policy_needs_or_is_
         master("rl/reinforce", *REINFORCE_INPUTS, *megatron, "train.dynamic_batching=true")
     assert batched.value.fix == "train.sequence_packing=true train.dynamic_batching=false"
     assert master("rl/reinforce", *REINFORCE_INPUTS, *megatron).config["policy"]["sequence_packing"]["enabled"]
+    parallel = (cp2, "nemo_rl.policy.dtensor_cfg.tensor_parallel_size=2", "train.sequence_packing=false")
+    with pytest.raises(NemoRlConfigError, match="together with sequence parallel") as sequence_parallel:
+        master("rl/rlhf", *RLHF_INPUTS, *parallel, "nemo_rl.policy.dtensor_cfg.sequence_parallel=true")
+    assert sequence_parallel.value.fix == "nemo_rl.policy.dtensor_cfg.sequence_parallel=false"
+    assert master("rl/rlhf", *RLHF_INPUTS, *parallel).config["policy"]["dtensor_cfg"]["sequence_parallel"] is False
 
 
 def test_a_refusal_of_nemo_rls_own_keys_says_the_fix_in_them():

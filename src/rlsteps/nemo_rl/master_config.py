@@ -226,7 +226,7 @@ def _finalize(master: dict[str, Any], cfg: dict[str, Any], cluster: Cluster, pat
     notes += place(master, cluster)
     notes += _megatron_precision(master)
     notes += check_lora(master)
-    _context_parallel_batching(master)
+    _context_parallel(master)
     _sequence_divisor(master)
     return notes + [
         "known only on the cluster, so not checked here: the files at policy.model_name and data.*.data_path (the "
@@ -269,26 +269,36 @@ def _megatron_precision(master: dict[str, Any]) -> list[str]:
     return [f"policy.precision {policy['precision']}: {given} (NeMo-RL's Megatron setup needs them to agree)"]
 
 
-def _context_parallel_batching(master: dict[str, Any]) -> None:
-    """Context parallelism asks opposite things of sequence packing on NeMo-RL's two policies: its DTensor workers
-    refuse packing with it ('Context parallel is not supported for sequence packing'), its Megatron setup asserts
-    packing with it ('Sequence Packing must be enabled to use Context Parallelism with MCore')."""
+def _context_parallel(master: dict[str, Any]) -> None:
+    """Context parallelism asks opposite things of sequence packing on NeMo-RL's two policies: its Megatron setup
+    asserts packing with it ('Sequence Packing must be enabled to use Context Parallelism with MCore'), its DTensor
+    workers refuse packing with it ('Context parallel is not supported for sequence packing'), and DTensor's model
+    setup refuses it beside tensor parallelism with sequence parallelism (NeMo-RL's issue 659)."""
     policy = master["policy"]
     packing = bool(policy["sequence_packing"].get("enabled"))
     if policy["megatron_cfg"].get("enabled"):
-        if policy["megatron_cfg"]["context_parallel_size"] > 1 and not packing:
+        size = policy["megatron_cfg"]["context_parallel_size"]
+        if size > 1 and not packing:
             raise NemoRlConfigError(
-                f"policy.megatron_cfg.context_parallel_size {policy['megatron_cfg']['context_parallel_size']} needs "
-                "sequence packing: NeMo-RL's Megatron setup asserts 'Sequence Packing must be enabled to use Context "
-                "Parallelism with MCore'",
+                f"policy.megatron_cfg.context_parallel_size {size} needs sequence packing: NeMo-RL's Megatron setup "
+                "asserts 'Sequence Packing must be enabled to use Context Parallelism with MCore'",
                 changes={"policy.sequence_packing.enabled": True, "policy.dynamic_batching.enabled": False},
             )
-    elif policy["dtensor_cfg"]["context_parallel_size"] > 1 and packing:
+        return
+    dtensor = policy["dtensor_cfg"]
+    size = dtensor["context_parallel_size"]
+    if size > 1 and packing:
         raise NemoRlConfigError(
-            f"policy.dtensor_cfg.context_parallel_size {policy['dtensor_cfg']['context_parallel_size']} and sequence "
-            "packing: NeMo-RL's DTensor workers stop at their setup with 'Context parallel is not supported for "
-            "sequence packing'",
+            f"policy.dtensor_cfg.context_parallel_size {size} and sequence packing: NeMo-RL's DTensor workers stop at "
+            "their setup with 'Context parallel is not supported for sequence packing'",
             changes={"policy.sequence_packing.enabled": False},
+        )
+    if size > 1 and dtensor["tensor_parallel_size"] > 1 and dtensor["sequence_parallel"]:
+        raise NemoRlConfigError(
+            f"policy.dtensor_cfg.context_parallel_size {size} beside tensor_parallel_size "
+            f"{dtensor['tensor_parallel_size']} and sequence_parallel: NeMo-RL's DTensor model setup stops with "
+            "'context parallel can't be used together with sequence parallel in DTensor worker'",
+            changes={"policy.dtensor_cfg.sequence_parallel": False},
         )
 
 
