@@ -136,8 +136,8 @@ def packed_token_logprobs(
 def reads_packed_sequences(model: nn.Module, device: torch.device, autocast=nullcontext) -> bool:
     """Whether `model` keeps packed sequences apart: three sequences of random tokens, packed in one row, against the
     same three padded, in eval mode and under `autocast` (the passes' own precision), judged on the second and third
-    (what attention across sequences changes). Probed once per model; every
-    process runs the same probe, so distributed forwards stay in step."""
+    (what attention across sequences changes). Probed once per model; every process runs the same probe, so
+    distributed forwards stay in step."""
     if model in _checked:
         return _checked[model]
     generator = torch.Generator().manual_seed(0)
