@@ -59,9 +59,10 @@ def replace(module: types.ModuleType, name: str, stand_in: Any) -> None:
 
 
 def automodel_absent() -> None:
-    """Automodel as NeMo-RL's pinned one is to nemo_rl.models.automodel.setup, which is imported for its config checks
-    (the v2 worker's validate_and_prepare_config): inert, and lacking NeMoAutoModelForTokenClassification, whose
-    presence the module's tripwire refuses (it backports the class)."""
+    """Automodel (not installed off a GPU) served inert, for nemo_rl.models.automodel.setup, which the DTensor v2
+    stand-in imports for its config checks (validate_and_prepare_config). The inert module lacks
+    NeMoAutoModelForTokenClassification: the setup module backports that class, and stops (a tripwire) where
+    Automodel exports it, as NeMo-RL's pinned Automodel does not."""
     import upstream
 
     class WithoutTokenClassification(type(upstream.inert_module("nemo_automodel"))):
