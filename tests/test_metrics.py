@@ -162,9 +162,25 @@ def test_progress_prints_one_plain_line_per_step_when_not_a_terminal():
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("step 3/5") and "reward 0.5" in lines[0] and "loss 1.25" in lines[0]
-    assert "eta 0:00:0" in lines[0] and "s  eta" in lines[0] and "without update" not in lines[0]
+    assert lines[0].endswith("s  eta -") and "without update" not in lines[0]  # the first step: the warm-up
+    assert "eta 0:00:00" in lines[1]  # the last step
     assert lines[1].startswith("step 4/5") and "reward -" in lines[1] and "loss -" in lines[1]
     assert lines[1].endswith("steps without update 1")
+
+
+def test_the_eta_leaves_out_the_runs_first_step(monkeypatch):
+    """A resumed run (from step 10 of 100) whose first step warms up for 50 s, then takes 2 s a step: the time left
+    is said at 2 s a step, not at the mean with the warm-up in it (after step 12: 26 s a step, 38 minutes)."""
+    clock = iter([0.0, 0.0, 50.0, 52.0, 54.0])  # __init__, __enter__, the ends of steps 11, 12 and 13
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    stream = io.StringIO()
+    with TrainingProgress(total=100, initial=10, stream=stream) as progress:
+        for step in (11, 12, 13):
+            progress.update(step, {})
+    first, second, third = stream.getvalue().splitlines()
+    assert first.endswith("step 50.00s  eta -")
+    assert second.endswith("step 2.00s  eta 0:02:56")  # 88 steps left x 2 s
+    assert third.endswith("step 2.00s  eta 0:02:54")
 
 
 def test_progress_draws_a_rich_bar_on_a_terminal():
