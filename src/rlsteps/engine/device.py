@@ -1,5 +1,5 @@
-"""Where models run: 'auto' picks the GPU when there is one; asking for CUDA without one is a clear error. And how
-fp32 matmuls run there."""
+"""Where models run: 'auto' picks the GPU when there is one; asking for CUDA without one is a clear error. How fp32
+matmuls run there, and where torch keeps what it compiles for it."""
 
 from __future__ import annotations
 
@@ -20,3 +20,11 @@ def tf32_matmuls() -> bool:
     if precision in ("tf32", "ieee"):
         return precision == "tf32"
     return torch.get_float32_matmul_precision() != "highest"
+
+
+def compile_cache() -> str:
+    """The folder torch's compiler keeps its compiled code in, for later runs (TORCHINDUCTOR_CACHE_DIR, else under
+    the machine's temporary folder: on a cluster node often wiped with each job)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()

@@ -13,9 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlsteps.engine.device import compile_cache
 from rlsteps.engine.distributed import World, barrier, from_main
 from rlsteps.engine.generation.backend import GenerationBackend, eos_token_ids
-from rlsteps.engine.generation.builtin import BuiltinBackend
+from rlsteps.engine.generation.builtin import BuiltinBackend, DecodeOptions
 from rlsteps.engine.generation.sizing import auto_generation_batch_size, rollout_shape
 from rlsteps.engine.generation.vllm_backend import VllmBackend, vllm_installed
 
@@ -83,7 +84,9 @@ def build_backend(
         rows = cfg.rollout.generation_batch_size or auto_generation_batch_size(
             model.config, shape, _free_bytes(device), torch.finfo(compute_dtype).bits // 8
         )
-        say(f"rollouts: the built-in sampler, {rows} rows per batch")
+        compiled = DecodeOptions().for_device(device).compile
+        said = f", its decode step compiled at the first rollouts (cached in {compile_cache()})" if compiled else ""
+        say(f"rollouts: the built-in sampler, {rows} rows per batch{said}")
         return BuiltinBackend(tokenizer, rows)
     backend = VllmBackend(
         engine_dir,

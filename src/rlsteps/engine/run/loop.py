@@ -24,7 +24,7 @@ from rlsteps.engine.checkpoints.integrity import DAMAGED_PREFIX, set_aside_damag
 from rlsteps.engine.checkpoints.resume import STATE_DIR, CheckpointError, CheckpointManager, restore_rng_state
 from rlsteps.engine.checkpoints.rewind import rewind_records
 from rlsteps.engine.checkpoints.train_state import read_train_state
-from rlsteps.engine.device import resolve_device
+from rlsteps.engine.device import compile_cache, resolve_device
 from rlsteps.engine.distributed import (
     SINGLE,
     World,
@@ -144,6 +144,11 @@ def _train(
     # the records of what came after the checkpoint (a stopped run's later steps) go: they are made again
     rewind_records(run_dir, counters.step if checkpoints.latest() else None, records=world.is_main)
     backend = build_backend(sampler_name, cfg, model, tokenizer, device, precision.compute, engine_dir, say, cleanup)
+    if cfg.train.compile:
+        say(
+            "train.compile: the policy's forward compiles at the first update and once more when its shapes first "
+            f"change, tens of seconds each (cached in {compile_cache()} for later runs)"
+        )
     run = StepRun(
         cfg,
         recipe,
