@@ -137,10 +137,11 @@ def never_called(batch: RolloutBatch) -> torch.Tensor:
     raise AssertionError("one optimizer step: prepare must not run a pass of the policy")
 
 
-def policy_update(model: torch.nn.Module, chosen: Recipe) -> PolicyUpdate:
+def policy_update(model: torch.nn.Module, chosen: Recipe, **train: object) -> PolicyUpdate:
+    """The update of `chosen`'s config, `train` set over its train section."""
     optimizer = build_optimizer(model, 1e-3, 0.0)
     scheduler = build_scheduler(optimizer, warmup_steps=0, total_steps=4, schedule="constant")
-    return PolicyUpdate(model, optimizer, scheduler, chosen, chosen.cfg.train, CPU)
+    return PolicyUpdate(model, optimizer, scheduler, chosen, chosen.cfg.train.model_copy(update=train), CPU)
 
 
 def prepared(name: str, model: torch.nn.Module, two_pass: bool, policy_logprobs=None):

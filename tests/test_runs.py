@@ -321,6 +321,28 @@ def test_batch_profile_detaches_and_the_job_finishes_in_the_background(tiny_worl
     assert job_dir.name in done.stdout and pid > 0  # the job's id is its directory's name, as for attached runs
 
 
+def test_a_compiled_update_trains_as_the_eager_one_and_says_where_torch_caches_it(tiny_world, tmp_path, monkeypatch):
+    """train.compile=true, a whole rl/reinforce step (packed micro-batches, the reference, a checkpoint and the
+    output): the first update's loss is the eager run's on the same rollouts, the output is written, and the run names
+    the folder torch's compiler cached its code in (TORCHINDUCTOR_CACHE_DIR), which holds it afterwards."""
+    cache = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    one_step = ["train.max_steps=1", "validation.interval=0", *FAST]
+    losses = {}
+    for mode in ("eager", "compiled"):
+        (tmp_path / mode).mkdir()
+        done = rlsteps("run", "rl/reinforce", "-c", "tiny", *one_step, f"train.compile={mode == 'compiled'}",
+                       cwd=tmp_path / mode)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        run = run_dir(tmp_path / mode, "rl_reinforce")
+        assert (run / "policy" / "rlsteps_artifact.json").is_file()
+        losses[mode] = series(run, "train/loss")[0]
+        said = "train.compile: the policy's forward compiles at the first update" in done.stderr
+        assert said == (mode == "compiled") and (f"(cached in {cache} for later runs)" in done.stderr) == said
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)
+    assert any(cache.iterdir())
+
+
 def test_the_convert_steps_round_trip_the_tiny_policy_bit_for_bit(tiny_world, tmp_path):
     from rlsteps.engine.policy.model import load_policy
 

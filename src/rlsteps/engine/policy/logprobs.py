@@ -158,11 +158,15 @@ def reads_packed_sequences(model: nn.Module, device: torch.device, autocast=null
     gap = (packed - padded)[following].abs().mean().item()
     _checked[model] = gap <= tolerance
     if not _checked[model]:
+        compiled = getattr(model, "_orig_mod", None)  # what torch.compile wraps
         log.warning(
-            "train.sequence_packing: %s's log-probs of packed rows differ from the padded rows' by %.3g on average "
-            "(more than rounding, %.0e): its forward attends across packed sequences (it does not read restarting "
-            "position ids without an attention mask as Hugging Face's own models do). Its rows are passed padded.",
-            type(model).__name__, gap, tolerance,
+            "train.sequence_packing: the log-probs of %s on packed rows differ from the padded rows' by %.3g on "
+            "average (more than rounding, %.0e): its forward attends across packed sequences (%s). Its rows are "
+            "passed padded.",
+            type(model).__name__ if compiled is None else f"{type(compiled).__name__} compiled (train.compile)", gap,
+            tolerance, "it does not read restarting position ids without an attention mask as Hugging Face's own "
+            "models do" if compiled is None else "transformers' models lose the packed sequences' mask when torch "
+            "compiles their forward",
         )  # fmt: skip
     return _checked[model]
 

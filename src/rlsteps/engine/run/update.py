@@ -80,7 +80,10 @@ class PolicyUpdate:
         # the compiled module shares the model's parameters; the optimizer, checkpoints and sync keep the model
         self.forward = torch.compile(self.model) if self.train.compile else self.model
         autocast = lambda: self.precision.autocast(self.device)  # noqa: E731
-        self.packing = self.train.sequence_packing and reads_packed_sequences(self.model, self.device, autocast)
+        # the probe runs the forward as the passes will: a compiled one traced by dynamo (as its graph is captured;
+        # inductor's code would only round differently), which can lose what keeps packed sequences apart
+        probed = torch.compile(self.model, backend="eager") if self.train.compile else self.model
+        self.packing = self.train.sequence_packing and reads_packed_sequences(probed, self.device, autocast)
 
     def __call__(self, batch: RolloutBatch) -> UpdateResult:
         t, world = self.train, self.world
