@@ -124,7 +124,8 @@ class TrainConfig(Section):
     importance_sampling_cap: PositiveFloat = 2.0
     activation_checkpointing: bool = False  # recompute each layer's activations in backward: less memory, more compute
     # the policy's training forward through torch.compile (inductor): the first steps pay the compiling (a minute
-    # for a 0.37B policy), later ones run faster (1.87x the train phase of a 0.37B policy in bf16 on one H100)
+    # for a 0.37B policy), later ones run faster (1.87x the train phase of a 0.37B policy in bf16 on one H100). Its
+    # passes take padded rows where sequence_packing is on: transformers' models lose the packed mask when compiled
     compile: bool = False
     # rollouts end to end in rows of the longest sequence a row can have (data.max_prompt_tokens +
     # rollout.sampling.max_new_tokens), each attending only to itself (NeMo-RL's sequence packing): micro_batch_size
