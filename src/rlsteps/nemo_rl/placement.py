@@ -127,8 +127,7 @@ def _check_policy_split(master: dict[str, Any], gpus: int) -> None:
             f"NeMo-RL would stop at its first step: {problems[0]}; a step makes {split.prompts} prompts x "
             f"{split.generations} generations = {split.rows} rows over {split.data_parallel} data-parallel rank(s) "
             f"({gpus} GPU(s) / model parallel {model_parallel})",
-            fix=" ".join(f"{key}={value}" for key, value in changes.items()),
-            changes=changes,
+            changes=changes,  # the fix says them
         )
 
 

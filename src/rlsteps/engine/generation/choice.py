@@ -16,7 +16,7 @@ from torch import nn
 from rlsteps.engine.device import compile_cache
 from rlsteps.engine.distributed import World, barrier, from_main
 from rlsteps.engine.generation.backend import GenerationBackend, eos_token_ids
-from rlsteps.engine.generation.builtin import BuiltinBackend, DecodeOptions
+from rlsteps.engine.generation.builtin import BuiltinBackend
 from rlsteps.engine.generation.sizing import auto_generation_batch_size, rollout_shape
 from rlsteps.engine.generation.vllm_backend import VllmBackend, vllm_installed
 
@@ -84,10 +84,11 @@ def build_backend(
         rows = cfg.rollout.generation_batch_size or auto_generation_batch_size(
             model.config, shape, _free_bytes(device), torch.finfo(compute_dtype).bits // 8
         )
-        compiled = DecodeOptions().for_device(device).compile
+        builtin = BuiltinBackend(tokenizer, rows)
+        compiled = builtin.decode.for_device(device).compile
         said = f", its decode step compiled at the first rollouts (cached in {compile_cache()})" if compiled else ""
         say(f"rollouts: the built-in sampler, {rows} rows per batch{said}")
-        return BuiltinBackend(tokenizer, rows)
+        return builtin
     backend = VllmBackend(
         engine_dir,
         cfg.rollout.vllm,
