@@ -124,10 +124,10 @@ def gpt_model_checkpoint(hf_dir: Path, iter_dir: Path, tokens: torch.Tensor, ext
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from rlsteps.contract.model_families import gpt_shape
     from rlsteps.engine.megatron.compat import gpt_model_runtime
     from rlsteps.engine.megatron.format import megatron_model_config
     from rlsteps.engine.megatron.gpt_model import transformer_config
-    from rlsteps.engine.megatron.layout import gpt_shape
 
     hf = AutoConfig.from_pretrained(hf_dir).to_dict()
     shape = gpt_shape(hf)

@@ -42,6 +42,7 @@ from transformers import (
 from model_fixtures import build_tokenizer, decoder_shape
 from random_weights import randomized
 from rlsteps.contract.artifact import METADATA_FILE, read_artifact_metadata
+from rlsteps.contract.model_families import GPTShape, LayoutError, gpt_shape
 from rlsteps.engine.megatron.compat import gpt_model_runtime
 from rlsteps.engine.megatron.format import (
     load_megatron_checkpoint,
@@ -53,15 +54,7 @@ from rlsteps.engine.megatron.gpt_model import (
     compare_with_engine,
     megatron_gpt,
 )
-from rlsteps.engine.megatron.layout import (
-    GPTShape,
-    LayoutError,
-    expected_shapes,
-    fuse_qkv,
-    gpt_shape,
-    split_qkv,
-    to_megatron,
-)  # fmt: skip
+from rlsteps.engine.megatron.layout import expected_shapes, fuse_qkv, split_qkv, to_megatron
 from rlsteps.engine.policy.model import load_policy, save_policy
 
 ITERATION = 7  # the llama_tied checkpoint's iteration, to see it in the folder names

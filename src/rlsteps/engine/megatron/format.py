@@ -24,20 +24,10 @@ from typing import Any
 import torch
 
 from rlsteps.contract.megatron_files import TOKENIZER_DIR, TRACKER_FILE, find_checkpoint_dir, iteration_folder
+from rlsteps.contract.model_families import LLAMA3_ROPE_FIXED, GPTShape, LayoutError, gpt_shape, rope_scaling
 from rlsteps.engine.megatron.common_state import load_in_this_process
 from rlsteps.engine.megatron.compat import import_megatron, in_process_write_results, megatron_runtime
-from rlsteps.engine.megatron.layout import (
-    EXTRA_STATE_KEYS,
-    LAYER_PREFIX,
-    LLAMA3_ROPE_FIXED,
-    GPTShape,
-    LayoutError,
-    expected_shapes,
-    gpt_shape,
-    rope_scaling,
-    to_hf,
-    to_megatron,
-)  # fmt: skip
+from rlsteps.engine.megatron.layout import EXTRA_STATE_KEYS, LAYER_PREFIX, expected_shapes, to_hf, to_megatron
 
 RUN_CONFIG_FILE = "run_config.yaml"
 TRAIN_STATE_FILE = "train_state.pt"  # Megatron-Bridge's TrainState; latest_train_state.pt at the root

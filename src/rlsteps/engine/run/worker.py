@@ -164,8 +164,8 @@ def _check_megatron_output(cfg: StepConfig) -> None:
     """A run that could not write its Megatron output fails now, not after training: no megatron-core,
     or a Hugging Face policy whose architecture has no Megatron GPT layout."""
     from rlsteps.contract.config import ConvertConfig
+    from rlsteps.contract.model_families import LayoutError, gpt_shape
     from rlsteps.engine.megatron.compat import require_megatron
-    from rlsteps.engine.megatron.layout import LayoutError, gpt_shape
 
     require_megatron()  # installed; imported only to write, at the end
     source = Path(cfg.inputs.checkpoint if isinstance(cfg, ConvertConfig) else cfg.inputs.policy)
