@@ -107,3 +107,13 @@ def rope_scaling(hf_config: dict[str, Any]) -> dict[str, Any]:
     params = dict(hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {})
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
     return params
+
+
+def megatron_form_refusal(hf_config: dict[str, Any]) -> str | None:
+    """Why a model of this Hugging Face config cannot be written (or read) as a checkpoint_megatron, in one line; None
+    when it can. The dry run asks this of a run's policy before anything starts, and the worker again at its start."""
+    try:
+        gpt_shape(hf_config)
+    except LayoutError as error:
+        return str(error)
+    return None

@@ -27,6 +27,7 @@ from rlsteps.launch.base import Launcher, LaunchPlan, Submission, get_launcher
 from rlsteps.launch.job import Job, Mode
 from rlsteps.plan.compile import compile_job
 from rlsteps.plan.job_dir import create_job_dir, planned_job_dir, write_job_files
+from rlsteps.plan.output_form import output_form_problem
 from rlsteps.plan.profiles import resolve_profile
 from rlsteps.plan.prompt_check import checked_prompt_files, measure_of, refuse_bad_prompt_files
 from rlsteps.plan.worker_exit import worker_failure
@@ -123,7 +124,8 @@ def compile_request(catalog: Catalog, request: RunRequest, say: Callable[[str], 
         inputs=inputs,
         needs=needs,
         refused=refused,
-        output_problem=output_dir_problem(job, reach),
+        output_problem=output_form_problem(catalog, step, config, inputs, _runs_here(launcher))
+        or output_dir_problem(job, reach),
         promised=request.promised,
     )
 
@@ -152,6 +154,11 @@ def check_processes(launcher: Launcher, job: Job) -> None:
             fix="change the config as each problem says (key=value on the command line, or the profile's config:), "
             "or run on a number of processes that fits it",
         )
+
+
+def _runs_here(launcher: Launcher) -> bool:
+    """Whether the job's worker runs on this machine in this environment (attached or detached), not in a container."""
+    return launcher.name == "local"
 
 
 def reach_of(launcher: Launcher, job: Job) -> Reach:
@@ -205,6 +212,9 @@ def execute(catalog: Catalog, compiled: Compiled, say: Callable[[str], None] = p
     if _tiny_world_built_by(launcher, job) is not None:
         _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
     inputs = resolve_inputs(catalog, step, job.config, dict(compiled.promised), reach, checked=compiled.inputs)
+    form_problem = output_form_problem(catalog, step, job.config, inputs, _runs_here(launcher))
+    if form_problem is not None:
+        raise form_problem
     if launcher.sees_local_files:  # the job reads this machine's files: check them before it starts
         refuse_bad_prompt_files(inputs)
     job_dir = create_job_dir(job)
