@@ -69,6 +69,15 @@ def make_rows(seed: int, prompts: int = 6) -> dict:
 ROWS = make_rows(0)
 
 
+def far_reference(rows: dict) -> dict:
+    """The rows with a reference up to 30 nats from the policy: |log r| of 30, 25 and 21 (past the input clamp of 20),
+    3 and -12 (k3 of 16.1 and 11.0: past the output clamp of 10) and 0.5 (neither), on every row's first tokens."""
+    offsets = torch.tensor([30.0, -30.0, 25.0, -21.0, 3.0, -12.0, 0.5])
+    reference = rows["reference"].clone()
+    reference[:, 1 : 1 + len(offsets)] = rows["logprobs"][:, 1 : 1 + len(offsets)] + offsets
+    return rows | {"reference": reference}
+
+
 def nemo_rl(calls: list[dict]) -> list:
     """NeMo-RL's own functions on the calls (tests/nemo_rl_maths_check.py, in a process of its own)."""
     upstream.unpacked("nemo_rl")  # skips (or fails under RLSTEPS_REQUIRE_UPSTREAM=1) without the archive
@@ -163,6 +172,9 @@ def _calls() -> dict[str, dict]:
         calls[f"grpo loss {beta}"] = _loss_call(
             grpo_cfg | {"reference_policy_kl_penalty": beta}, r, grpo_adv, ended, split=len(ended) // 3
         )
+    calls["grpo loss 0.05 far"] = _loss_call(
+        grpo_cfg | {"reference_policy_kl_penalty": 0.05}, far_reference(r), grpo_adv, ended, split=len(ended) // 3
+    )
     reinforce_cfg = {"disable_ppo_ratio": True, "token_level_loss": True}
     for beta in (0.0, 0.05):
         calls[f"reinforce loss {beta}"] = _loss_call(
@@ -334,6 +346,24 @@ def test_grpo_k3_kl_term_equals_nemo_rls_in_value_and_gradient(upstream_results)
     mask = r["mask"] * ended.float()[:, None]
     score_term = 0.05 * k3_kl(r["logprobs"], r["reference"]) * mask / mask.sum()
     assert score_term.abs().max() > 1e-4  # the term the factor contributes is not negligible on these rows
+
+
+def test_grpo_kl_term_in_the_clamped_region_equals_nemo_rls_in_value_and_gradient(upstream_results):
+    """|log r| up to 30: NeMo-RL weights k3 by exp(logp - sg(logp)) before the output clamp and detaches the weight
+    where the input clamp binds, so a token past either clamp adds a constant and no gradient, its score-function part
+    included. rlsteps agrees token for token; clamping k3 first (its former order) left beta * 10 / N of gradient on
+    every such token, pushing log p further from the reference (asserted: those tokens are in the rows)."""
+    r, ended = far_reference(ROWS), ROWS["ended"]
+    adv = group_advantages(r["rewards"], r["group"], ended, leave_one_out=False, normalize_std=True)
+    losses, grad = _rlsteps_grpo_loss(r, adv, ended.float(), len(ended) // 3, beta=0.05)
+    _, without_kl = _rlsteps_grpo_loss(r, adv, ended.float(), len(ended) // 3, beta=0.0)
+    theirs = upstream_results["grpo loss 0.05 far"]
+    assert close(losses, [m["loss"] for m in theirs])
+    assert close(grad, torch.cat([torch.tensor(m["grad"]) for m in theirs]), abs=1e-8)
+    clamped = torch.zeros_like(r["mask"], dtype=torch.bool)
+    clamped[:, 1:7] = (r["mask"][:, 1:7] * ended.float()[:, None]).bool()  # the loss tokens of the offsets past a clamp
+    assert clamped.sum() >= 10
+    assert torch.equal(grad[clamped], without_kl[clamped])  # the KL term adds no gradient where a clamp binds
 
 
 def test_reinforce_loss_equals_nemo_rls_clipped_pg_loss_without_ratio(upstream_results):

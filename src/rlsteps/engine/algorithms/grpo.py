@@ -63,11 +63,23 @@ def zero_variance_groups(rewards: torch.Tensor, group_index: torch.Tensor, valid
     return ((highest == lowest) | no_valid_rows)[group_index]
 
 
-def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
-    """Schulman's k3 estimator of KL(policy || reference) per token: [B, T-1], clamped to [-10, 10]."""
-    logr = (ref_logprobs - logprobs).clamp(-clamp, clamp)
-    kl = torch.exp(logr) - 1 - logr
-    return kl.clamp(-10.0, 10.0)
+def k3_kl(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    clamp: float = 20.0,
+    weights: torch.Tensor | None = None,
+    output_clamp: float = 10.0,
+) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(policy || reference) per token, [B, T-1], as NeMo-RL's calculate_kl computes it:
+    logr = ref - logp clamped to [-clamp, clamp]; k3 = exp(logr) - 1 - logr, times the per-token weights when given
+    (detached where the input clamp binds), and only then clamped to [-output_clamp, output_clamp]. So where either
+    clamp binds the token's KL term has no gradient at all, its score-function part included."""
+    logr = ref_logprobs - logprobs
+    clamped = logr.clamp(-clamp, clamp)
+    kl = torch.exp(clamped) - 1 - clamped
+    if weights is not None:
+        kl = torch.where(logr == clamped, weights, weights.detach()) * kl
+    return kl.clamp(-output_clamp, output_clamp)
 
 
 def clipped_policy_loss(
@@ -97,10 +109,15 @@ def clipped_policy_loss(
     token_loss = torch.maximum(unclipped_loss, clipped_loss)
     if importance_weights is not None:
         token_loss = token_loss * importance_weights
-    kl = k3_kl(logprobs, ref_logprobs.detach()) if ref_logprobs is not None else torch.zeros_like(logprobs)
-    # k3 times exp(logp - sg(logp)): 1 in value, and in the gradient the score-function term of E_pi[k3] (the tokens
-    # were sampled from the policy), as NeMo-RL's ClippedPGLossFn and TRL's on-policy KL correction have it
-    token_loss = token_loss + kl_beta * kl * torch.exp(logprobs - logprobs.detach())
+    # k3 weighted by exp(logp - sg(logp)): 1 in value, and in the gradient the score-function term of E_pi[k3] (the
+    # tokens were sampled from the policy), as NeMo-RL's ClippedPGLossFn and TRL's on-policy KL correction have it
+    score_weights = torch.exp(logprobs - logprobs.detach())
+    kl = (
+        k3_kl(logprobs, ref_logprobs.detach(), weights=score_weights)
+        if ref_logprobs is not None
+        else torch.zeros_like(logprobs)
+    )
+    token_loss = token_loss + kl_beta * kl
     loss = (token_loss * mask).sum() / max(normaliser, 1.0)
     return loss, _policy_stats(loss, ratio, clipped_loss > unclipped_loss, kl, logprobs, mask)
 
