@@ -132,6 +132,19 @@ def test_the_printed_yaml_reads_back_as_the_compiled_config_with_the_notes_on_to
     assert "#  - grpo.std_floor: NeMo-RL divides by (std + 1e-6)" in text
 
 
+def test_overlong_filtering_and_dynamic_sampling_print_both_meanings():
+    """Each compiles to NeMo-RL's key of the same name, which means something else: the printed config says both."""
+    plain = master_config_yaml(master("rl/rlhf", *RLHF_INPUTS))
+    assert "grpo.overlong_filtering:" not in plain and "grpo.dynamic_sampling:" not in plain
+    text = master_config_yaml(
+        master("rl/rlhf", *RLHF_INPUTS, "grpo.overlong_filtering=true", "grpo.dynamic_sampling=true")
+    )
+    assert "#  - grpo.overlong_filtering: rlsteps leaves a truncated sample out of its group's baseline" in text
+    assert "only zeroes its loss" in text
+    assert "#  - grpo.dynamic_sampling: rlsteps trains the step on the groups whose rewards differ" in text
+    assert "samples more prompts until the batch is full" in text
+
+
 def test_train_lora_compiles_into_nemo_rls_lora_cfg_on_its_dtensor_v2_worker():
     lora = ("train.lora.enabled=true", "train.lora.dim=16", "train.lora.alpha=64", "train.lora.dropout=0.05")
     named = master("rl/rlhf", *RLHF_INPUTS, *lora, "train.lora.target_modules=[q_proj,v_proj]").config

@@ -47,6 +47,17 @@ def _rlhf(cfg: dict[str, Any]) -> list[str]:
             "repeats it), so a judge's position bias reaches the rewards; judge/first_position_rate and "
             "judge/contradiction_rate are rlsteps's alone"
         )
+    if cfg["grpo"]["overlong_filtering"]:
+        notes.append(
+            "grpo.overlong_filtering: rlsteps leaves a truncated sample out of its group's baseline and std and out "
+            "of the loss; NeMo-RL keeps it in the baseline and std and only zeroes its loss"
+        )
+    if cfg["grpo"]["dynamic_sampling"]:
+        notes.append(
+            "grpo.dynamic_sampling: rlsteps trains the step on the groups whose rewards differ (fewer rows); NeMo-RL's "
+            "use_dynamic_sampling samples more prompts until the batch is full (up to its "
+            "dynamic_sampling_max_gen_batches)"
+        )
     if cfg["judge"]["length_penalty"]:
         notes.append("judge.length_penalty: NeMo-Gym's group_answer_length_penalty_coeff (zero-centred in the group)")
     return notes
