@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlsteps.engine.checkpoints.integrity import checkpoint_damage, set_aside_damaged
+from rlsteps.contract.checkpoint_damage import checkpoint_damage
+from rlsteps.engine.checkpoints.integrity import set_aside_damaged
 from rlsteps.engine.checkpoints.resume import CheckpointError, CheckpointManager
 from rlsteps.engine.checkpoints.train_state import write_train_state
 
@@ -47,6 +48,14 @@ def cut(path: Path, keep: int | None = None) -> None:
     os.truncate(path, path.stat().st_size // 2 if keep is None else keep)
 
 
+def overwrite(path: Path) -> None:
+    """Bytes in the middle of the file replaced, its length kept: what a disk that returns other blocks does."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    path.write_bytes(bytes(data))
+
+
 DAMAGE = {  # what is done to step_2, and the words its damage is named with
     "a shard cut short": (lambda c: cut(next((c / "state").glob("*.distcp"))), ".distcp is cut short"),
     "a shard gone": (lambda c: next((c / "state").glob("*.distcp")).unlink(), ".distcp is absent"),
@@ -55,6 +64,14 @@ DAMAGE = {  # what is done to step_2, and the words its damage is named with
     "trainer_state.pt cut short": (lambda c: cut(c / "trainer_state.pt"), "trainer_state.pt is cut short"),
     "trainer_state.pt emptied": (lambda c: cut(c / "trainer_state.pt", 0), "trainer_state.pt is empty"),
     "training_info.json cut short": (lambda c: cut(c / "training_info.json"), "training_info.json is not JSON"),
+    "a shard overwritten in place": (
+        lambda c: overwrite(next((c / "state").glob("*.distcp"))),
+        ".distcp does not hold the bytes that were written",
+    ),
+    "trainer_state.pt overwritten in place": (
+        lambda c: overwrite(c / "trainer_state.pt"),
+        "trainer_state.pt does not hold the bytes that were written",
+    ),
     "training_info.json without its counters": (
         lambda c: (c / "training_info.json").write_text('{"step": 2}'),
         "lacks consumed_samples, epoch, optimizer_steps",

@@ -83,23 +83,59 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_i
     assert leftover_processes(marker, str(copied), grace_s=2) == []
 
 
-def test_with_no_intact_checkpoint_the_run_stops_with_the_override_that_starts_over(copied, monkeypatch):
+def test_a_shard_overwritten_in_place_is_found_by_its_content_and_the_output_stays_finite(copied):
+    """Same length, same headers, other bytes (NaN where weights were): only the digests written with the checkpoint
+    tell. The run resumes from step_1, never from the NaN, and its output holds finite weights only."""
+    from rlsteps.engine.megatron.format import load_megatron_checkpoint
+
+    shard = max((copied / "checkpoints" / "step_2" / "state").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    nan = b"\x00\x00\xc0\x7f"  # float32 NaN
+    data[len(data) // 4 : len(data) // 4 + 4096] = nan * 1024
+    shard.write_bytes(bytes(data))
+    done = rlsteps("run", "rl/rs", "-c", "tiny", *CHECKPOINTED, "train.max_steps=3", f"output.dir={copied}",
+                   cwd=copied.parent)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    [said] = [line for line in done.stderr.splitlines() if "is damaged" in line]
+    assert f"({shard} does not hold the bytes that were written (its SHA-256 differs))" in said, said
+    assert said.endswith("resuming from step_1"), said
+    assert steps_recorded(copied) == [0, 1, 2, 3]
+    model, _ = load_megatron_checkpoint(copied / "policy")  # the output, a checkpoint_megatron
+    assert all(bool(param.isfinite().all()) for param in model.parameters())
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
+def test_with_no_intact_checkpoint_the_run_stops_with_the_override_that_starts_over(copied, monkeypatch, dry_run):
+    """Refused before the worker starts, and by the dry run alike (its job shown first), in the worker's words."""
     for step in (1, 2):
         os.truncate(copied / "checkpoints" / f"step_{step}" / "trainer_state.pt", 5_000)
     before = files_under(copied / "checkpoints")
     marker = marked(monkeypatch)
     done = rlsteps("run", "rl/rs", "-c", "tiny", *CHECKPOINTED, "train.max_steps=3", f"output.dir={copied}",
-                   cwd=copied.parent)  # fmt: skip
+                   *(["--dry-run"] if dry_run else []), cwd=copied.parent)  # fmt: skip
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     [error] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     newest = copied / "checkpoints" / "step_2"
-    assert error.startswith(f"error: rl/rs failed with exit code 1: checkpoint {newest} is damaged ({newest}/"), error
+    assert error.startswith(f"error: checkpoint {newest} is damaged ({newest}/"), error
     assert error.endswith("and no intact checkpoint is left to resume from"), error
     assert "\nfix: rerun with checkpoint.start_over_if_damaged=true to start over" in done.stderr
     assert files_under(copied / "checkpoints") == before  # nothing moved, nothing deleted
     assert steps_recorded(copied) == [0, 1, 2]  # the records stay as the stopped run left them
     assert leftover_processes(marker, str(copied), grace_s=2) == []
+
+
+def test_the_worker_itself_refuses_to_start_over_on_damaged_checkpoints(copied):
+    """The worker's own check (a run started by another launcher, or its checkpoints damaged after rlsteps looked)."""
+    from rlsteps.contract.checkpoint_damage import no_intact_checkpoint
+    from rlsteps.engine.checkpoints.integrity import set_aside_damaged
+    from rlsteps.engine.checkpoints.resume import CheckpointError, CheckpointManager
+
+    for step in (1, 2):
+        os.truncate(copied / "checkpoints" / f"step_{step}" / "trainer_state.pt", 5_000)
+    assert no_intact_checkpoint(copied / "checkpoints") is not None
+    with pytest.raises(CheckpointError, match="no intact checkpoint is left to resume from"):
+        set_aside_damaged(CheckpointManager(copied / "checkpoints"), start_over=False)
 
 
 HEARTBEAT = re.compile(

@@ -248,7 +248,21 @@ def output_dir_problem(job: Job, reach: Reach) -> RlstepsError | None:
         return None
     policy = lookup(job.config, "inputs.policy")
     hint = first_checkpoint_bytes(Path(str(policy))) if policy else None
-    return problem_of(run_dir, next_checkpoint_bytes(run_dir / CHECKPOINTS_DIR, hint))
+    return problem_of(run_dir, next_checkpoint_bytes(run_dir / CHECKPOINTS_DIR, hint)) or _damaged_run(job, run_dir)
+
+
+def _damaged_run(job: Job, run_dir: Path) -> RlstepsError | None:
+    """A run directory whose checkpoints are all damaged: the worker would refuse to resume or start over (exit 1)."""
+    from rlsteps.contract.checkpoint_damage import START_OVER_KEY, no_intact_checkpoint
+    from rlsteps.contract.run_files import CHECKPOINTS_DIR
+
+    if lookup(job.config, START_OVER_KEY):
+        return None
+    problem = no_intact_checkpoint(run_dir / CHECKPOINTS_DIR)
+    if problem is None:
+        return None
+    fix = f"rerun with {START_OVER_KEY}=true to start over (the damaged ones kept), or put back an intact copy"
+    return RunFailed(problem, fix=fix)
 
 
 def _local_run_dir(job: Job) -> Path | None:

@@ -1,9 +1,5 @@
-"""Whether a checkpoint is whole before a run resumes from it, told from its own metadata, and a damaged one set aside.
-
-A checkpoint's files are checked against what it says of itself, without reading a weight: training_info.json
-parses and holds the resume counters, trainer_state.pt is a whole zip (torch.save's), the state/ folder's *.distcp
-files are as long as its .metadata places items in them (policy/: its safetensors against their headers). A file
-damaged after its save (a copy cut short, a disk that lost blocks) is found here, not as a traceback from torch.
+"""A damaged checkpoint set aside before a run resumes (whether one is damaged: rlsteps.contract.checkpoint_damage,
+from its metadata, sizes and the SHA-256 of every file).
 
 The newest checkpoints that are damaged are renamed `damaged_step_<N>` (never deleted: the user may still want them)
 and the run resumes from the newest intact one, its records cut back to it as on any resume. When none is intact the
@@ -14,68 +10,18 @@ Torch-free.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-from fsspec.implementations.local import LocalFileSystem
-
-from rlsteps.contract.weight_files import dcp_damage, hf_damage, zip_damage
-from rlsteps.engine.checkpoints.resume import (
-    POLICY_DIR,
-    REQUIRED_INFO,
-    STATE_DIR,
-    TRAINER_STATE,
-    TRAINING_INFO,
-    CheckpointError,
-    CheckpointManager,
-)
+from rlsteps.contract.checkpoint_damage import START_OVER_KEY, checkpoint_damage
+from rlsteps.engine.checkpoints.resume import CheckpointError, CheckpointManager
 from rlsteps.engine.distributed import SINGLE, World, from_main
 
 log = logging.getLogger(__name__)
 
 DAMAGED_PREFIX = "damaged_"  # damaged_step_<N>: a checkpoint found damaged, kept for the user
-START_OVER_KEY = "checkpoint.start_over_if_damaged"
-
-
-def checkpoint_damage(path: Path) -> str | None:
-    """What is wrong with the checkpoint at `path`, in words, or None when its files are whole."""
-    fs, folder = LocalFileSystem(), str(Path(path).absolute())
-    try:
-        return (
-            _info_damage(path / TRAINING_INFO)
-            or _trainer_state_damage(fs, f"{folder}/{TRAINER_STATE}")
-            or _weights_damage(fs, path)
-        )
-    except OSError as error:
-        return f"{path} cannot be read: {error}"
-
-
-def _info_damage(path: Path) -> str | None:
-    try:
-        info = json.loads(path.read_text())
-    except FileNotFoundError:
-        return f"{path} is absent"
-    except (ValueError, UnicodeDecodeError) as error:
-        return f"{path} is not JSON ({error})"
-    missing = [key for key in REQUIRED_INFO if not isinstance(info, dict) or key not in info]
-    return f"{path} lacks {', '.join(missing)}" if missing else None
-
-
-def _trainer_state_damage(fs: LocalFileSystem, file: str) -> str | None:
-    if not fs.isfile(file):
-        return f"{file} is absent"
-    return zip_damage(fs, file) if fs.size(file) else f"{file} is empty"
-
-
-def _weights_damage(fs: LocalFileSystem, path: Path) -> str | None:
-    if (path / STATE_DIR).is_dir():
-        return dcp_damage(fs, str((path / STATE_DIR).absolute()), own=True)
-    if (path / POLICY_DIR).is_dir():
-        return hf_damage(fs, str((path / POLICY_DIR).absolute()))
-    return f"{path} has neither {STATE_DIR}/ nor {POLICY_DIR}/"
 
 
 def set_aside_damaged(

@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from rlsteps.contract import disk
+from rlsteps.contract.checkpoint_damage import POLICY_DIR, REQUIRED_INFO, STATE_DIR, TRAINER_STATE, TRAINING_INFO
+from rlsteps.contract.file_digests import write_digests
 from rlsteps.contract.run_files import (
     COMPLETE,
     checkpoint_step,
@@ -54,13 +56,8 @@ from rlsteps.errors import DiskFull
 
 logger = logging.getLogger(__name__)
 
-POLICY_DIR = "policy"
-STATE_DIR = "state"
-TRAINER_STATE = "trainer_state.pt"
-TRAINING_INFO = "training_info.json"
 TMP_PREFIX = "tmp_"  # tmp_step_<N>: a save in progress
 TRASH_PREFIX = "trash_"  # trash_step_<N>: a checkpoint being replaced or pruned
-REQUIRED_INFO = ("consumed_samples", "epoch", "optimizer_steps")
 
 
 class CheckpointError(RuntimeError):
@@ -215,6 +212,7 @@ class CheckpointManager:
 
         torch.save({"rng": capture_rng_state(), **trainer_state}, tmp / TRAINER_STATE)
         (tmp / TRAINING_INFO).write_text(json.dumps(training_info, indent=2, allow_nan=False) + "\n")
+        write_digests(tmp)  # every file's SHA-256: a resume trusts the content, not only the sizes
         _fsync_tree(tmp)
         _write_durably(tmp / COMPLETE, training_info["created"] + "\n")
         if final.exists():

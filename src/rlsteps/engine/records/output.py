@@ -11,6 +11,7 @@ from typing import Any
 
 log = logging.getLogger("rlsteps")
 OUTPUT_NAME = "policy"  # the output artifact is <output.dir>/policy, as every manifest names it
+NON_FINITE_OUTPUT_FIX = "nothing was written to output.dir; lower train.lr or train.max_grad_norm and run again"
 
 
 def job_record(config_path: Path) -> dict[str, Any]:
@@ -32,6 +33,7 @@ def write_policy_output(
 ) -> Path:
     """<output.dir>/policy in cfg.output.type, written whole or not at all (engine.artifact.write_artifact)."""
     from rlsteps.contract.artifact import config_hash, write_artifact
+    from rlsteps.engine.checkpoints.finite import refuse_non_finite
     from rlsteps.engine.policy.lora import ADAPTER_DIR, has_adapters, merged_model, save_adapter
     from rlsteps.engine.policy.model import save_policy
     from rlsteps.install import source, version
@@ -56,6 +58,7 @@ def write_policy_output(
         metadata["lora_adapter"] = str(save_adapter(model, Path(cfg.output.dir) / ADAPTER_DIR))
         log.info("LoRA adapters (peft): %s", metadata["lora_adapter"])
         model = merged_model(model)
+    refuse_non_finite(model, "at the end of the run, before its output is written", fix=NON_FINITE_OUTPUT_FIX)
     target = write_artifact(
         Path(cfg.output.dir) / OUTPUT_NAME, lambda d: save_policy(model, tokenizer, d, form, iteration), metadata
     )

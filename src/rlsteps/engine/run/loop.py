@@ -16,12 +16,14 @@ from pathlib import Path
 
 import torch
 
+from rlsteps.contract.checkpoint_damage import STATE_DIR
 from rlsteps.contract.config import RecipeConfig
 from rlsteps.contract.disk import checkpoint_estimate, disk_full, is_disk_full
 from rlsteps.contract.run_files import CHECKPOINTS_DIR, METRICS_FILE, read_metrics
 from rlsteps.engine.algorithms.recipe import Recipe
+from rlsteps.engine.checkpoints.finite import refuse_non_finite
 from rlsteps.engine.checkpoints.integrity import DAMAGED_PREFIX, set_aside_damaged
-from rlsteps.engine.checkpoints.resume import STATE_DIR, CheckpointError, CheckpointManager, restore_rng_state
+from rlsteps.engine.checkpoints.resume import CheckpointError, CheckpointManager, restore_rng_state
 from rlsteps.engine.checkpoints.rewind import rewind_records
 from rlsteps.engine.checkpoints.train_state import read_train_state
 from rlsteps.engine.device import compile_cache, resolve_device
@@ -190,6 +192,7 @@ def _train(
                 or counters.step == total_steps
                 or (cfg.checkpoint.interval and counters.step % cfg.checkpoint.interval == 0)
             ):
+                _refuse_non_finite_step(run, checkpoints, world)
                 run.save(step_metrics)
             if stop:
                 raise signals.stopped(counters.step, stop)
@@ -220,6 +223,9 @@ def _resume(checkpoints, model, optimizer, scheduler, world: World, say: Callabl
             f"checkpoint {latest} cannot be read ({type(error).__name__}: {cause}) (fix: move it aside, e.g. mv "
             f"{latest} {latest.with_name(DAMAGED_PREFIX + latest.name)}, and rerun to resume from the one before it)"
         ) from error
+    aside = f"mv {latest} {latest.with_name(DAMAGED_PREFIX + latest.name)}"
+    fix = f"move it aside ({aside}) and rerun to resume from the one before it"
+    refuse_non_finite(model, f"in checkpoint {latest}", fix, world)
     scheduler.load_state_dict(loaded.trainer_state["scheduler"])
     restore_rng_state(loaded.trainer_state["rng"])
     counters = Counters(**{k: loaded.info[k] for k in ("step", "consumed_samples", "optimizer_steps", "epoch")})
@@ -227,6 +233,14 @@ def _resume(checkpoints, model, optimizer, scheduler, world: World, say: Callabl
     on = f"; written by {written_by} process(es), read by {world.size}" if written_by != world.size else ""
     say(f"resuming from {latest} (step {counters.step}, {counters.consumed_samples} prompts consumed{on})")
     return counters
+
+
+def _refuse_non_finite_step(run: StepRun, checkpoints: CheckpointManager, world: World) -> None:
+    """A step whose update left a weight NaN or infinite stops before its checkpoint: none is written or pruned."""
+    latest = checkpoints.latest()
+    resume = f"a rerun resumes from {latest.name}, the last intact checkpoint" if latest else "no checkpoint was kept"
+    fix = f"lower train.lr or train.max_grad_norm; {resume}"
+    refuse_non_finite(run.model, f"after step {run.counters.step}, before its checkpoint", fix, world)
 
 
 def _checkpoint_size(model: torch.nn.Module) -> int:
