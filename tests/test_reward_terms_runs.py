@@ -4,6 +4,7 @@ fails stopping the run with its name and the sample, and inputs asked for only b
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -84,6 +85,88 @@ def test_a_function_that_raises_stops_the_run_naming_it_and_the_sample(tmp_path,
     assert "rewards unavailable at step 1: reward function mine (my_rewards:reward) on sample 0" in done.stderr
     assert "raised ZeroDivisionError: no score for" in done.stderr and "Traceback" not in done.stderr
     assert not (run_dir(tmp_path, "rl_reinforce") / "policy").exists()
+
+
+EXITING = """
+import pathlib, sys
+
+calls = pathlib.Path(__file__).with_name("calls")
+
+
+def reward(messages, response):
+    calls.write_text(str(int(calls.read_text() if calls.exists() else "0") + 1))
+    if int(calls.read_text()) > {after}:  # the rows of the first {after} calls: step 1's
+        sys.exit(0)
+    return 1.0
+"""
+
+
+@pytest.mark.slow
+def test_a_function_that_calls_sys_exit_0_fails_the_run_after_a_checkpoint_and_jobs_agrees(tmp_path, monkeypatch):
+    """sys.exit(0) in a reward function is a failure, not a run that ended well: exit 1, one line naming the function,
+    the sample and the call, step 1's checkpoint kept, and `rlsteps jobs list` saying the same exit code."""
+    (tmp_path / "my_rewards.py").write_text(EXITING.format(after=8))  # step 1: 2 prompts x 4 rollouts, one call each
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    done = rlsteps(
+        "run", "rl/reinforce", "-c", "tiny", *SHORT, "rewards.reward_model=null", "rollout.prompts_per_step=2",
+        "rollout.num_rollouts_per_prompt=4", "checkpoint.interval=1", "rewards.mine.function=my_rewards:reward",
+        "validation.interval=0", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "reward function mine (my_rewards:reward) on sample 0" in error, error
+    assert f"called sys.exit(0) at {tmp_path / 'my_rewards.py'}:10" in error, error
+    assert "Traceback" not in done.stderr
+    run = run_dir(tmp_path, "rl_reinforce")
+    assert (run / "checkpoints" / "step_1" / "COMPLETE").is_file() and not (run / "policy").exists()
+    [job] = json.loads(rlsteps("jobs", "list", "--json", cwd=tmp_path).stdout)
+    assert job["state"] == "failed" and "exit code 1" in job["detail"], job
+
+
+VANISHING = """
+import os
+
+
+def reward(messages, response):
+    os._exit(0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("detached", [False, True], ids=["attached", "detached"])
+def test_a_worker_that_ends_with_os_exit_0_is_a_failed_run(tmp_path, monkeypatch, detached):
+    """os._exit(0) leaves no exception to catch: the launcher sees exit code 0 without the worker's exit record, and
+    says the run failed (exit 1, its cause), attached on the terminal and detached in `rlsteps jobs`."""
+    (tmp_path / "my_rewards.py").write_text(VANISHING)
+    (tmp_path / "rlsteps.yaml").write_text("profiles:\n  here: {executor: local}\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    done = rlsteps(
+        "run", "rl/reinforce", "-c", "tiny", *SHORT, "rewards.reward_model=null", *(["-b", "here"] if detached else []),
+        "rewards.mine.function=my_rewards:reward", "validation.interval=0", cwd=tmp_path,
+    )  # fmt: skip
+    if not detached:
+        assert done.returncode == 1, done.stderr[-3000:]
+        [error] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert "failed with exit code 1: the worker ended with exit code 0 before it finished" in error, error
+    else:
+        assert done.returncode == 0, done.stderr[-3000:]
+        deadline = time.monotonic() + 120
+        while (job := json.loads(rlsteps("jobs", "list", "--json", cwd=tmp_path).stdout)[0])["state"] == "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        assert job["state"] == "failed" and "exit code 1" in job["detail"], job
+    assert not (run_dir(tmp_path, "rl_reinforce") / "policy").exists()
+
+
+def test_a_function_module_that_exits_on_import_is_refused_naming_it(tmp_path, monkeypatch):
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from rlsteps.engine.rewards.functions import RewardFunctionError, load_reward_function
+
+    with pytest.raises(
+        RewardFunctionError, match=r"importing exits_on_import called sys.exit\(0\) at .*exits_on_import.py:2"
+    ):
+        load_reward_function("exits_on_import:reward")
 
 
 def test_a_reward_model_is_asked_for_only_when_a_term_uses_it(tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlsteps.contract.run_files import (  # standard library only
     EXIT_FILE_ENV,
+    FAILURE_FILE,
     STOP_WITH_PARENT,
     TERMINAL_LOG,
     run_directory,
@@ -62,8 +64,16 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 SIGNAL_EXITS = {130: "interrupted: SIGINT", 143: "terminated: SIGTERM or SIGHUP", 137: "killed: SIGKILL"}
 # $1 is the exit-code file, the rest is the worker's command; the file is renamed into place, never half written.
 # The wrapper outlives a SIGTERM to the job's group (a trap, which its child does not inherit) to record the code.
+# A worker that ends normally writes its exit code itself first (EXIT_FILE_ENV); one that exits 0 without it ended
+# before its result (os._exit, in code the run called): that is a failure, exit 1, with the cause in FAILURE_FILE.
+VANISHED = (
+    "the worker ended with exit code 0 before it finished, without writing its exit record (os._exit in code the run "
+    "called?); nothing was output (fix: rerun to resume from the last checkpoint once that code returns instead)"
+)
 EXIT_CODE_WRAPPER = (
     'trap : TERM; exit_file=$1; shift; "$@"; code=$?; '
+    f'if [ "$code" = 0 ] && [ ! -f "$exit_file" ]; then code=1; echo {shlex.quote(VANISHED)} > '
+    f'"$(dirname "$exit_file")/{FAILURE_FILE}"; fi; '
     'echo "$code" > "$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"; exit "$code"'
 )
 
@@ -146,7 +156,10 @@ class LocalLauncher:
                 self.record(job, submission).save()
 
             code = _run_attached(plan.command, env, on_start=started)
-            if not (job_dir / EXIT_FILE).exists():  # the worker was killed before it could write it
+            if not (job_dir / EXIT_FILE).exists():  # the worker was killed, or ended, before it could write it
+                if code == 0:
+                    code = 1
+                    (job_dir / FAILURE_FILE).write_text(VANISHED + "\n")
                 _write_exit_code(job_dir / EXIT_FILE, code)
             submission.exit_code = code
             return submission

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from numbers import Real
 from typing import TYPE_CHECKING, Any
 
+from rlsteps.engine.call_site import raised_at
+
 if TYPE_CHECKING:
     from rlsteps.engine.batch import RolloutBatch
 
@@ -50,6 +52,8 @@ def load_reward_function(spec: str) -> RewardFunction:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise RewardFunctionError(f"reward function {spec!r}: cannot import {module_name}: {error}") from None
+    except SystemExit as exiting:  # the module's own code ended the process: said as the failure it is
+        raise RewardFunctionError(f"reward function {spec!r}: importing {module_name} {_exit_call(exiting)}") from None
     function = getattr(module, attribute, None)
     if not callable(function):
         raise RewardFunctionError(f"reward function {spec!r}: {module_name} has no callable {attribute!r}")
@@ -109,6 +113,8 @@ class FunctionScorer:
         for i, (messages, response) in enumerate(zip(conversations, batch.response_texts)):
             try:
                 values.append(self.function(messages, response, **{k: rows[i][k] for k in taken if k in rows[i]}))
+            except SystemExit as exiting:
+                raise RewardFunctionFailed(f"{self._where(batch, i)} {_exit_call(exiting)}") from None
             except Exception as error:
                 raise RewardFunctionFailed(f"{self._where(batch, i)} raised {type(error).__name__}: {error}") from error
         return values
@@ -116,6 +122,11 @@ class FunctionScorer:
     def _batched(self, conversations: list, responses: list[str], fields: dict[str, list]) -> list[Any]:
         try:
             values = self.function(conversations, responses, **fields)
+        except SystemExit as exiting:
+            raise RewardFunctionFailed(
+                f"reward function {self.name} ({self.spec}) on a batch of {len(responses)} samples "
+                + _exit_call(exiting)
+            ) from None
         except Exception as error:
             raise RewardFunctionFailed(
                 f"reward function {self.name} ({self.spec}) raised {type(error).__name__} on a batch of "
@@ -145,3 +156,11 @@ class FunctionScorer:
             f"reward function {self.name} ({self.spec}) on sample {row} "
             f"(prompt {batch.prompt_ids[row]!r}, response {shown!r})"
         )
+
+
+def _exit_call(exiting: SystemExit) -> str:
+    """A SystemExit from user code in words: what it called and where (the innermost frame), and that it is refused."""
+    return (
+        f"called sys.exit({exiting.code!r}){raised_at(exiting)}: a reward function returns a float or None and "
+        "never ends the process"
+    )

@@ -37,6 +37,7 @@ _held: list[Any] = []  # the run directory's lock, held until the process ends
 def run(config_path: Path, log_level: str = "info") -> int:
     from rlsteps.contract.artifact import input_versions
     from rlsteps.contract.config import ConvertConfig
+    from rlsteps.contract.hub import with_hub_snapshots
     from rlsteps.contract.input_check import check_inputs_in_job
     from rlsteps.contract.output_dir import make_output_dir
     from rlsteps.engine.distributed import world_from_env
@@ -57,6 +58,7 @@ def run(config_path: Path, log_level: str = "info") -> int:
     job = job_record(config_path)
     for checked in check_inputs_in_job(job.get("inputs_in_job") or []):  # on cluster paths: first, before any load
         log.info("input '%s': %s is a %s (checked in the job)", checked.name, checked.ref, checked.required_type)
+    cfg = with_hub_snapshots(cfg, log.info)  # Hugging Face Hub ids: their snapshots in the cache, fetched if need be
     versions = input_versions(cfg.inputs.model_dump())  # before the step: what this run actually reads
     log.info("%s: run directory %s", cfg.algorithm, run_dir)
     done = _finished_output(cfg, run_dir, versions)
@@ -300,6 +302,9 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
     except KeyboardInterrupt:
         log.error("interrupted: the last checkpoint is intact; rerun the same command to resume")
         return 130
+    except SystemExit as exiting:  # code the run called (a user's module) ended it: never a success
+        log.error("%s", ended_early(exiting))
+        return 1
     except signals.Terminated:
         log.error("terminated (SIGTERM): servers stopped; the last checkpoint is intact; rerun to resume")
         return signals.EXIT_TERMINATED
@@ -326,6 +331,16 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
             first_line,
         )
         return code
+
+
+def ended_early(exiting: SystemExit) -> str:
+    """A SystemExit raised inside the run, in words: the call and the innermost frame it came from."""
+    from rlsteps.engine.call_site import raised_at
+
+    return (
+        f"sys.exit({exiting.code!r}) was called{raised_at(exiting)} before the run finished: the run failed, nothing "
+        "was output"
+    )
 
 
 def _leave_process_group() -> None:
