@@ -15,6 +15,7 @@ import pytest
 
 from cli_helpers import invoke
 from rlsteps.catalog import load_catalog
+from rlsteps.contract.run_files import EXIT_FILE_ENV
 from rlsteps.errors import UsageError
 from rlsteps.launch import local
 from rlsteps.launch.base import JobRecord, JobState, Submission
@@ -43,7 +44,8 @@ def start(script: str | None = None, passthrough: tuple[str, ...] = (), config_t
     write_job_files(job_dir, compiled.job, plan, compiled.inputs)
     if config_text is not None:
         (job_dir / "config.yaml").write_text(config_text)
-    if script is not None:
+    if script is not None:  # a stand-in worker that, ending well, writes its exit record as the worker does
+        script += f"\nimport os, pathlib; pathlib.Path(os.environ[{EXIT_FILE_ENV!r}]).write_text('0\\n')"
         plan = dataclasses.replace(plan, command=[*plan.command[:WRAPPER_WORDS], sys.executable, "-c", script])
     record = LAUNCHER.record(compiled.job, LAUNCHER.submit(compiled.job, plan, job_dir))
     record.save()
