@@ -157,3 +157,56 @@ def test_a_path_folder_without_manifests_is_refused_with_the_fix(tmp_path, monke
     with pytest.raises(UsageError, match="has no manifests/ folder") as refused:
         load_catalog()
     assert "steps/" in refused.value.fix
+
+
+GOOD_TYPES = '[types.prompt_jsonl]\ndescription = "p"\n'
+BROKEN_MANIFESTS = {  # what is wrong with manifests/x/a.toml -> the words of its one-line refusal
+    "an unknown key in [[consumes]]": (
+        STEP.format(type="prompt_jsonl").replace('key = "inputs.prompts"', 'key = "inputs.prompts"\nrequird = true'),
+        "unknown key 'consumes[0].requird' (did you mean 'required'?)",
+    ),
+    "a misspelt key in [step]": (
+        STEP.format(type="prompt_jsonl").replace('category = "x"', 'category = "x"\ndescripton = "d2"'),
+        "unknown key 'step.descripton' (did you mean 'description'?)",
+    ),
+    "a description that is a number": (
+        STEP.format(type="prompt_jsonl").replace('description = "d"', "description = 3"),
+        "'step.description': input should be a valid string, got 3",
+    ),
+    "a top-level consumes that is a string": (
+        'consumes = "prompts"\n' + STEP.format(type="prompt_jsonl").split("[[consumes]]")[0],
+        "'consumes': input should be a valid list, got 'prompts'",
+    ),
+    "a non-UTF-8 byte": (STEP.format(type="prompt_jsonl").replace("d", "d\xe9"), "not UTF-8 text"),
+    "no [step] table": ('[[consumes]]\nname = "p"\ntype = "prompt_jsonl"\nkey = "k"\n', "'step' is missing"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_MANIFESTS))
+def test_a_broken_manifest_is_refused_in_one_line_naming_the_file_and_the_key(tmp_path, case):
+    text, words = BROKEN_MANIFESTS[case]
+    root = _write_root(tmp_path, GOOD_TYPES, "")
+    (root / "steps" / "x" / "a" / "default.yaml").write_text("a: 1\n")
+    manifest = root / "manifests" / "x" / "a.toml"
+    manifest.write_bytes(text.encode("latin-1") if case == "a non-UTF-8 byte" else text.encode())
+    with pytest.raises(UsageError) as refused:
+        load_catalog(root)
+    assert str(refused.value).startswith(f"{manifest}: ") and words in str(refused.value), str(refused.value)
+    assert "\n" not in refused.value.message
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_special_file_named_toml_is_refused_without_blocking(tmp_path, kind):
+    root = _write_root(tmp_path, GOOD_TYPES, STEP.format(type="prompt_jsonl"))
+    (root / "steps" / "x" / "a" / "default.yaml").write_text("a: 1\n")
+    special = root / "manifests" / "x" / "b.toml"
+    os.mkfifo(special) if kind == "fifo" else special.mkdir()
+    with pytest.raises(UsageError, match=r"b\.toml: (not a regular file|a folder), not a TOML file"):
+        load_catalog(root)
+
+
+def test_a_broken_types_file_is_refused_naming_the_type_and_key(tmp_path):
+    root = _write_root(tmp_path, '[types.prompt_jsonl]\ndescription = "p"\nis_a = "checkpoint"\n', "")
+    (root / "manifests" / "x" / "a.toml").unlink()
+    with pytest.raises(UsageError, match=r"types\.toml: 'types\.prompt_jsonl\.is_a': input should be a valid list"):
+        load_catalog(root)

@@ -107,3 +107,29 @@ def test_the_example_profiles_compile(example, name, tmp_path, monkeypatch):
     request = RunRequest(step="rs", config="default", batch_profile=name, dry_run=True)
     compiled = compile_request(load_catalog(), request)
     assert compiled.job.profile_name == name and compiled.plan.summary
+
+
+BROKEN_PROFILES = {  # rlsteps.yaml's text -> the words of its one-line refusal
+    "a profile that is a string": ("profiles:\n  p: slurm\n", "profile 'p' must be a mapping of settings, got 'slurm'"),
+    "config that is a list": (
+        "profiles:\n  p: {executor: local, config: [1, 2]}\n",
+        "profile 'p': config must be a mapping of step config keys, got [1, 2]",
+    ),
+    "an interpolation to a missing key": (
+        "profiles:\n  p: {executor: local, account: '${nowhere}'}\n",
+        "profile 'p' cannot be resolved: Interpolation key 'nowhere' not found",
+    ),
+    "extends that is not a name": ("profiles:\n  p: {executor: local, extends: [q]}\n", "extends must be a profile"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_PROFILES))
+def test_a_broken_profile_is_refused_in_one_line_naming_the_file_and_the_profile(tmp_path, monkeypatch, case):
+    text, words = BROKEN_PROFILES[case]
+    (tmp_path / "rlsteps.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with pytest.raises(UsageError) as refused:
+        resolve_profile("p")
+    assert str(refused.value).startswith(f"{tmp_path / 'rlsteps.yaml'}: ") and words in str(refused.value)
+    assert "\n" not in str(refused.value)

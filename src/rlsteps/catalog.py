@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import difflib
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlsteps.errors import UsageError
 from rlsteps.install import PACKAGE_DIR, ROOT_ENV, shipped_catalog
+from rlsteps.manifest_schema import read_manifest, read_types
 
 PATH_ENV = "RLSTEPS_PATH"  # users' own step folders, os.pathsep between them
 PROJECT_FILE = "rlsteps.yaml"  # a project folder holds it (its profiles), and may hold manifests/ and steps/
@@ -200,51 +200,40 @@ def _load_steps(root: Path) -> dict[str, Step]:
     return steps
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"{path}: invalid TOML: {err}") from err
-
-
 def _load_types(path: Path) -> dict[str, ArtifactType]:
-    raw = _read_toml(path).get("types", {})
     return {
         name: ArtifactType(
             name=name,
-            description=spec.get("description", ""),
-            is_a=tuple(spec.get("is_a", ())),
-            convert_to=tuple(tuple(pair) for pair in spec.get("convert_to", ())),
-            abstract=spec.get("abstract", False),
-            detect=spec.get("detect"),
+            description=entry.description,
+            is_a=tuple(entry.is_a),
+            convert_to=tuple((target, step) for target, step in entry.convert_to),
+            abstract=entry.abstract,
+            detect=entry.detect,
         )
-        for name, spec in raw.items()
+        for name, entry in read_types(path).types.items()
     }
 
 
 def _load_step(path: Path, root: Path) -> Step:
-    raw = _read_toml(path)
-    head = raw.get("step") or {}
-    missing = [k for k in ("id", "name", "category", "description", "algorithm") if k not in head]
-    if missing:
-        raise UsageError(f"{path}: [step] lacks {', '.join(missing)}")
+    manifest = read_manifest(path)
+    head = manifest.step
     return Step(
-        id=head["id"],
-        name=head["name"],
-        category=head["category"],
-        description=" ".join(head["description"].split()),
-        algorithm=head["algorithm"],
+        id=head.id,
+        name=head.name,
+        category=head.category,
+        description=" ".join(head.description.split()),
+        algorithm=head.algorithm,
         manifest_path=path,
-        config_dir=root / "steps" / head["id"],
-        tags=tuple(head.get("tags", ())),
-        configs=tuple(head.get("configs", ())),
-        consumes=tuple(ArtifactSpec(**spec) for spec in raw.get("consumes", ())),
-        produces=tuple(ArtifactSpec(**spec) for spec in raw.get("produces", ())),
-        parameters=tuple(Parameter(**p) for p in raw.get("parameters", ())),
-        strategies=tuple(raw.get("strategies", ())),
-        errors=tuple(raw.get("errors", ())),
-        resources=raw.get("resources", {}),
-        reference=raw.get("reference", {}),
+        config_dir=root / "steps" / head.id,
+        tags=tuple(head.tags),
+        configs=tuple(head.configs),
+        consumes=tuple(ArtifactSpec(**entry.model_dump()) for entry in manifest.consumes),
+        produces=tuple(ArtifactSpec(**entry.model_dump()) for entry in manifest.produces),
+        parameters=tuple(Parameter(**entry.model_dump()) for entry in manifest.parameters),
+        strategies=tuple(manifest.strategies),
+        errors=tuple(manifest.errors),
+        resources=dict(manifest.resources),
+        reference=dict(manifest.reference),
     )
 
 

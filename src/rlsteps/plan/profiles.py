@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rlsteps.errors import UsageError
 
@@ -73,10 +74,28 @@ def load_profiles(files: list[Path] | None = None) -> dict[str, tuple[dict[str, 
         if not isinstance(profiles, dict):
             raise UsageError(f"{path}: `profiles:` must be a mapping of name -> settings")
         for name, settings in profiles.items():
-            found.setdefault(str(name), (settings or {}, str(path)))
+            found.setdefault(str(name), (_checked_settings(str(name), settings, path), str(path)))
     for name, settings in BUILTIN_PROFILES.items():
         found.setdefault(name, (settings, BUILTIN_SOURCE))
     return found
+
+
+def _checked_settings(name: str, settings: Any, path: Path) -> dict[str, Any]:
+    """A profile's settings as a mapping, its `config:` a mapping and its `extends:` a name; else one UsageError
+    naming the file, the profile and the key."""
+    fix = f"write it as `{name}: {{executor: local, ...}}` under `profiles:` (see rlsteps' example profiles)"
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict):
+        raise UsageError(f"{path}: profile '{name}' must be a mapping of settings, got {settings!r}", fix=fix)
+    if not isinstance(settings.get("config") or {}, dict):
+        raise UsageError(
+            f"{path}: profile '{name}': config must be a mapping of step config keys, got {settings['config']!r}",
+            fix="write e.g. `config: {run: {device: cuda}}`",
+        )
+    if not isinstance(settings.get("extends", ""), str):
+        raise UsageError(f"{path}: profile '{name}': extends must be a profile's name, got {settings['extends']!r}")
+    return settings
 
 
 def resolve_profile(name: str, files: list[Path] | None = None) -> Profile:
@@ -85,7 +104,14 @@ def resolve_profile(name: str, files: list[Path] | None = None) -> Profile:
     merged = OmegaConf.create({})
     for link in reversed(chain):
         merged = OmegaConf.merge(merged, {k: v for k, v in known[link][0].items() if k != "extends"})
-    settings = OmegaConf.to_container(merged, resolve=True)
+    try:
+        settings = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as error:  # an interpolation to a key no profile has, a resolver that fails
+        cause = str(error).strip().splitlines()[0]
+        raise UsageError(
+            f"{known[name][1]}: profile '{name}' cannot be resolved: {cause}",
+            fix="correct or remove that ${...} interpolation",
+        ) from None
     return Profile(name=name, source=known[name][1], settings=settings)
 
 
