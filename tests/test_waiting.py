@@ -25,8 +25,10 @@ from test_reward_client import HEALTH_SERVER, write_module
 
 BEAT_S = 0.25  # the heartbeat in these tests (30 s in a run)
 SLACK_S = 1.0  # a thread's lateness on a loaded machine
-LINE = re.compile(r"still waiting for (?P<what>.+): attempt (?P<attempt>\d+)(?: of (?P<of>\d+))?, \d+s so far, "
-                  r"gives up in (?P<left>\d+)s at most")  # fmt: skip
+LINE = re.compile(
+    r"still waiting for (?P<what>.+): attempt (?P<attempt>\d+)(?: of (?P<of>\d+))?, \d+s so far, "
+    r"(gives up in (?P<left>[1-9]\d*)s at most|giving up now)"
+)  # fmt: skip: never "in 0s"
 
 
 @pytest.fixture
@@ -90,6 +92,22 @@ def test_the_judge_client_says_what_it_waits_for(stalled, heard):
         client.judge([([{"role": "user", "content": "q"}], ["a", "b"])])
     said = assert_never_silent(heard, started, time.monotonic(), f"the judge at {stalled}/v1/chat/completions")
     assert said[-1]["attempt"] == "2" and said[-1]["of"] == "2"
+
+
+def test_the_judges_patience_bounds_a_whole_steps_comparisons_not_each_one(stalled, heard):
+    """A step of 12 groups (96 comparisons, 4 in flight) to a judge that never answers: the stated patience is the
+    whole wait, within 10% (it was 24 times the patience: every burst of 4 waited the whole patience again), and no
+    heartbeat reads 0s."""
+    client = JudgeClient(f"{stalled}/v1", "judge", timeout_s=1, max_retries=2, retry_sleep_s=0.1, unavailable_fix="f")
+    groups = [([{"role": "user", "content": f"q{g}"}], ["a", "b", "c", "d"]) for g in range(12)]
+    patience = client.patience_s()  # as the run states it where it starts (the /v1/models question included)
+    started = time.monotonic()
+    with client, pytest.raises(JudgeUnavailable, match="failed all 96 comparisons"):
+        client.judge(groups)
+    waited = time.monotonic() - started
+    assert patience * 0.9 <= waited <= patience * 1.1, (waited, patience)
+    assert_never_silent(heard, started, time.monotonic(), f"the judge at {stalled}/v1/chat/completions")
+    assert "all of a step's comparisons together" in client.patience()
 
 
 def test_a_server_the_run_starts_is_waited_for_aloud_with_its_log(tmp_path, heard):

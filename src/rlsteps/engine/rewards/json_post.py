@@ -38,7 +38,7 @@ class Reply:
 
 
 class JSONPoster(Protocol):
-    def post(self, body: dict) -> Reply: ...
+    def post(self, body: dict, timeout_s: float | None = None) -> Reply: ...
 
     def close(self) -> None: ...
 
@@ -68,11 +68,14 @@ class PooledPoster:
         self.idle: queue.LifoQueue[http.client.HTTPConnection] = queue.LifoQueue(maxsize=max(1, max_connections))
         self.context = ssl.create_default_context() if self.scheme == "https" else None
 
-    def post(self, body: dict) -> Reply:
+    def post(self, body: dict, timeout_s: float | None = None) -> Reply:
+        """One request; timeout_s (at most the poster's own) bounds its connect and each read, where the caller's
+        patience ends sooner."""
         payload = json.dumps(body).encode()
         connection, reused = self._take()
         while True:
             try:
+                _bound(connection, min(self.timeout_s, timeout_s or self.timeout_s))
                 reply = self._exchange(connection, payload)
             except (OSError, http.client.HTTPException) as error:
                 connection.close()
@@ -117,6 +120,13 @@ class PooledPoster:
         return Reply(response.status, text)
 
 
+def _bound(connection: http.client.HTTPConnection, timeout_s: float) -> None:
+    """The connection's timeout for its next request: a new connection connects with it, an open one reads with it."""
+    connection.timeout = timeout_s
+    if connection.sock is not None:
+        connection.sock.settimeout(timeout_s)
+
+
 class HttpxPoster:
     """The same through httpx, which goes through the proxy the environment sets."""
 
@@ -125,9 +135,9 @@ class HttpxPoster:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.client = httpx.Client(headers=headers, timeout=timeout_s, limits=limits)
 
-    def post(self, body: dict) -> Reply:
+    def post(self, body: dict, timeout_s: float | None = None) -> Reply:
         try:
-            response = self.client.post(self.url, json=body)
+            response = self.client.post(self.url, json=body, timeout=timeout_s or httpx.USE_CLIENT_DEFAULT)
         except httpx.HTTPError as error:
             raise TransportError(f"{type(error).__name__}: {error}") from None
         return Reply(response.status_code, response.text)

@@ -35,7 +35,7 @@ class Waiting:
         self.what, self.patience_s, self.attempts, self.say = what, patience_s, attempts, say
         self.every_s = HEARTBEAT_S if every_s is None else every_s
         self.current = 1
-        self.started = time.monotonic()
+        self.started = self.last_heard = time.monotonic()
         self._done = threading.Event()
         self._lock = threading.Lock()
 
@@ -44,17 +44,23 @@ class Waiting:
         with self._lock:
             self.current = max(self.current, number)
 
+    def heard(self) -> None:
+        """The server answered: its silence, which the patience bounds, starts again from now."""
+        self.last_heard = time.monotonic()
+
+    def left_s(self) -> float:
+        """The patience left before the wait gives up: patience_s from the start or from the server's last answer."""
+        return self.patience_s - (time.monotonic() - self.last_heard)
+
     def line(self) -> str:
         elapsed = time.monotonic() - self.started
         of = f" of {self.attempts}" if self.attempts else ""
-        left = max(0.0, self.patience_s - elapsed)
-        return (
-            f"still waiting for {self.what}: attempt {self.current}{of}, {elapsed:.0f}s so far, "
-            f"gives up in {left:.0f}s at most"
-        )
+        left = self.left_s()
+        gives_up = f"gives up in {left:.0f}s at most" if left >= 0.5 else "giving up now"
+        return f"still waiting for {self.what}: attempt {self.current}{of}, {elapsed:.0f}s so far, {gives_up}"
 
     def __enter__(self) -> Waiting:
-        self.started = time.monotonic()
+        self.started = self.last_heard = time.monotonic()
         self._done.clear()
         threading.Thread(target=self._beat, name="rlsteps-waiting", daemon=True).start()
         return self

@@ -140,15 +140,23 @@ class JudgeClient:
         self._poster.close()
 
     def patience_s(self) -> float:
-        """The longest a comparison waits before it fails: every attempt taking its whole timeout, and the pauses."""
-        return (1 + self.max_retries) * self.timeout_s + self.max_retries * self.retry_sleep_s
+        """How long a judge may give no answer at all before a step's scoring gives up: one comparison's every
+        attempt taking its whole timeout, and the pauses. It bounds the whole step's comparisons, not each one: once
+        the judge has been silent this long, no comparison starts another attempt, and none waits past it."""
+        comparison = (1 + self.max_retries) * self.timeout_s + self.max_retries * self.retry_sleep_s
+        return comparison + self._position_question_s()
+
+    def _position_question_s(self) -> float:
+        """The longest the one question to /v1/models may take, while it is still to be asked (the first call)."""
+        pending = self.both_orders and self.position_independent is None
+        return min(self.timeout_s, MODELS_TIMEOUT_S) if pending else 0.0
 
     def patience(self) -> str:
         """The patience in words, as the run states it where it starts."""
         return (
             f"each comparison waits up to {self.timeout_s:g}s and is tried {1 + self.max_retries} times "
             f"(judge.timeout_s, judge.max_retries): a judge that stops answering stops the run within "
-            f"{minutes(self.patience_s())}"
+            f"{minutes(self.patience_s())}, all of a step's comparisons together"
         )
 
     def __enter__(self) -> JudgeClient:
@@ -227,10 +235,15 @@ class JudgeClient:
             waiting.attempt(attempt + 1)
             if attempt:
                 time.sleep(self.retry_sleep_s)
+            if waiting.left_s() <= 0:  # silent for the whole patience: no attempt starts after it
+                failure = "transport"
+                error = f"no answer from the judge for {minutes(self.patience_s())}" + (f" ({error})" if error else "")
+                break
             try:
                 start = time.perf_counter()
-                reply = self._poster.post(body)
+                reply = self._poster.post(body, timeout_s=min(self.timeout_s, waiting.left_s()))
                 latencies.append(time.perf_counter() - start)
+                waiting.heard()
                 if reply.status >= 400:
                     failure, error = "transport", f"HTTP {reply.status}: {shorten(reply.text)}"
                     if reply.status in NO_RETRY_STATUS:
@@ -247,7 +260,7 @@ class JudgeClient:
                 return _Outcome(parse_judgement(content), None, attempt, latencies, content=content)
             except JudgeParseError as err:
                 failure, error = "parse", str(err)
-        return _Outcome(None, failure, self.max_retries, latencies, error, content)
+        return _Outcome(None, failure, attempt, latencies, error, content)
 
 
 def _stats(outcomes: list[_Outcome]) -> dict[str, float]:
