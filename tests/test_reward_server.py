@@ -427,3 +427,16 @@ def test_invalid_requests_get_422_naming_the_field(scorer: RewardScorer, body: d
         answer = httpx.post(f"{url}/v1/rewards", json=body)
     assert answer.status_code == 422
     assert named in answer.text
+
+
+def test_rm_api_triton_at_an_rlsteps_server_says_no_triton_answers_there(scorer: RewardScorer) -> None:
+    """rm.api=triton pointed at `rlsteps serve rm`: its 404 is not a missing model but a server of another protocol,
+    told from what GET /v2 answers (Triton's server metadata; nothing here)."""
+    from rlsteps.engine.rewards.rm.client import RewardServerError
+
+    with serving(create_app(scorer)) as url, RewardClient(url, api="triton", backoff_s=30) as client:
+        with pytest.raises(RewardServerError) as refused:
+            client.score_tokens([[5, 6, 7]])
+    message = str(refused.value)
+    assert "HTTP 404" in message and "no Triton server answers there" in message, message
+    assert "for `rlsteps serve rm` set rm.api=rlsteps" in message and "no such model there" not in message

@@ -139,6 +139,17 @@ class TritonAPI:
     eos_path = None
     start_hint = "start NeMo-Aligner's reward server (serve_reward_model.py) and point rm.url at it"
     not_found_hint = "no such model there: rm.model must be the server's inference.model_name (reward_model)"
+    # Triton answers GET /v2 with its server metadata; any other server at the URL does not
+    metadata_path = "/v2"
+    not_triton_hint = (
+        "no Triton server answers there (GET /v2 gives no Triton metadata): rm.api=triton speaks to NeMo-Aligner's "
+        "PyTriton reward server; for `rlsteps serve rm` set rm.api=rlsteps, for vLLM's reward serving rm.api=vllm"
+    )
+
+    def explain_not_found(self, metadata: dict[str, Any] | None) -> str:
+        """The hint for a 404 on the infer path, from what GET /v2 answered (None: no JSON object)."""
+        is_triton = isinstance(metadata, dict) and "version" in metadata and "extensions" in metadata
+        return self.not_found_hint if is_triton else self.not_triton_hint
 
     def __init__(self, model: str | None, max_length: int | None, truncation_side: str | None) -> None:
         self.path = f"/v2/models/{model or NEMO_ALIGNER_MODEL}/infer"

@@ -261,11 +261,23 @@ class RewardClient:
         if code in RETRIED_STATUS:
             wait_s = _retry_after_s(response)
             raise _Retry(f"HTTP {code}: {detail}", unavailable=code in UNAVAILABLE_STATUS, wait_s=wait_s)
-        hints = {401: "check the token: rm.token or the server's --token-env", 404: self.api.not_found_hint}
+        hints = {401: "check the token: rm.token or the server's --token-env", 404: self._not_found_hint()}
         hint = f" ({hints[401 if code == 403 else code]})" if code in (401, 403, 404) else ""
         raise RewardServerError(
             f"{self.api.name} reward server at {self.url} rejected the request with HTTP {code}: {detail}{hint}"
         )
+
+    def _not_found_hint(self) -> str:
+        """What a 404 means at this server: an API that can tell (Triton's metadata) asks the server once more."""
+        explain = getattr(self.api, "explain_not_found", None)
+        if explain is None:
+            return self.api.not_found_hint
+        try:
+            answer = self._get(self.api.metadata_path)
+            metadata = answer.json() if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            metadata = None
+        return explain(metadata)
 
     def _delay_s(self, retry: _Retry, attempts: int) -> float:
         """Retry-After when the server gave one (it knows its queue), with jitter; else exponential backoff."""
