@@ -64,4 +64,7 @@ def _architecture_problem(catalog: Catalog, item: ResolvedInput) -> str | None:
         hf_config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None  # a remote or unreadable folder: the worker asks again at its start
-    return megatron_form_refusal(hf_config) if isinstance(hf_config, dict) else None
+    try:
+        return megatron_form_refusal(hf_config) if isinstance(hf_config, dict) else None
+    except (KeyError, TypeError, ValueError):  # a config.json without the sizes: the input's own check says so
+        return None
