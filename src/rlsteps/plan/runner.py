@@ -206,10 +206,9 @@ def _with_store_references(step: Step, job: Job) -> Job:
     return job if config is job.config else job.model_copy(update={"config": config})
 
 
-def execute(catalog: Catalog, compiled: Compiled, say: Callable[[str], None] = print) -> Submission:
-    """Submit a compiled request: the inputs prepared and confirmed, the job directory written. Only what may have
-    changed since the compile is asked again: output.dir (a pipeline sets a stale run aside), and the inputs the
-    compile could not see yet (the tiny world, built here first; an earlier stage's output)."""
+def prepare(catalog: Catalog, compiled: Compiled, say: Callable[[str], None] = print) -> tuple[Path, LaunchPlan]:
+    """Everything before the launcher starts the job: the refusals asked again, what the run builds first (the tiny
+    world, an example model), the inputs confirmed, and the job directory written. (job directory, launch plan)."""
     job, launcher = compiled.job, compiled.launcher
     launcher.check(job)  # a refusal writes nothing
     if launcher.sees_local_files:
@@ -235,6 +234,15 @@ def execute(catalog: Catalog, compiled: Compiled, say: Callable[[str], None] = p
     say(f"job {job_dir.name}: {plan.summary}")
     for note in job.notes:
         say(f"  {note}")
+    return job_dir, plan
+
+
+def execute(catalog: Catalog, compiled: Compiled, say: Callable[[str], None] = print) -> Submission:
+    """Submit a compiled request: the inputs prepared and confirmed, the job directory written. Only what may have
+    changed since the compile is asked again: output.dir (a pipeline sets a stale run aside), and the inputs the
+    compile could not see yet (the tiny world, built here first; an earlier stage's output)."""
+    job, launcher = compiled.job, compiled.launcher
+    job_dir, plan = prepare(catalog, compiled, say)
     submission = launcher.submit(job, plan, job_dir)
     record = launcher.record(job, submission)
     for directory in dict.fromkeys([job_dir, submission.job_dir]):  # the launcher may run it from a shared job dir

@@ -72,6 +72,20 @@ def run(config_path: Path, log_level: str = "info") -> int:
         return _run_to_output(cfg, run_dir, world, job, versions, plot)
 
 
+def run_here(config_path: Path, log_level: str = "info") -> int:
+    """run() in the calling process (a notebook, a script: rlsteps.api), which goes on after it: the run directory's
+    lock released and the root logger's handlers put back once it has ended, whatever ended it."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        return run(config_path, log_level)
+    finally:
+        while _held:
+            _held.pop().release()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 def _run_to_output(cfg: StepConfig, run_dir: Path, world: Any, job: dict, versions: dict, plot: Any) -> int:
     """Serve the rewards and train (or read the checkpoint to convert), then write the output and draw the plot."""
     from rlsteps.contract.config import ConvertConfig
