@@ -13,6 +13,8 @@
     export_cpu ROOT HF_DIR OUT_DIR TOKENS
                                 the same export with the model built for a CPU (cpu_build), and the logits of the
                                 GPTModel Bridge loaded on TOKENS (JSON, [batch][positions]), saved to OUT_DIR.pt
+    names HF_DIR NAMES          Bridge's mapping registry for the model: each Megatron parameter name (a JSON list)
+                                -> the Hugging Face names it maps to
     batch JSON                  several of these, Bridge imported once
 
 The unpacked wheels come first on sys.path (RLSTEPS_MEGATRON_BRIDGE_ROOTS, from tests/megatron_bridge.py). Stand-ins,
@@ -187,32 +189,58 @@ def cmd_export(root: str, hf_dir: str, out: str) -> dict:
 
 
 CPU_BUILD_OFF = ("apply_rope_fusion", "persist_layer_norm", "gradient_accumulation_fusion")
+# An MoE model on a CPU: no fused permutation (Transformer Engine's), and the all-gather token dispatcher (the
+# all-to-all one makes a CUDA stream when it is built). Neither changes a tensor or its name.
+CPU_BUILD_MOE = {"moe_permute_fusion": False, "moe_token_dispatcher_type": "allgather"}
+# Each GPTModel built sets these for Transformer Engine from its attention backend, and asserts that an earlier one in
+# the process did not set them otherwise: each export starts without them, as in a process of its own.
+ATTENTION_BACKEND_VARIABLES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+
+
+def cpu_layer_spec(config):
+    """Bridge's local layer spec, whose checkpoint keys are the Transformer Engine spec's: for a dense layer as it is;
+    for an MoE layer without the local spec's renaming of pre_mlp_layernorm into mlp.linear_fc1 (there is no fc1 to
+    fuse it into: the Transformer Engine spec keeps it as `pre_mlp_layernorm`, and so does Bridge's mapping)."""
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+
+    spec = local_layer_spec(config)
+    if not config.num_moe_experts:
+        return spec
+    keys = {k: v for k, v in spec.submodules.sharded_state_dict_keys_map.items() if k != "pre_mlp_layernorm."}
+    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, sharded_state_dict_keys_map=keys))
 
 
 @contextlib.contextmanager
 def cpu_build():
     """While open, the provider Bridge's load_megatron_model reads from a checkpoint builds its GPTModel on a CPU:
-    Bridge's local layer spec, the fusions of CPU_BUILD_OFF off. What it changed is recorded in the yielded dict."""
-    from megatron.bridge.models.gpt_provider import local_layer_spec
+    Bridge's local layer spec (cpu_layer_spec), the fusions of CPU_BUILD_OFF off, an MoE model as CPU_BUILD_MOE
+    says, the local attention backend where the provider asks for flash attention. What it changed is recorded in
+    the yielded dict."""
     from megatron.bridge.training import model_load_save
+    from megatron.core.transformer.enums import AttnBackend
 
     read = model_load_save.load_model_config
     changed = {}
 
     def for_the_cpu(checkpoint_path):
         model_cfg, mlm_args = read(checkpoint_path)
-        changed["transformer_layer_spec"] = [plain(model_cfg.transformer_layer_spec), plain(local_layer_spec)]
-        model_cfg.transformer_layer_spec = local_layer_spec
-        for name in CPU_BUILD_OFF:
-            changed[name] = [getattr(model_cfg, name), False]
-            setattr(model_cfg, name, False)
+        changed["transformer_layer_spec"] = [plain(model_cfg.transformer_layer_spec), plain(cpu_layer_spec)]
+        model_cfg.transformer_layer_spec = cpu_layer_spec
+        settings = dict.fromkeys(CPU_BUILD_OFF, False) | (CPU_BUILD_MOE if model_cfg.num_moe_experts else {})
+        if model_cfg.attention_backend == AttnBackend.flash:  # flash attention is a CUDA kernel (Gemma 3 asks for it)
+            settings["attention_backend"] = AttnBackend.local
+        for name, value in settings.items():
+            changed[name] = [plain(getattr(model_cfg, name)), plain(value)]
+            setattr(model_cfg, name, value)
         return model_cfg, mlm_args
 
     model_load_save.load_model_config = for_the_cpu
+    backends = {name: os.environ.pop(name, None) for name in ATTENTION_BACKEND_VARIABLES}
     try:
         yield changed
     finally:
         model_load_save.load_model_config = read
+        os.environ.update({name: value for name, value in backends.items() if value is not None})
 
 
 @contextlib.contextmanager
@@ -260,8 +288,21 @@ def cmd_export_cpu(root: str, hf_dir: str, out: str, tokens: str) -> dict:
     return {"exported": out, "logits": logits_path, "cpu_build": changed, **built}
 
 
+def cmd_names(hf_dir: str, names: str) -> dict:
+    """Bridge's mapping registry for the model of `hf_dir`: each Megatron parameter name (JSON list) -> the Hugging
+    Face names Bridge maps it to (a list), or null where Bridge has no mapping for it."""
+    registry = hf_bridge(hf_dir)._model_bridge.mapping_registry()
+    out = {}
+    for name in json.loads(names):
+        mapping = registry.megatron_to_hf_lookup(name)
+        hf = None if mapping is None else mapping.hf_param
+        out[name] = None if hf is None else sorted(hf.values()) if isinstance(hf, dict) else [hf]
+    return out
+
+
 COMMANDS = {
     "provider": cmd_provider,
+    "names": cmd_names,
     "load": cmd_load,
     "write": cmd_write,
     "export": cmd_export,

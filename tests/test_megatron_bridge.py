@@ -18,7 +18,13 @@ required.importorskip("megatron.core", switch="MEGATRON")
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from megatron_bridge import bridge_batch  # noqa: E402
+from megatron_bridge import (  # noqa: E402
+    EXPORT_TOKENS,
+    assert_exported_as_it_came,
+    bridge_batch,
+    config_only,
+    provider_differences,
+)
 from model_fixtures import build_tokenizer  # noqa: E402
 from rlsteps.engine.megatron.format import read_hf_config, save_megatron_checkpoint  # noqa: E402
 from rlsteps.engine.megatron.gpt_model import megatron_gpt  # noqa: E402
@@ -28,8 +34,6 @@ from test_megatron_format import MEGATRON_CORE_WARNINGS, hf_logits, randomized, 
 # Slow (runs Megatron-Bridge's own code in a process of its own): the fast tier, -m 'not slow', leaves it out
 pytestmark = [pytest.mark.slow, MEGATRON_CORE_WARNINGS]
 
-# Fields Bridge's provider holds that the checkpoint does not decide: where Bridge read the HF model from.
-NOT_FROM_THE_CHECKPOINT = {"hf_model_id"}
 TOKEN_IDS = ("pad_token_id", "unk_token_id", "bos_token_id", "eos_token_id")
 
 
@@ -48,9 +52,9 @@ def hf_folder(model, tokenizer, folder: Path) -> Path:
 def assert_bridge_loads_it_as_it_imports_it(hf_dir: Path, iter_dir: Path, provider: dict, loaded: dict) -> None:
     """Bridge's loaders accept the checkpoint, and what they build from it is the provider Bridge builds from the
     Hugging Face config itself, field for field, and what the HF config says."""
-    assert "ok" in loaded, f"Megatron-Bridge refuses {iter_dir}: {loaded.get('error')}"
-    assert "ok" in provider, provider.get("error")
-    loaded, provider = loaded["ok"], provider["ok"]
+    differences = provider_differences(provider, loaded)
+    assert differences == {"strict": {}, "load_model_config": {}}, f"(checkpoint, Bridge's import) {differences}"
+    loaded = loaded["ok"]
     assert loaded["container"] == "megatron.bridge.training.config.ConfigContainer"
     assert loaded["tp_pp"] == [1, 1] and loaded["checkpoint_format"] == "torch_dist"
     assert loaded["checkpoint"] == {"save_rng": False, "save_optim": False, "fully_parallel_save": True}
@@ -58,10 +62,6 @@ def assert_bridge_loads_it_as_it_imports_it(hf_dir: Path, iter_dir: Path, provid
     assert {name: state["step"] for name, state in loaded["train_states"].items()} == {
         "train_state": iteration, "latest_train_state": iteration
     }  # fmt: skip
-    for how in ("strict", "load_model_config"):  # NeMo-RL's from_yaml(STRICT), AutoBridge.export_ckpt's loader
-        built = loaded[how]
-        differ = {k: (built.get(k), v) for k, v in provider.items() if built.get(k) != v}
-        assert set(differ) <= NOT_FROM_THE_CHECKPOINT, f"{how}: (from the checkpoint, Bridge's import) {differ}"
     hf = json.loads((hf_dir / "config.json").read_text())
     built = loaded["strict"]
     assert built["_class_"] == "megatron.bridge.models.gpt_provider.GPTModelProvider"
@@ -157,7 +157,7 @@ def gpt_model_checkpoint(hf_dir: Path, iter_dir: Path, tokens: torch.Tensor, ext
 
 # How the export built for a CPU builds Bridge's model (what the checkpoint's provider asks for is recorded beside it).
 CPU_BUILD = {
-    "transformer_layer_spec": "megatron.bridge.models.gpt_provider.local_layer_spec",
+    "transformer_layer_spec": "__main__.cpu_layer_spec",  # Bridge's local_layer_spec (see the oracle)
     "apply_rope_fusion": False,
     "persist_layer_norm": False,
     "gradient_accumulation_fusion": False,
@@ -166,15 +166,6 @@ AS_IS = {  # checkpoint -> why Bridge's export, as Bridge runs it, stops on a ma
     "tiny_policy": "ValueError: apply_rope_fusion is not available. Please install TE >= 1.4.",
     "qwen2": "TypeError: 'NoneType' object is not callable",
 }
-EXPORT_TOKENS = [[5, 17, 42, 99, 3, 250, 7, 64], [120, 8, 8, 301, 11, 2, 77, 180]]
-
-
-def config_only(hf_dir: Path, folder: Path) -> Path:
-    """The HF folder's config.json alone: Bridge's export takes the config from it and every weight from the
-    checkpoint (from_hf_config reads no weights; here there are none to read)."""
-    folder.mkdir(parents=True)
-    shutil.copy(hf_dir / "config.json", folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -216,33 +207,8 @@ def test_megatron_bridge_exports_our_checkpoint_to_the_hf_weights_it_came_from(c
     bit for bit (a tied output layer also as lm_head.weight, equal to the embedding), with a config from which
     transformers builds a model of the same logits; the GPTModel Bridge loaded computes them too."""
     hf_dir, _ = cases[name]
-    answer = judged[name]["export"]
-    assert "ok" in answer, f"Megatron-Bridge's export of {name} failed: {answer.get('error')}"
-    answer = answer["ok"]
-    assert answer["model_class"][-1] == "megatron.core.models.gpt.gpt_model.GPTModel"  # (bf16: in Float16Module)
+    answer = assert_exported_as_it_came(hf_dir, judged[name]["export"], name)
     assert {field: built for field, (_, built) in answer["cpu_build"].items()} == CPU_BUILD
-    assert answer["cpu_build"]["transformer_layer_spec"][0] == "megatron.bridge.models.gpt_provider.default_layer_spec"
-    exported_dir = Path(answer["exported"])
-    original, exported = safetensors_of(hf_dir), safetensors_of(exported_dir)
-    hf = AutoConfig.from_pretrained(hf_dir)
-    extra = set(exported) - set(original)
-    assert set(original) <= set(exported) and extra <= ({"lm_head.weight"} if hf.tie_word_embeddings else set())
-    for key, tensor in original.items():
-        assert exported[key].dtype == tensor.dtype and torch.equal(exported[key], tensor), key
-    if extra:
-        assert torch.equal(exported["lm_head.weight"], original["model.embed_tokens.weight"])
-
-    tokens = torch.tensor(EXPORT_TOKENS)
-    expected = hf_logits(AutoModelForCausalLM.from_pretrained(hf_dir, dtype="auto"), tokens)
-    assert torch.equal(hf_logits(AutoModelForCausalLM.from_pretrained(exported_dir, dtype="auto"), tokens), expected)
-    exact = hf_logits(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32), tokens)  # bf16 upcast
-    megatron = torch.load(answer["logits"])
-    assert megatron.shape == exact.shape
-    if hf.dtype == torch.float32:
-        assert (megatron - exact).abs().max() < 1e-4
-        assert torch.equal(megatron.argmax(-1), exact.argmax(-1))
-    else:  # bf16 arithmetic: off the exact logits by no more than twice as much as transformers' own bf16 pass
-        assert (megatron - exact).abs().max() <= 2 * (expected.float() - exact).abs().max()
 
 
 def test_megatron_bridge_export_as_it_runs_needs_transformer_engine(judged):
@@ -252,15 +218,6 @@ def test_megatron_bridge_export_as_it_runs_needs_transformer_engine(judged):
     for name, reason in AS_IS.items():
         answer = judged[f"export_as_is:{name}"]
         assert "error" in answer and reason in answer["error"], (name, answer)
-
-
-def safetensors_of(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    tensors = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        tensors.update(load_file(path))
-    return tensors
 
 
 def test_megatron_bridge_refuses_the_flat_model_section_rlsteps_used_to_write(cases, tmp_path):

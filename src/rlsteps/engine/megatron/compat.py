@@ -9,6 +9,10 @@ applied only while CUDA is absent, only inside `megatron_runtime()`, and undone 
 - the model-parallel RNG tracker's `fork()`: a plain context (it swaps CUDA RNG states around dropout;
   on CUDA the tracker is seeded instead, see `gpt_model_runtime`).
 
+Without Transformer Engine, megatron-core 0.16.1's MoE router (moe_utils.RouterGatingLinearFunction) reads
+`te_general_gemm`, a name its module defines only where Transformer Engine imports (a NameError otherwise): inside
+`gpt_model_runtime` the name is None where it is missing, which is the router's own fallback (a plain matmul).
+
 With CUDA present nothing is patched. What needs a GPU regardless: Transformer Engine layer specs,
 fused kernels, and any tensor or pipeline parallelism above one rank.
 """
@@ -180,6 +184,19 @@ def _patched(owner: object, name: str, replacement: object) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _name_defined(module: ModuleType, name: str) -> Iterator[None]:
+    """`module.name` is None while open, where the module does not define it."""
+    if hasattr(module, name):
+        yield
+        return
+    setattr(module, name, None)
+    try:
+        yield
+    finally:
+        delattr(module, name)
+
+
+@contextlib.contextmanager
 def gpt_model_runtime(seed: int = 0) -> Iterator[None]:
     """One model-parallel rank (TP = PP = 1) with the RNG tracker GPTModel forks around its dropout, ready.
 
@@ -187,7 +204,8 @@ def gpt_model_runtime(seed: int = 0) -> Iterator[None]:
     init); without CUDA it has no CUDA states to fork, so `fork()` becomes a plain context."""
     parallel_state = import_megatron("megatron.core.parallel_state")
     random = import_megatron("megatron.core.tensor_parallel.random")
-    with megatron_runtime():
+    moe_utils = import_megatron("megatron.core.transformer.moe.moe_utils")
+    with megatron_runtime(), _name_defined(moe_utils, "te_general_gemm"):
         parallel_state.initialize_model_parallel(1, 1)
         try:
             if torch.cuda.is_available():

@@ -17,6 +17,7 @@ Tensor names and layouts are in layout.py. Reading accepts the root, or an iter_
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -24,18 +25,21 @@ from typing import Any
 import torch
 
 from rlsteps.contract.megatron_files import TOKENIZER_DIR, TRACKER_FILE, find_checkpoint_dir, iteration_folder
-from rlsteps.contract.model_families import LLAMA3_ROPE_FIXED, GPTShape, LayoutError, gpt_shape, rope_scaling
+from rlsteps.contract.model_families import GPTShape, LayoutError, gpt_shape
 from rlsteps.engine.megatron.common_state import load_in_this_process
 from rlsteps.engine.megatron.compat import import_megatron, in_process_write_results, megatron_runtime
-from rlsteps.engine.megatron.layout import EXTRA_STATE_KEYS, LAYER_PREFIX, expected_shapes, to_hf, to_megatron
+from rlsteps.engine.megatron.layout import LAYER_PREFIX, expected_shapes, extra_state_keys, to_hf, to_megatron
+from rlsteps.engine.megatron.providers import (  # noqa: F401  (vocab_divisor, activation_name: this module's API too)
+    activation_name,
+    hf_config_from_megatron,
+    megatron_model_config,
+    target_name,
+    vocab_divisor,
+)
 
 RUN_CONFIG_FILE = "run_config.yaml"
 TRAIN_STATE_FILE = "train_state.pt"  # Megatron-Bridge's TrainState; latest_train_state.pt at the root
 BRIDGE_CONFIG = "megatron.bridge.training.config"
-BRIDGE_GPT_PROVIDER = "megatron.bridge.models.gpt_provider.GPTModelProvider"
-# Kernel choices Megatron-Bridge's Llama bridge switches on (fused where Transformer Engine is there)
-BRIDGE_FUSIONS = ("bias_activation_fusion", "masked_softmax_fusion", "persist_layer_norm", "bias_dropout_fusion",
-                  "apply_rope_fusion")  # fmt: skip
 HF_CONFIG_DIR = "hf_config"
 CHECKPOINT_VERSION = 3.0
 PADDED_VOCAB_KEYS = ("embedding.word_embeddings.weight", "output_layer.weight")  # Megatron may pad the vocab rows
@@ -97,9 +101,10 @@ def _sharded_model(shape: GPTShape, tensors: dict[str, torch.Tensor]) -> dict[st
             sharded[f"{key}#{i}"] = mapping.ShardedTensor.from_rank_offsets(
                 key, tensor[i], (0, i, n), replica_id=0, prepend_axis_num=1
             )
-    for key in EXTRA_STATE_KEYS:
-        for i in range(n):
-            sharded[f"{key}#{i}"] = mapping.ShardedObject(key, None, (n,), (i,), replica_id=0)
+    for key, global_shape in extra_state_keys(shape).items():
+        for offset in itertools.product(*map(range, global_shape)):  # (layer,) or (layer, expert)
+            name = f"{LAYER_PREFIX}{key}#{'.'.join(map(str, offset))}"
+            sharded[name] = mapping.ShardedObject(LAYER_PREFIX + key, None, global_shape, offset, replica_id=0)
     return sharded
 
 
@@ -135,11 +140,6 @@ def _write_train_state(root: Path, target: Path, iteration: int) -> None:
     torch.save(state, root / f"latest_{TRAIN_STATE_FILE}")
 
 
-def _callable(target: str) -> dict[str, Any]:
-    """A function or dtype as Megatron-Bridge serialises one: instantiated to the object itself, not called."""
-    return {"_target_": target, "_call_": False}
-
-
 def bridge_run_config(model: dict[str, Any]) -> dict[str, Any]:
     """run_config.yaml as Megatron-Bridge writes it for an imported model (save_megatron_model's ConfigContainer):
     the sections its ConfigContainer.from_yaml requires, and the ones its checkpoint loading reads (checkpoint:
@@ -168,66 +168,6 @@ def bridge_run_config(model: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def megatron_model_config(shape: GPTShape, hf_config: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
-    """The `model:` section: Megatron-Bridge's GPTModelProvider (a Megatron-Core TransformerConfig) with the fields
-    its Llama and Qwen2 bridges set from this Hugging Face config, and the parallel sizes of a one-rank checkpoint."""
-    rope = rope_scaling(hf_config)
-    dtype_name = str(dtype).removeprefix("torch.")
-    if shape.architecture == "Qwen2ForCausalLM":  # Qwen2Bridge.provider_bridge
-        by_architecture = {"autocast_dtype": _callable("torch.bfloat16")}
-    else:  # LlamaBridge.provider_bridge
-        by_architecture = dict.fromkeys(BRIDGE_FUSIONS, True)
-    model = {
-        "_target_": BRIDGE_GPT_PROVIDER,
-        "num_layers": shape.num_layers,
-        "hidden_size": shape.hidden_size,
-        "ffn_hidden_size": shape.ffn_hidden_size,
-        "num_attention_heads": shape.num_attention_heads,
-        "num_query_groups": shape.num_query_groups,
-        "kv_channels": shape.kv_channels,
-        "vocab_size": shape.vocab_size,
-        "make_vocab_size_divisible_by": vocab_divisor(shape.vocab_size),
-        "seq_length": int(hf_config.get("max_position_embeddings", 4096)),
-        "normalization": "RMSNorm",
-        "layernorm_epsilon": float(hf_config.get("rms_norm_eps", 1e-6)),
-        "gated_linear_unit": True,
-        "activation_func": _callable("torch.nn.functional.silu"),
-        "add_bias_linear": False,
-        "add_qkv_bias": shape.qkv_bias,
-        "position_embedding_type": "rope",
-        "rotary_base": float(hf_config.get("rope_theta") or rope.get("rope_theta", 10000.0)),
-        "rotary_percent": 1.0,
-        "rope_scaling": rope["rope_type"] == "llama3",
-        "rope_scaling_factor": float(rope["factor"]) if rope["rope_type"] == "llama3" else 1.0,
-        "share_embeddings_and_output_weights": shape.tied_embeddings,
-        "init_method_std": float(hf_config.get("initializer_range", 0.02)),
-        "hidden_dropout": 0.0,
-        "attention_dropout": float(hf_config.get("attention_dropout", 0.0)),
-        "params_dtype": _callable(f"torch.{dtype_name}"),
-        "bf16": dtype == torch.bfloat16,
-        "fp16": dtype == torch.float16,
-        **by_architecture,
-        "tensor_model_parallel_size": 1,
-        "pipeline_model_parallel_size": 1,
-        "virtual_pipeline_model_parallel_size": None,
-        "context_parallel_size": 1,
-        "expert_model_parallel_size": 1,
-        "sequence_parallel": False,
-    }
-    if hf_config.get("head_dim") is None:  # as Bridge maps it: TransformerConfig derives hidden_size / heads
-        model["kv_channels"] = None
-    return model
-
-
-def vocab_divisor(vocab_size: int) -> int:
-    """Megatron-Bridge's make_vocab_size_divisible_by: the largest power of two up to 128 that divides the vocab,
-    so no padding is needed."""
-    base = 128
-    while vocab_size % base:
-        base //= 2
-    return base
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading
 
@@ -254,18 +194,7 @@ def read_model_section(run_config: Path) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     model = OmegaConf.to_container(OmegaConf.load(run_config)).get("model") or {}
-    return {key: _target_name(value) for key, value in model.items()}
-
-
-def _target_name(value: Any) -> Any:
-    if isinstance(value, dict) and "_target_" in value and value.get("_call_") is False:
-        return value["_target_"]
-    return value
-
-
-def activation_name(value: Any) -> str:
-    """silu for "silu", "torch.nn.functional.silu" or Bridge's {_target_: torch.nn.functional.silu, _call_: false}."""
-    return str(_target_name(value)).rpartition(".")[2]
+    return {key: target_name(value) for key, value in model.items()}
 
 
 def token_ids(tokenizer_dir: Path) -> dict[str, int]:
@@ -278,50 +207,6 @@ def token_ids(tokenizer_dir: Path) -> dict[str, int]:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     ids = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id", None) for name in ("pad", "unk", "bos", "eos")}
     return {key: value for key, value in ids.items() if value is not None}
-
-
-def hf_config_from_megatron(model: dict[str, Any], source: str) -> dict[str, Any]:
-    """A Llama or Qwen2 config.json dict from Megatron GPT config fields (ours or a Megatron-Bridge provider's)."""
-    model = {key: _target_name(value) for key, value in model.items()}
-    required = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
-    missing = [key for key in required if model.get(key) is None]
-    if missing:
-        raise ValueError(f"{source}: model.{missing[0]} is not set, so the model cannot be rebuilt")
-    if model.get("normalization", "RMSNorm") != "RMSNorm" or not model.get("gated_linear_unit", True):
-        raise LayoutError(f"{source}: only RMSNorm models with a gated (SwiGLU) MLP are supported")
-    activation = activation_name(model.get("activation_func", "silu"))
-    if activation != "silu":
-        raise LayoutError(f"{source}: model.activation_func is {activation}; only silu (SwiGLU) is supported")
-    target = str(model.get("_target_", "")).lower()
-    qwen = model.get("hf_architecture") == "Qwen2ForCausalLM" or "qwen" in target or bool(model.get("add_qkv_bias"))
-    heads = int(model["num_attention_heads"])
-    dtype = str(model.get("params_dtype") or "float32").removeprefix("torch.")
-    return {
-        "architectures": ["Qwen2ForCausalLM" if qwen else model.get("hf_architecture") or "LlamaForCausalLM"],
-        "model_type": "qwen2" if qwen else "llama",
-        "num_hidden_layers": model["num_layers"],
-        "hidden_size": model["hidden_size"],
-        "intermediate_size": model["ffn_hidden_size"],
-        "num_attention_heads": heads,
-        "num_key_value_heads": model.get("num_query_groups") or heads,
-        "head_dim": model.get("kv_channels") or model["hidden_size"] // heads,
-        "vocab_size": model["vocab_size"],
-        "max_position_embeddings": model.get("seq_length", 4096),
-        "rms_norm_eps": model.get("layernorm_epsilon", 1e-5),
-        "rope_theta": model.get("rotary_base", 10000.0),
-        "tie_word_embeddings": bool(model.get("share_embeddings_and_output_weights", False)),
-        "hidden_act": "silu",
-        "dtype": dtype,
-        **_rope_fields(model),
-    }
-
-
-def _rope_fields(model: dict[str, Any]) -> dict[str, Any]:
-    """Llama 3.1 RoPE scaling when the Megatron config turns it on (megatron-core fixes all but the factor)."""
-    if not model.get("rope_scaling"):
-        return {}
-    rope = {"rope_type": "llama3", "factor": float(model.get("rope_scaling_factor", 8.0)), **LLAMA3_ROPE_FIXED}
-    return {"rope_parameters": {**rope, "rope_theta": model.get("rotary_base", 10000.0)}, "rope_scaling": rope}
 
 
 def load_megatron_tensors(checkpoint_dir: Path, shape: GPTShape) -> dict[str, torch.Tensor]:

@@ -8,13 +8,15 @@ checkpoint Megatron-Bridge saved in the same way (on a later megatron-core, with
     python -m rlsteps.engine.megatron.gpt_model CHECKPOINT [--device cuda] [--dtype bfloat16] [--spec te]
 
 On the CPU it runs with the local layer spec (compat.py explains the patches); Transformer Engine
-specs need a GPU and the transformer-engine package.
+specs need a GPU and the transformer-engine package. It builds Llama, Mistral, Qwen2, Qwen3 (q/k norms) and
+Qwen3-MoE (router and experts) models; not Gemma 3 (NOT_BUILT says why).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -23,18 +25,28 @@ from typing import Any
 
 import torch
 
+from rlsteps.contract.model_families import LayoutError
 from rlsteps.engine.megatron.common_state import common_load_strategy
 from rlsteps.engine.megatron.compat import gpt_model_runtime, import_megatron
-from rlsteps.engine.megatron.format import RUN_CONFIG_FILE, activation_name, read_model_section, resolve_checkpoint_dir
+from rlsteps.engine.megatron.format import RUN_CONFIG_FILE, read_model_section, resolve_checkpoint_dir
+from rlsteps.engine.megatron.providers import activation_name, family_of
 from rlsteps.errors import ArtifactError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 Logits = Callable[[torch.Tensor], torch.Tensor]  # tokens [B, T] -> logits [B, T, V] (fp32, on the CPU)
 
 
+# Families whose GPTModel megatron-core's layer specs cannot build, and why (one line each).
+NOT_BUILT = {
+    "gemma3": "Gemma 3's layer spec is Megatron-Bridge's own (post-norms inside linear_proj and linear_fc2, "
+    "per-layer sliding windows, a scaled embedding), not megatron-core's, and its zero-centred norms are refused by "
+    "megatron-core's local (torch) norm",
+}
+
+
 def transformer_config(model: dict[str, Any], dtype: torch.dtype) -> Any:
     """A TransformerConfig from the `model:` section of run_config.yaml (ours, or Megatron-Bridge's GPTModelProvider
-    fields); dropout off, no fused kernels."""
+    fields); dropout off, no fused kernels, an MoE model's tokens dispatched by all-gather (no CUDA streams)."""
     config_module = import_megatron("megatron.core.transformer.transformer_config")
     return config_module.TransformerConfig(
         num_layers=model["num_layers"], hidden_size=model["hidden_size"], ffn_hidden_size=model["ffn_hidden_size"],
@@ -43,17 +55,51 @@ def transformer_config(model: dict[str, Any], dtype: torch.dtype) -> Any:
         layernorm_epsilon=model["layernorm_epsilon"], gated_linear_unit=model["gated_linear_unit"],
         activation_func=getattr(torch.nn.functional, activation_name(model["activation_func"])),
         add_bias_linear=model["add_bias_linear"], add_qkv_bias=model.get("add_qkv_bias", False),
+        qk_layernorm=model.get("qk_layernorm", False),
         params_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=True,
         hidden_dropout=0.0, attention_dropout=0.0, bias_dropout_fusion=False, apply_rope_fusion=False,
         masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+        **_moe_config(model),
     )  # fmt: skip
 
 
+def _moe_config(model: dict[str, Any]) -> dict[str, Any]:
+    if not model.get("num_moe_experts"):
+        return {}
+    return {
+        "num_moe_experts": model["num_moe_experts"],
+        "moe_ffn_hidden_size": model.get("moe_ffn_hidden_size"),
+        "moe_router_topk": model.get("moe_router_topk", 2),
+        "moe_router_pre_softmax": model.get("moe_router_pre_softmax", False),
+        "moe_token_dispatcher_type": "allgather",
+    }
+
+
 def _layer_spec(spec: str, model: dict[str, Any]) -> Any:
+    """megatron-core's layer spec of the model. Its local MoE spec renames pre_mlp_layernorm into mlp.linear_fc1 in
+    the checkpoint, which an MoE layer's Transformer Engine spec (and Megatron-Bridge) keeps as pre_mlp_layernorm: that
+    renaming is dropped, so both specs read the same checkpoint."""
     specs = import_megatron("megatron.core.models.gpt.gpt_layer_specs")
+    options = {"num_experts": model.get("num_moe_experts"), "qk_layernorm": model.get("qk_layernorm", False)}
     if spec == "te":
-        return specs.get_gpt_layer_with_transformer_engine_spec()
-    return specs.get_gpt_layer_local_spec(normalization=model["normalization"])
+        return specs.get_gpt_layer_with_transformer_engine_spec(
+            **options, moe_grouped_gemm=bool(options["num_experts"])
+        )
+    local = specs.get_gpt_layer_local_spec(**options, normalization=model["normalization"])
+    if not options["num_experts"]:
+        return local
+    keys = {k: v for k, v in local.submodules.sharded_state_dict_keys_map.items() if k != "pre_mlp_layernorm."}
+    return dataclasses.replace(
+        local, submodules=dataclasses.replace(local.submodules, sharded_state_dict_keys_map=keys)
+    )
+
+
+def _refuse_unbuildable(model: dict[str, Any], source: Path) -> None:
+    family = family_of(model)
+    if family in NOT_BUILT:
+        raise LayoutError(
+            f"{source}: megatron-core's GPTModel cannot be built for this {family} model: {NOT_BUILT[family]}"
+        )
 
 
 @contextlib.contextmanager
@@ -74,6 +120,7 @@ def loaded_gpt_model(
     releases and Megatron-Bridge write it, from inside the checkpoint), in eval mode on `device`."""
     checkpoint_dir = resolve_checkpoint_dir(ref)
     model_cfg = read_model_section(checkpoint_dir / RUN_CONFIG_FILE)
+    _refuse_unbuildable(model_cfg, checkpoint_dir)
     dist_checkpointing = import_megatron()
     gpt = import_megatron("megatron.core.models.gpt")
     with gpt_model_runtime():

@@ -1,15 +1,10 @@
 """Where each weight of a Hugging Face causal LM lives in a Megatron-Core GPT checkpoint, and back.
 
 The names are the ones Megatron-Core's GPTModel writes into a distributed checkpoint and that
-Megatron-Bridge maps for Llama- and Qwen2-family models:
+Megatron-Bridge maps for each family (families.py holds the layer tensors of each):
 
     model.embed_tokens.weight                    embedding.word_embeddings.weight
-    model.layers.{i}.input_layernorm.weight      decoder.layers.self_attention.linear_qkv.layer_norm_weight
-    model.layers.{i}.self_attn.{q,k,v}_proj.*    decoder.layers.self_attention.linear_qkv.{weight,bias}
-    model.layers.{i}.self_attn.o_proj.weight     decoder.layers.self_attention.linear_proj.weight
-    model.layers.{i}.post_attention_layernorm.*  decoder.layers.mlp.linear_fc1.layer_norm_weight
-    model.layers.{i}.mlp.{gate,up}_proj.weight   decoder.layers.mlp.linear_fc1.weight
-    model.layers.{i}.mlp.down_proj.weight        decoder.layers.mlp.linear_fc2.weight
+    model.layers.{i}.*                           decoder.layers.* (families.py)
     model.norm.weight                            decoder.final_layernorm.weight
     lm_head.weight                               output_layer.weight (absent when tied)
 
@@ -28,16 +23,24 @@ from __future__ import annotations
 import torch
 
 from rlsteps.contract.model_families import GPTShape, LayoutError
+from rlsteps.engine.megatron.families import extra_state_keys, fuse_qkv, layer_tensors, split_qkv
+
+__all__ = ["LAYER_PREFIX", "expected_shapes", "extra_state_keys", "fuse_qkv", "split_qkv", "to_hf", "to_megatron"]
 
 LAYER_PREFIX = "decoder.layers."
-# Extra-state objects GPTModel writes per linear layer (Transformer Engine's fp8 metadata; None here).
-EXTRA_STATE_KEYS = (
-    "decoder.layers.self_attention.linear_qkv._extra_state",
-    "decoder.layers.self_attention.linear_proj._extra_state",
-    "decoder.layers.self_attention.core_attention._extra_state",
-    "decoder.layers.mlp.linear_fc1._extra_state",
-    "decoder.layers.mlp.linear_fc2._extra_state",
-)
+HF_LAYER = "model.layers.{i}."
+
+
+def _top_level(shape: GPTShape) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Megatron key -> (HF name, shape) of the tensors outside the layers."""
+    v, h = shape.vocab_size, shape.hidden_size
+    top = {
+        "embedding.word_embeddings.weight": ("model.embed_tokens.weight", (v, h)),
+        "decoder.final_layernorm.weight": ("model.norm.weight", (h,)),
+    }
+    if not shape.tied_embeddings:
+        top["output_layer.weight"] = ("lm_head.weight", (v, h))
+    return top
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,17 +62,12 @@ def to_megatron(shape: GPTShape, hf_state: dict[str, torch.Tensor]) -> dict[str,
         unused.discard(name)
         return hf_state[name]
 
-    out = {
-        "embedding.word_embeddings.weight": take("model.embed_tokens.weight"),
-        "decoder.final_layernorm.weight": take("model.norm.weight"),
-    }
-    if not shape.tied_embeddings:
-        out["output_layer.weight"] = take("lm_head.weight")
-    per_layer: dict[str, list[torch.Tensor]] = {}
-    for i in range(shape.num_layers):
-        for key, tensor in _layer_to_megatron(shape, lambda n, i=i: take(f"model.layers.{i}.{n}")).items():
-            per_layer.setdefault(key, []).append(tensor)
-    out.update({key: torch.stack(tensors) for key, tensors in per_layer.items()})
+    out = {key: take(name) for key, (name, _) in _top_level(shape).items()}
+    for tensor in layer_tensors(shape):
+        per_layer = [
+            tensor.fuse(*(take(HF_LAYER.format(i=i) + name) for name in tensor.hf)) for i in range(shape.num_layers)
+        ]
+        out[LAYER_PREFIX + tensor.megatron] = torch.stack(per_layer)
     if unused:
         raise LayoutError(
             f"the {shape.architecture} model has tensors the Megatron GPT layout has no place for: "
@@ -78,96 +76,23 @@ def to_megatron(shape: GPTShape, hf_state: dict[str, torch.Tensor]) -> dict[str,
     return out
 
 
-def _layer_to_megatron(shape: GPTShape, take) -> dict[str, torch.Tensor]:
-    attn = "self_attention."
-    layer = {
-        f"{LAYER_PREFIX}{attn}linear_qkv.layer_norm_weight": take("input_layernorm.weight"),
-        f"{LAYER_PREFIX}{attn}linear_qkv.weight": fuse_qkv(
-            shape, take("self_attn.q_proj.weight"), take("self_attn.k_proj.weight"), take("self_attn.v_proj.weight")
-        ),
-        f"{LAYER_PREFIX}{attn}linear_proj.weight": take("self_attn.o_proj.weight"),
-        f"{LAYER_PREFIX}mlp.linear_fc1.layer_norm_weight": take("post_attention_layernorm.weight"),
-        f"{LAYER_PREFIX}mlp.linear_fc1.weight": torch.cat([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")]),
-        f"{LAYER_PREFIX}mlp.linear_fc2.weight": take("mlp.down_proj.weight"),
-    }
-    if shape.qkv_bias:
-        layer[f"{LAYER_PREFIX}{attn}linear_qkv.bias"] = fuse_qkv(
-            shape, take("self_attn.q_proj.bias"), take("self_attn.k_proj.bias"), take("self_attn.v_proj.bias")
-        )
-    return layer
-
-
-def fuse_qkv(shape: GPTShape, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """[q; k; v] in Megatron's per-group order: weights [(H + 2G) * d, hidden], biases [(H + 2G) * d]."""
-    g, d = shape.num_query_groups, shape.kv_channels
-    rest = q.shape[1:]
-    grouped = torch.cat(
-        [q.reshape(g, shape.heads_per_group * d, *rest), k.reshape(g, d, *rest), v.reshape(g, d, *rest)], dim=1
-    )
-    return grouped.reshape(shape.qkv_rows, *rest)
-
-
-def split_qkv(shape: GPTShape, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The inverse of fuse_qkv."""
-    g, d = shape.num_query_groups, shape.kv_channels
-    rest = qkv.shape[1:]
-    grouped = qkv.reshape(g, (shape.heads_per_group + 2) * d, *rest)
-    q, k, v = grouped.split([shape.heads_per_group * d, d, d], dim=1)
-    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
-
-
 # ---------------------------------------------------------------------------------------------
 # Megatron -> Hugging Face
 
 
 def expected_shapes(shape: GPTShape) -> dict[str, tuple[int, ...]]:
     """Megatron checkpoint key -> global shape, for every tensor a model of this shape reads."""
-    n, h, f, v = shape.num_layers, shape.hidden_size, shape.ffn_hidden_size, shape.vocab_size
-    layer = LAYER_PREFIX
-    shapes = {
-        "embedding.word_embeddings.weight": (v, h),
-        "decoder.final_layernorm.weight": (h,),
-        f"{layer}self_attention.linear_qkv.layer_norm_weight": (n, h),
-        f"{layer}self_attention.linear_qkv.weight": (n, shape.qkv_rows, h),
-        f"{layer}self_attention.linear_proj.weight": (n, h, shape.num_attention_heads * shape.kv_channels),
-        f"{layer}mlp.linear_fc1.layer_norm_weight": (n, h),
-        f"{layer}mlp.linear_fc1.weight": (n, 2 * f, h),
-        f"{layer}mlp.linear_fc2.weight": (n, h, f),
-    }
-    if not shape.tied_embeddings:
-        shapes["output_layer.weight"] = (v, h)
-    if shape.qkv_bias:
-        shapes[f"{layer}self_attention.linear_qkv.bias"] = (n, shape.qkv_rows)
+    shapes = {key: size for key, (_, size) in _top_level(shape).items()}
+    for tensor in layer_tensors(shape):
+        shapes[LAYER_PREFIX + tensor.megatron] = (shape.num_layers, *tensor.shape)
     return shapes
 
 
 def to_hf(shape: GPTShape, megatron: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """An HF state dict from Megatron checkpoint tensors (as to_megatron writes them)."""
-    out = {
-        "model.embed_tokens.weight": megatron["embedding.word_embeddings.weight"],
-        "model.norm.weight": megatron["decoder.final_layernorm.weight"],
-    }
-    if not shape.tied_embeddings:
-        out["lm_head.weight"] = megatron["output_layer.weight"]
-    attn, mlp = f"{LAYER_PREFIX}self_attention.", f"{LAYER_PREFIX}mlp."
-    for i in range(shape.num_layers):
-        hf = f"model.layers.{i}."
-        q, k, v = split_qkv(shape, megatron[f"{attn}linear_qkv.weight"][i])
-        gate, up = megatron[f"{mlp}linear_fc1.weight"][i].chunk(2)
-        out.update({
-            f"{hf}input_layernorm.weight": megatron[f"{attn}linear_qkv.layer_norm_weight"][i],
-            f"{hf}self_attn.q_proj.weight": q,
-            f"{hf}self_attn.k_proj.weight": k,
-            f"{hf}self_attn.v_proj.weight": v,
-            f"{hf}self_attn.o_proj.weight": megatron[f"{attn}linear_proj.weight"][i],
-            f"{hf}post_attention_layernorm.weight": megatron[f"{mlp}linear_fc1.layer_norm_weight"][i],
-            f"{hf}mlp.gate_proj.weight": gate,
-            f"{hf}mlp.up_proj.weight": up,
-            f"{hf}mlp.down_proj.weight": megatron[f"{mlp}linear_fc2.weight"][i],
-        })  # fmt: skip
-        if shape.qkv_bias:
-            qb, kb, vb = split_qkv(shape, megatron[f"{attn}linear_qkv.bias"][i])
-            out.update(
-                {f"{hf}self_attn.q_proj.bias": qb, f"{hf}self_attn.k_proj.bias": kb, f"{hf}self_attn.v_proj.bias": vb}
-            )
+    out = {name: megatron[key] for key, (name, _) in _top_level(shape).items()}
+    for tensor in layer_tensors(shape):
+        stacked = megatron[LAYER_PREFIX + tensor.megatron]
+        for i in range(shape.num_layers):
+            out.update(zip((HF_LAYER.format(i=i) + name for name in tensor.hf), tensor.split(stacked[i])))
     return {name: t.contiguous() for name, t in out.items()}
