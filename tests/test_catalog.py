@@ -55,9 +55,16 @@ def test_filters(catalog):
         "convert/hf_to_megatron",
     }
     assert {s.id for s in catalog.filter(produces="checkpoint_hf")} == {"convert/megatron_to_hf"}
+    # a step that consumes any checkpoint (or any prompts) takes a checkpoint_megatron (a prompt JSONL file)
     assert {s.id for s in catalog.filter(consumes="checkpoint_megatron")} == {
         "convert/megatron_to_hf",
         "rl/nemo_rl/rlhf",
+        "rl/rs",
+        "rl/reinforce",
+        "rl/rlhf",
+    }
+    assert {"rl/rs", "rl/reinforce", "rl/rlhf", "rl/nemo_rl/rlhf"} <= {
+        s.id for s in catalog.filter(consumes="prompt_jsonl")
     }
 
 

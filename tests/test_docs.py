@@ -99,6 +99,7 @@ def test_every_docs_page_is_linked_from_the_readme():
 @pytest.mark.parametrize(("page", "command"), DOCUMENTED, ids=[f"{p}: {c[:60]}" for p, c in DOCUMENTED])
 def test_the_documented_command_works(page, command, project, monkeypatch):
     env, argv, expected = parse(command)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # as a user reads the page: online (a dry run never fetches)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     if any(tuple(argv[: len(run)]) == run for run in RUNS) and not {"--dry-run", "-d"} & set(argv):

@@ -92,7 +92,7 @@ def test_a_slurm_dry_run_leaves_cluster_paths_to_the_job_and_records_them(projec
     add_profile(project, "  lustre:\n    extends: ci\n    cluster_paths: [/lustre/data]\n")
     job = compiled("lustre", overrides=("inputs.prompts=/lustre/data/p.jsonl",)).job
     [record] = job.inputs_in_job
-    assert record["ref"] == "/lustre/data/p.jsonl" and record["required_type"] == "prompt_jsonl"
+    assert record["ref"] == "/lustre/data/p.jsonl" and record["required_type"] == "prompts"
     shown = rlsteps("run", "rs", "-c", "tiny", "-b", "lustre", "inputs.prompts=/lustre/data/p.jsonl", "--dry-run",
                     cwd=project, timeout=60)  # fmt: skip
     assert shown.returncode == 0, shown.stderr

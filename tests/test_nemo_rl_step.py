@@ -91,8 +91,10 @@ def test_any_nemo_rl_key_is_an_override_and_a_typo_gets_the_closest_schema_key(p
 
 
 @pytest.mark.slow  # the seed page's commands through the CLI, with NeMo-RL's code judging them
-def test_the_seed_pages_commands_work_as_written(project):
-    """Command Examples of the seed page (dry runs where they would submit); the profiles are the shipped ones."""
+def test_the_seed_pages_commands_work_as_written(project, monkeypatch):
+    """Command Examples of the seed page (dry runs where they would submit); the profiles are the shipped ones. Online,
+    as a user reads the page: the Hub ids of the default config are the job's to fetch (a dry run never does)."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     commands = SEED_COMMANDS
     for command in commands:
         result = rlsteps(*command, cwd=project)

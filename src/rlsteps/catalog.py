@@ -141,7 +141,8 @@ class Catalog:
 
     def filter(self, consumes: str | None = None, produces: str | None = None, tag: str | None = None) -> list[Step]:
         def accepts(specs: tuple[ArtifactSpec, ...], wanted: str | None) -> bool:
-            return wanted is None or any(self.is_a(s.type, wanted) for s in specs)  # the type or a subtype of it
+            # the type, a subtype of it, or a type it stands for (a step consuming prompts takes a prompt_jsonl)
+            return wanted is None or any(self.is_a(s.type, wanted) or self.is_a(wanted, s.type) for s in specs)
 
         return [
             s

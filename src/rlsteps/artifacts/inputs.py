@@ -6,14 +6,13 @@ A reference is a local path or any fsspec URL; what it holds is decided by rlste
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from rlsteps.artifacts.detect import detect_types, detectors_of, exists
 from rlsteps.catalog import ArtifactSpec, Catalog, Step
+from rlsteps.contract.hub import is_hub_id
 from rlsteps.contract.input_check import InputInJob, InputProblem, damaged_weights, missing, wrong_type
 from rlsteps.dotted import get
 from rlsteps.errors import ArtifactError
@@ -31,13 +30,19 @@ class ResolvedInput:
     # ok | absent | missing | wrong_type | malformed (of the type, but broken: see problem)
     # | pending (an earlier stage, or the run itself, writes it first)
     # | in_job (on a cluster path: the job checks it) | unreachable (on this machine, which the job cannot see)
-    # | hub (a Hugging Face Hub id, fetched where the run starts)
+    # | hub (a Hugging Face Hub id not in this machine's cache, or for a job that cannot see it: the job resolves it)
     status: str
     problem: str | None = None  # what is broken, for a malformed input (its message starts "input 'NAME': ")
     fix: str | None = None  # and what to do about it
+    path: str | None = None  # a Hub id's snapshot folder in this machine's Hugging Face cache, checked as the input
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None or k not in ("problem", "fix")}
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in ("problem", "fix", "path")}
+
+    @property
+    def location(self) -> str:
+        """Where the input's files are read here: a Hub id's cached snapshot, else the reference itself."""
+        return self.path or str(self.ref)
 
     def malformed(self, problem: InputProblem) -> ResolvedInput:
         return replace(self, status="malformed", problem=problem.message, fix=problem.fix)
@@ -75,11 +80,6 @@ def satisfies(catalog: Catalog, detected: list[str], required: str) -> bool:
     return any(catalog.is_a(t, required) for t in detected)
 
 
-def is_hub_id(ref: str) -> bool:
-    """A Hugging Face Hub model id (org/name), as opposed to a path or a URL."""
-    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", ref) is not None and not Path(ref).exists()
-
-
 def check_input(
     catalog: Catalog,
     spec_name: str,
@@ -91,8 +91,8 @@ def check_input(
 ) -> ResolvedInput:
     if ref is None:
         return ResolvedInput(spec_name, key, None, required_type, [], "absent")
-    if hub_id and is_hub_id(ref):  # fetched where the run starts (HF_HOME; offline, it must be in the cache there)
-        return ResolvedInput(spec_name, key, ref, required_type, [], "hub")
+    if hub_id and is_hub_id(ref):
+        return _hub_input(catalog, ResolvedInput(spec_name, key, ref, required_type, [], "hub"), reach)
     if reach.on_cluster(ref):
         return ResolvedInput(spec_name, key, ref, required_type, [], "in_job")
     if reach.unreachable(ref):
@@ -103,11 +103,34 @@ def check_input(
         raise ArtifactError(f"{key}: cannot open '{ref}': {err}") from err
     if not present:
         return ResolvedInput(spec_name, key, ref, required_type, [], "missing")
-    detected = detect_types(catalog, ref)
-    status = "ok" if satisfies(catalog, detected, required_type) else "wrong_type"
-    item = ResolvedInput(spec_name, key, ref, required_type, detected, status)
-    damage = damaged_weights(spec_name, key, ref) if status == "ok" else None  # headers and sizes only: cheap
+    return _detected(catalog, ResolvedInput(spec_name, key, ref, required_type, [], "ok"))
+
+
+def _detected(catalog: Catalog, item: ResolvedInput) -> ResolvedInput:
+    """An input that exists, by what its files hold: ok, wrong_type, or malformed (weights cut short)."""
+    detected = detect_types(catalog, item.location)
+    status = "ok" if satisfies(catalog, detected, item.required_type) else "wrong_type"
+    item = replace(item, detected=detected, status=status)
+    damage = damaged_weights(item.name, item.key, item.location) if status == "ok" else None  # headers and sizes
     return item if damage is None else item.malformed(damage)
+
+
+def _hub_input(catalog: Catalog, item: ResolvedInput, reach: Reach) -> ResolvedInput:
+    """A Hugging Face Hub id: in this machine's cache (and for a job that reads this machine's files), its snapshot
+    checked as a folder; else the job's to resolve where it runs (status hub), unless the Hub is off here
+    (HF_HUB_OFFLINE) for a run on this machine: missing, with how to fetch it."""
+    from rlsteps.contract.hub import cached_snapshot, not_cached, offline, repo_type_of
+
+    if not reach.sees_local_files:
+        return item
+    repo_type = repo_type_of(item.name)
+    folder = cached_snapshot(str(item.ref), repo_type)
+    if folder is not None:
+        return _detected(catalog, replace(item, path=str(folder)))
+    if offline() and reach.launcher == "local":
+        problem = not_cached(item.name, item.key, str(item.ref), repo_type)
+        return replace(item, status="missing", problem=problem.message, fix=problem.fix)
+    return item
 
 
 def promised_input(
@@ -228,7 +251,8 @@ def refusal(catalog: Catalog, item: ResolvedInput, reach: Reach = Reach()) -> Ar
 
 
 def inputs_in_job(catalog: Catalog, resolved: list[ResolvedInput]) -> list[InputInJob]:
-    """What the job needs to check its inputs on cluster paths itself (recorded in its job.yaml)."""
+    """What the job needs to check its inputs on cluster paths, and the Hub ids it resolves, itself (recorded in its
+    job.yaml)."""
     detectors = detectors_of(catalog)
     return [
         InputInJob(
@@ -241,7 +265,7 @@ def inputs_in_job(catalog: Catalog, resolved: list[ResolvedInput]) -> list[Input
             detectors=detectors,
         )
         for item in resolved
-        if item.status == "in_job"
+        if item.status in ("in_job", "hub")
     ]
 
 
@@ -256,10 +280,10 @@ def raise_for(catalog: Catalog, required: bool, item: ResolvedInput, allow_conve
     wanted = type_phrase(catalog, item.required_type)
     if item.status == "absent" and required:
         raise ArtifactError(f"input '{item.name}' ({wanted}) is required", fix=f"pass {item.key}=PATH")
-    if item.status == "missing":
+    if item.status == "missing" and item.problem is None:
         problem = missing(item.name, item.key, str(item.ref), wanted)
         raise ArtifactError(problem.message, fix=problem.fix)
-    if item.status == "malformed":
+    if item.status in ("missing", "malformed"):
         raise ArtifactError(str(item.problem), fix=item.fix)
     if item.status != "wrong_type":
         return None

@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+
+from rlsteps.contract.prompts import template_kwargs
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 NonNegativeFloat = Annotated[float, Field(ge=0.0)]
@@ -40,6 +42,10 @@ class Inputs(Section):
 
 class DataConfig(Section):
     max_prompt_tokens: PositiveInt = 1024
+    prompt_column: str | None = None  # the column (JSONL key) of each prompt; None: prompt, messages or a NeMo-Gym row
+    split: str = "train"  # a prompt dataset's split for training, when it has several
+    val_split: str | None = None  # and for validation; None: validation, else test
+    chat_template_kwargs: Annotated[dict[str, Any] | None, AfterValidator(template_kwargs)] = None  # enable_thinking
 
 
 class SamplingConfig(Section):

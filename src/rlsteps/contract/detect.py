@@ -1,8 +1,8 @@
 """What an artifact reference holds: the concrete types whose detectors accept a path or fsspec URL.
 
-Detection reads only small metadata files (config.json, metadata.json, the name of a JSONL file),
-never weights. It is torch-free and needs no catalog: the catalog names each type's detector, and a
-job that checks its own inputs (on paths only the cluster sees) carries those names in its job.yaml.
+Detection reads only small metadata files (config.json, metadata.json, the name of a JSONL, parquet or arrow file,
+a dataset folder's file names), never weights. It is torch-free and needs no catalog: the catalog names each type's
+detector, and a job that checks its own inputs (on paths only the cluster sees) carries those names in its job.yaml.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from fsspec.core import url_to_fs
 
 from rlsteps.contract.artifact import METADATA_FILE
 from rlsteps.contract.megatron_files import find_checkpoint_dir
+from rlsteps.contract.prompt_datasets import is_prompt_dataset
 
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
@@ -79,6 +80,7 @@ def _is_megatron_dist(ref: str) -> bool:
 
 DETECTORS: dict[str, Callable[[str], bool]] = {
     "jsonl": _is_jsonl,
+    "hf_dataset": is_prompt_dataset,
     "hf_causal_lm": _is_hf_causal_lm,
     "hf_reward_model": _is_hf_reward_model,
     "hf_any_model": _is_hf_any_model,

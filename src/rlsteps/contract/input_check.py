@@ -56,21 +56,31 @@ class InputInJob:
         return asdict(self)
 
     def check(self) -> None:
-        """Raise InputProblem when the input is absent or of no accepted type; parse a prompt file whole."""
-        if not exists(self.ref):
+        """Raise InputProblem when the input is absent or of no accepted type; parse a prompt file whole. A Hugging
+        Face Hub id is resolved first (from the cache, or fetched into it where the Hub is reachable)."""
+        where = self.location()
+        if not exists(where):
             raise missing(self.name, self.key, self.ref, self.wanted)
-        detected = detect(self.ref, self.detectors)
+        detected = detect(where, self.detectors)
         if not set(detected) & set(self.accepted):
             raise InputProblem(
                 wrong_type(self.name, self.ref, detected, self.wanted), fix=f"point {self.key} at a {self.wanted}"
             )
+        if "prompt_dataset" in detected:  # read with the run's data.* keys before the policy loads
+            return
         problem = (
-            prompt_file_problem(self.name, self.ref)
-            if self.required_type == "prompt_jsonl"
-            else damaged_weights(self.name, self.key, self.ref)
+            prompt_file_problem(self.name, where)
+            if "prompt_jsonl" in detected
+            else damaged_weights(self.name, self.key, where)
         )
         if problem is not None:
             raise problem
+
+    def location(self) -> str:
+        """Where the input's files are: the reference, or a Hub id's snapshot folder in the job's cache."""
+        from rlsteps.contract.hub import is_hub_id, snapshot
+
+        return str(snapshot(self.name, self.key, self.ref)) if is_hub_id(self.ref) else self.ref
 
 
 def prompt_file_problem(
@@ -79,13 +89,14 @@ def prompt_file_problem(
     tokenizer: Any = None,
     max_prompt_tokens: int | None = None,
     say: Callable[[str], None] | None = None,
+    options: Any = None,
 ) -> InputProblem | None:
-    """Every line of a prompt file parsed, and with a tokenizer measured against max_prompt_tokens: the first bad
-    one, or None. say: a large file's progress."""
-    from rlsteps.contract.prompts import PromptFileError, load_prompts  # torch-free
+    """Every row of a prompt file or dataset parsed, and with a tokenizer measured against max_prompt_tokens: the
+    first bad one, or None. say: a large file's progress; options: the run's data.* keys (PromptOptions)."""
+    from rlsteps.contract.prompts import NO_OPTIONS, PromptFileError, load_prompts  # torch-free
 
     try:
-        load_prompts(ref, tokenizer, max_prompt_tokens, say)
+        load_prompts(ref, tokenizer, max_prompt_tokens, say, options or NO_OPTIONS)
     except PromptFileError as error:
         return InputProblem(f"input '{name}': {error}", fix=error.fix or PROMPT_FILE_FIX)
     return None

@@ -72,8 +72,14 @@ class FileTokenizer:
         return {"input_ids": [row.ids for row in rows]}
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = False, tokenize: bool = False
+        self,
+        messages: list[dict[str, str]],
+        add_generation_prompt: bool = False,
+        tokenize: bool = False,
+        **kwargs: Any,
     ) -> str:
+        """The conversation rendered as transformers renders it; kwargs (data.chat_template_kwargs, such as
+        enable_thinking) reach the template beside the special tokens, over them where both name one."""
         if tokenize:
             raise ValueError("FileTokenizer renders text only: encode the text it returns")
         if self._compiled is None:
@@ -83,12 +89,39 @@ class FileTokenizer:
             tools=None,
             documents=None,
             add_generation_prompt=add_generation_prompt,
-            **self.special_tokens,
+            **{**self.special_tokens, **kwargs},
         )
 
 
 def compiled_template(source: str) -> Any:
     """A chat template compiled as transformers compiles it (transformers.utils.chat_template_utils)."""
+    return _environment().from_string(source)
+
+
+def unread_template_kwargs(template: Any, kwargs: dict[str, Any] | None) -> list[str]:
+    """The names of kwargs (data.chat_template_kwargs) that a chat template never reads: given, they change
+    nothing (a template of another family than the one the keys were written for, or a misspelt key)."""
+    if not isinstance(template, str) or not kwargs:
+        return []
+    from jinja2 import meta
+
+    read = meta.find_undeclared_variables(_environment().parse(template))
+    return [name for name in kwargs if name not in read]
+
+
+def unread_kwargs_note(template: Any, kwargs: dict[str, Any] | None) -> str | None:
+    """What a run and its dry run say of kwargs the chat template never reads; None when it reads them all."""
+    unread = unread_template_kwargs(template, kwargs)
+    if not unread:
+        return None
+    return (
+        f"data.chat_template_kwargs: the policy's chat template never reads {', '.join(unread)}, so it changes "
+        "nothing (check the name against the template, or leave it out)"
+    )
+
+
+def _environment() -> Any:
+    """jinja2's environment as transformers builds it for chat templates."""
     import jinja2
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -115,7 +148,7 @@ def compiled_template(source: str) -> Any:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals.update(raise_exception=raise_exception, strftime_now=lambda f: datetime.now().strftime(f), dict=dict)
-    return env.from_string(source)
+    return env
 
 
 def _json(path: Path) -> dict[str, Any]:

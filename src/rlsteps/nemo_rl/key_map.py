@@ -26,6 +26,7 @@ SHARED = (  # (rlsteps key, NeMo-RL key): the same meaning, value for value
     ("rollout.vllm.gpu_memory_utilization", "policy.generation.vllm_cfg.gpu_memory_utilization"),
     ("rollout.vllm.enforce_eager", "policy.generation.vllm_cfg.enforce_eager"),
     ("data.max_prompt_tokens", "data.max_input_seq_length"),
+    ("data.chat_template_kwargs", "policy.tokenizer.chat_template_kwargs"),  # apply_chat_template's extra arguments
     ("run.dtype", "policy.precision"),
     ("train.max_steps", "grpo.max_num_steps"),
     ("train.global_batch_size", "policy.train_global_batch_size"),

@@ -69,6 +69,21 @@ def compile_master_config(cfg: dict[str, Any], cluster: Cluster, run_dir: PurePo
     return MasterConfig(config=master, notes=notes)
 
 
+def _refuse_prompt_datasets(cfg: dict[str, Any]) -> None:
+    """NeMo-RL's job writes its rows from JSONL prompt files: a Hugging Face dataset is refused here where its name
+    says what it is (a Hub id, a parquet or arrow file); the dry run refuses one it can read (rlsteps.plan)."""
+    from rlsteps.contract.hub import is_hub_id
+
+    for key in ("inputs.prompts", "inputs.val_prompts"):
+        ref = str(get(cfg, key) or "")
+        if ref and (is_hub_id(ref) or ref.lower().endswith((".parquet", ".arrow"))):
+            raise NemoRlConfigError(
+                f"{key}={ref} is a Hugging Face dataset; NeMo-RL's job reads JSONL prompt files",
+                fix="write the prompts as JSONL (Dataset.to_json(PATH, lines=True)) and pass that file, or run on "
+                "the embedded engine",
+            )
+
+
 def _in_recipe_keys(changes: dict[str, Any], algorithm: str) -> str:
     ours = {theirs: mine for mine, theirs in pairs(algorithm)}
     return assignments(changes, lambda key: ours.get(key, "nemo_rl." + key))
@@ -76,6 +91,7 @@ def _in_recipe_keys(changes: dict[str, Any], algorithm: str) -> str:
 
 def from_recipe(cfg: dict[str, Any]) -> dict[str, Any]:
     """An rl/rlhf or rl/reinforce config as NeMo-RL's keys, over the shipped master config."""
+    _refuse_prompt_datasets(cfg)
     rlhf = cfg["algorithm"] == "grpo"
     overlay: dict[str, Any] = {}
     for ours, theirs in pairs(cfg["algorithm"]):

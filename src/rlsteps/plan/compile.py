@@ -107,7 +107,11 @@ def _names_a_new_entry(key: str) -> bool:
     names, with a field such an entry has (any other key of it is still an unknown key)."""
     from rlsteps.contract.config import RewardEntry  # torch-free
 
-    fields_of_entry = {"rewards": set(RewardEntry.model_fields), "validation.reward_functions": {""}}  # "": a value
+    fields_of_entry = {  # "": the entry is a value
+        "rewards": set(RewardEntry.model_fields),
+        "validation.reward_functions": {""},
+        "data.chat_template_kwargs": {""},  # a chat template's own switches: enable_thinking, ...
+    }
     for section, fields in fields_of_entry.items():
         if key.startswith(section + "."):
             name, _, field = key.removeprefix(section + ".").partition(".")

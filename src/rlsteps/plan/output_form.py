@@ -59,7 +59,7 @@ def _architecture_problem(catalog: Catalog, item: ResolvedInput) -> str | None:
     """The Megatron layout's refusal of a Hugging Face policy given as this input (a checkpoint_hf on this machine)."""
     if item.status != "ok" or not any(catalog.is_a(found, "checkpoint_hf") for found in item.detected):
         return None
-    config_file = Path(str(item.ref)) / "config.json"
+    config_file = Path(item.location) / "config.json"  # a Hub id: its snapshot in this machine's cache
     try:
         hf_config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):

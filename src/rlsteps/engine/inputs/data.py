@@ -1,5 +1,6 @@
-"""A run's prompts and their order: the run's prompt files read (rlsteps.contract.prompts), and a data order that is
-a pure function of (seed, epoch, consumed_samples), so a resumed run sees exactly the prompts it would have seen.
+"""A run's prompts and their order: the run's prompt files or datasets read (rlsteps.contract.prompts), and a data
+order that is a pure function of (seed, epoch, consumed_samples), so a resumed run sees exactly the prompts it would
+have seen.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlsteps.contract.prompts import Prompt, PromptFileError, load_prompts
+from rlsteps.contract.prompt_tokenizer import unread_kwargs_note
+from rlsteps.contract.prompts import Prompt, PromptFileError, load_prompts, prompt_options
 
 if TYPE_CHECKING:
     from rlsteps.contract.config import RecipeConfig
@@ -25,15 +27,20 @@ class RunPrompts:
 
 
 def load_run_prompts(cfg: RecipeConfig, tokenizer: Any, say: Callable[[str], None] | None = None) -> RunPrompts:
-    """The run's prompt files rendered with the policy's tokenizer and measured against max_prompt_tokens; a bad
-    line raises PromptFileError naming the input (`input 'prompts': path:line: ...`). say: a large file's progress."""
+    """The run's prompt files (or datasets, read with its data.* keys) rendered with the policy's tokenizer and
+    measured against max_prompt_tokens; a bad row raises PromptFileError naming the input (`input 'prompts':
+    path:line: ...`). say: a large file's progress."""
+    note = unread_kwargs_note(getattr(tokenizer, "chat_template", None), cfg.data.chat_template_kwargs)
+    if note is not None and say is not None:
+        say(note)
     files = {"prompts": cfg.inputs.prompts}
     if cfg.inputs.val_prompts and cfg.validation.interval:
         files["val_prompts"] = cfg.inputs.val_prompts
     loaded = {}
     for name, path in files.items():
         try:
-            loaded[name] = load_prompts(path, tokenizer, cfg.data.max_prompt_tokens, say)
+            options = prompt_options(cfg.data.model_dump(), name)
+            loaded[name] = load_prompts(path, tokenizer, cfg.data.max_prompt_tokens, say, options)
         except PromptFileError as error:
             raise PromptFileError(f"input '{name}': {error}", fix=error.fix) from None
     return RunPrompts(loaded["prompts"], loaded.get("val_prompts", [])[: cfg.validation.num_prompts])

@@ -56,10 +56,12 @@ def paths_of(cfg: Any) -> NemoRlPaths:
 
 
 def prepare(cfg: Any, job: dict[str, Any]) -> None:
+    from rlsteps.contract.hub import with_hub_snapshots
     from rlsteps.contract.input_check import check_inputs_in_job
 
     for checked in check_inputs_in_job(job.get("inputs_in_job") or []):
         log.info("input '%s': %s is a %s (checked in the job)", checked.name, checked.ref, checked.required_type)
+    cfg = with_hub_snapshots(cfg, log.info)  # a policy or prompts given as Hub ids: their snapshots, fetched if need be
     paths = paths_of(cfg)
     place_policy(Path(cfg.inputs.policy), Path(paths.policy))
     agent = cfg.nemo_rl_job.gym_agent
