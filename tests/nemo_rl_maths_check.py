@@ -11,6 +11,8 @@ CALLS: a list of {"fn": NAME, ...}; RESULTS: one entry per call, in order. Every
   normalize_rewards}).compute_advantage(prompts [B, 1], rewards, mask [B, 1]) -> [B] (what grpo_train gives it: every
   sample counts in the baseline; loss_multiplier, not the baseline, drops a truncated sample)
 - kl: nemo_rl.algorithms.utils.calculate_kl(logprobs, reference, "k3") with its default clamps -> [B, S]
+- sampled: the log-probs of given targets under NeMo-RL's training sampling parameters (apply_temperature_scaling,
+  logits_sampling_utils.apply_top_k_top_p, log_softmax) and the gradient of their weighted sum w.r.t. the logits
 - loss: nemo_rl.algorithms.loss.loss_functions.ClippedPGLossFn(ClippedPGLossConfig(**config)) called once per
   micro-batch with the global valid sequence and token counts, as NeMo-RL's policy worker calls it ->
   [{"loss": float, "grad": [b, S]}] (grad: d loss / d next_token_logprobs). A micro-batch gives next-token tensors
@@ -42,8 +44,10 @@ def main() -> int:
         sys.modules["torch.utils.tensorboard"] = board
 
         from nemo_rl.algorithms.advantage_estimator import GRPOAdvantageEstimator
+        from nemo_rl.algorithms.logits_sampling_utils import TrainingSamplingParams, apply_top_k_top_p
         from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
         from nemo_rl.algorithms.utils import calculate_baseline_and_std_per_prompt, calculate_kl
+        from nemo_rl.models.automodel.train import apply_temperature_scaling
 
         def tensor(values) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.float32)
@@ -90,7 +94,17 @@ def main() -> int:
                 out.append({"loss": value.item(), "grad": logprobs.grad.tolist()})
             return out
 
-        functions = {"baseline": baseline, "advantages": advantages, "kl": kl, "loss": loss}
+        def sampled(call):  # as NeMo-RL's DTensor worker scores a token: temperature, then top-k/top-p, log_softmax
+            params = TrainingSamplingParams(top_k=call["top_k"] or None, top_p=call["top_p"], temperature=call["t"])
+            logits = tensor(call["logits"]).requires_grad_(True)
+            scaled = apply_temperature_scaling(logits.clone(), params)
+            filtered, _ = apply_top_k_top_p(scaled, top_k=params.top_k, top_p=params.top_p)
+            targets = torch.tensor(call["targets"])[:, None]
+            picked = filtered.log_softmax(-1).gather(-1, targets).squeeze(-1)
+            (picked * tensor(call["weights"])).sum().backward()
+            return {"logprobs": picked.tolist(), "grad": logits.grad.tolist()}
+
+        functions = {"baseline": baseline, "advantages": advantages, "kl": kl, "loss": loss, "sampled": sampled}
         results = [functions[call["fn"]](call) for call in calls]
     json.dump(results, sys.stdout)
     return 0

@@ -69,6 +69,30 @@ def make_rows(seed: int, prompts: int = 6) -> dict:
 ROWS = make_rows(0)
 
 
+# (temperature, top_k, top_p) of a rollout.sampling: each row's targets drawn from that very distribution
+SAMPLED_SETTINGS = [(0.7, 0, 1.0), (1.3, 0, 1.0), (0.7, 6, 1.0), (0.7, 0, 0.85), (1.3, 8, 0.8)]
+SAMPLED_ROWS, SAMPLED_VOCAB = 24, 40
+
+
+def sampled_rows(temperature: float, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits [N, V] of a peaked distribution, a target per row drawn by the built-in sampler at these settings, and
+    a weight per row (the gradient of sum(w * logp) is compared, not only of their sum)."""
+    from rlsteps.engine.generation.backend import SamplingParams
+    from rlsteps.engine.generation.sampling import sample_next_token
+
+    g = torch.Generator().manual_seed(int(temperature * 100) + top_k + int(top_p * 100))
+    logits = torch.randn(SAMPLED_ROWS, SAMPLED_VOCAB, generator=g) * 2.5
+    params = SamplingParams(max_new_tokens=1, temperature=temperature, top_p=top_p, top_k=top_k)
+    targets = sample_next_token(logits, params, torch.rand(SAMPLED_ROWS, generator=g).clamp(1e-6, 1 - 1e-6))
+    return logits, targets, torch.randn(SAMPLED_ROWS, generator=g)
+
+
+def sampled_call(temperature: float, top_k: int, top_p: float) -> dict:
+    logits, targets, weights = sampled_rows(temperature, top_k, top_p)
+    return {"fn": "sampled", "logits": as_list(logits), "targets": targets.tolist(), "weights": as_list(weights),
+            "t": temperature, "top_k": top_k, "top_p": top_p}  # fmt: skip
+
+
 def far_reference(rows: dict) -> dict:
     """The rows with a reference up to 30 nats from the policy: |log r| of 30, 25 and 21 (past the input clamp of 20),
     3 and -12 (k3 of 16.1 and 11.0: past the output clamp of 10) and 0.5 (neither), on every row's first tokens."""
@@ -175,6 +199,8 @@ def _calls() -> dict[str, dict]:
     calls["grpo loss 0.05 far"] = _loss_call(
         grpo_cfg | {"reference_policy_kl_penalty": 0.05}, far_reference(r), grpo_adv, ended, split=len(ended) // 3
     )
+    for settings in SAMPLED_SETTINGS:
+        calls[f"sampled {settings}"] = sampled_call(*settings)
     reinforce_cfg = {"disable_ppo_ratio": True, "token_level_loss": True}
     for beta in (0.0, 0.05):
         calls[f"reinforce loss {beta}"] = _loss_call(
@@ -364,6 +390,25 @@ def test_grpo_kl_term_in_the_clamped_region_equals_nemo_rls_in_value_and_gradien
     clamped[:, 1:7] = (r["mask"][:, 1:7] * ended.float()[:, None]).bool()  # the loss tokens of the offsets past a clamp
     assert clamped.sum() >= 10
     assert torch.equal(grad[clamped], without_kl[clamped])  # the KL term adds no gradient where a clamp binds
+
+
+@pytest.mark.parametrize("settings", SAMPLED_SETTINGS, ids=lambda s: f"T{s[0]}-k{s[1]}-p{s[2]}")
+def test_the_sampled_distributions_logprobs_and_gradient_equal_nemo_rls(upstream_results, settings):
+    """Training scores a token under the distribution the sampler drew it from: logits / T, then top-k and top-p,
+    renormalised, the filtered tokens without gradient. Against NeMo-RL's own apply_temperature_scaling and
+    apply_top_k_top_p (its DTensor worker's path), value and gradient w.r.t. the logits, on tokens the built-in sampler
+    drew at those settings; and not the raw log-probs training took before (the gap asserted)."""
+    from rlsteps.engine.policy.sampled_distribution import SampledDistribution
+
+    logits, targets, weights = sampled_rows(*settings)
+    logits.requires_grad_(True)
+    ours = SampledDistribution(*settings).logprobs(logits, targets)
+    (ours * weights).sum().backward()
+    theirs = upstream_results[f"sampled {settings}"]
+    assert close(ours.detach(), theirs["logprobs"], abs=1e-5)
+    assert close(logits.grad, theirs["grad"], abs=1e-6)
+    raw = logits.detach().log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    assert (raw - ours.detach()).abs().max() > 0.05
 
 
 def test_reinforce_loss_equals_nemo_rls_clipped_pg_loss_without_ratio(upstream_results):
