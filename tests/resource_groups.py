@@ -34,6 +34,7 @@ LONGEST_FIRST = (
     "test_records_on_resume",
     "test_pipeline_runs",
     "test_lora_runs",
+    "test_family_runs",
     "test_tiny",
     "test_megatron_bridge",
     "test_distributed_runs",

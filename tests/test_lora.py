@@ -15,10 +15,10 @@ from distributed_update import VOCAB, config, fixed_batch, fixed_model  # noqa: 
 from rlsteps.contract.config import LoraConfig, ReinforceConfig  # noqa: E402
 from rlsteps.engine.algorithms.reinforce import ReinforceRLOO  # noqa: E402
 from rlsteps.engine.algorithms.rs import RejectionSampling  # noqa: E402
-from rlsteps.engine.policy.logprobs import batched_token_logprobs  # noqa: E402
+from rlsteps.engine.policy.logprobs import batched_token_logprobs, reads_packed_sequences  # noqa: E402
 from rlsteps.engine.policy.lora import adapters_off, apply_lora, merged_parameters  # noqa: E402
 from rlsteps.engine.policy.optim import build_optimizer, build_scheduler  # noqa: E402
-from rlsteps.engine.run.update import PolicyUpdate  # noqa: E402
+from rlsteps.engine.run.update import PolicyUpdate, longest_row  # noqa: E402
 from rlsteps.errors import UsageError  # noqa: E402
 
 LORA = LoraConfig(enabled=True, dim=4, alpha=8)
@@ -74,7 +74,9 @@ def test_the_reference_is_the_base_with_the_adapters_off():
     run = StepRun(cfg, ReinforceRLOO(cfg), None, model, None, None, None, None, Counters(), torch.device("cpu"), None)
     batch = fixed_batch(6)
     reference = run._reference()(batch)
-    assert torch.equal(reference, batched_token_logprobs(fixed_model(), batch, 8))
+    # the pass packs its rows (the adapted policy reads packed sequences as the base does), as the base's own does
+    assert run.cfg.train.sequence_packing and reads_packed_sequences(model, torch.device("cpu"))
+    assert torch.equal(reference, batched_token_logprobs(fixed_model(), batch, 8, longest_row(run.cfg)))
     assert not torch.equal(reference, run._logprobs(model)(batch))
     with adapters_off(model):
         pass

@@ -151,17 +151,16 @@ def test_a_model_that_attends_across_packed_sequences_is_passed_padded_rows(capl
 
 
 @pytest.mark.slow  # dynamo traces the probe's two forwards: about 20 s on 2 cores
-def test_a_compiled_forward_is_probed_as_it_runs_and_passed_padded_rows(caplog):
-    """train.compile: transformers' models lose the packed sequences' mask when torch compiles their forward (the
-    compiled tiny policy's packed log-probs are off by a nat), so the probe runs the forward as it will run, and the
-    update's passes get padded rows; the model itself still reads them (the prepare passes, not compiled, pack)."""
+def test_a_compiled_forward_is_probed_as_it_runs_and_reads_packed_sequences(caplog):
+    """train.compile: the compiled module's forward takes **kwargs, so the passes look through it for what the model
+    takes (use_cache=False): without, transformers built a KV cache and read a packed row as one sequence (the
+    compiled tiny policy's packed log-probs a nat off), and a compiled update was passed padded rows."""
     model = policy_model()
     chosen = recipe("grpo-k3", micro=2, packing=True, max_new=MAX_NEW)
     with caplog.at_level(logging.WARNING, logger=logprobs_module.__name__):
         update = policy_update(model, chosen, compile=True)
-    assert update.forward._orig_mod is model and not update.packing
-    assert "compiled (train.compile)" in caplog.text and "lose the packed sequences' mask" in caplog.text
-    assert reads_packed_sequences(model, CPU)
+    assert update.forward._orig_mod is model and update.packing
+    assert "train.sequence_packing" not in caplog.text
 
 
 @pytest.mark.parametrize(("row", "reads"), [(0, True), (1, False), (2, False)])

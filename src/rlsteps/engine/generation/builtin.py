@@ -31,7 +31,7 @@ from rlsteps.engine.generation.sampling import choose_token
 from rlsteps.engine.generation.sizing import context_length
 from rlsteps.engine.generation.uniforms import position_uniforms
 from rlsteps.engine.policy.logprobs import position_ids_from_mask
-from rlsteps.engine.policy.model import eval_mode
+from rlsteps.engine.policy.model import eval_mode, underlying_model
 
 STATIC_CACHE_MULTIPLE = 64  # a static cache's length is rounded up to this, so batches of similar length share a graph
 
@@ -370,13 +370,7 @@ def cache_keyword(model: nn.Module) -> str:
     """The name of a forward's KV cache argument (and of its output field): transformers renamed past_key_values to
     cache in 5.2x, where the old name warns and is to go in 5.40; a model of an older release (or remote code) still
     takes past_key_values. Decided once per model class."""
-    return _cache_keyword(type(_underlying(model)))
-
-
-def _underlying(model: nn.Module) -> nn.Module:
-    """The model whose forward a wrapper passes its arguments to: a peft model's base model (LoRA), else itself."""
-    base = getattr(model, "get_base_model", None)
-    return base() if callable(base) else model
+    return _cache_keyword(type(underlying_model(model)))
 
 
 @functools.cache
@@ -386,7 +380,7 @@ def _cache_keyword(model_class: type) -> str:
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:
     """Most HF causal LMs can return the last position's logits only, saving a [B, P, V] prefill tensor."""
-    return "logits_to_keep" in inspect.signature(_underlying(model).forward).parameters
+    return "logits_to_keep" in inspect.signature(underlying_model(model).forward).parameters
 
 
 def _check_context(model: nn.Module, longest_prompt: int, max_new_tokens: int) -> None:

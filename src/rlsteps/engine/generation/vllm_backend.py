@@ -13,6 +13,8 @@ weights after every update.
   are offloaded to CPU memory; it wakes for the next weight update.
 - The engine starts from a Hugging Face checkpoint on disk (vLLM builds its model from one); a Megatron policy
   is written in that form into the run directory once.
+- A policy vLLM cannot run on the device is refused before the engine starts, in one line with what to change
+  (`refusal`): on a CPU, vLLM's attention kernels take a few head sizes only (32, 64, 80, ... in vLLM 0.32).
 - A reload leaves some layers without weights of their own by design, and vLLM warns "Failed to load weights"
   for each at every update although the weights are in sync: those warnings, and only those, are hidden.
 
@@ -36,6 +38,7 @@ from torch import nn
 from rlsteps.contract.config import VllmConfig
 from rlsteps.engine.generation.backend import Generation, SamplingParams, check_requests
 from rlsteps.engine.policy.lora import has_adapters, merged_parameters
+from rlsteps.errors import UsageError
 
 log = logging.getLogger(__name__)
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"  # where vLLM's reload reports each layer
@@ -68,6 +71,7 @@ class VllmBackend:
         seed: int,
     ) -> None:
         self.eos_token_ids = eos_token_ids
+        self.device = device
         self.sleeps = settings.sleep and device.type == "cuda"  # vLLM's sleep mode frees GPU memory only
         self._asleep = False
         self.llm = _start_engine(model_dir, settings, max_model_len, dtype, device, seed, self.sleeps)
@@ -94,6 +98,8 @@ class VllmBackend:
                 "reload_weights", kwargs={"weights_iterator": _policy_weights(model), "is_checkpoint_format": True}
             )
         self.llm.apply_model(refresh_tied_output_layer)
+        if self.device.type == "cpu":
+            self.llm.apply_model(repack_cpu_experts)
         self.llm.reset_prefix_cache()  # cached prompt keys and values came from the old weights
 
     def release(self) -> None:
@@ -206,6 +212,22 @@ def refresh_tied_output_layer(model: nn.Module) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
+def repack_cpu_experts(model: nn.Module) -> None:
+    """Prepack a vLLM model's mixture-of-experts weights again for its CPU kernel, after a reload.
+
+    vLLM's CPU experts kernel reads them in a layout it packs once, at the first load; a reload copies the new
+    weights into that storage unpacked and leaves them so (vLLM 0.32), and the kernel reads them as packed: Qwen3-MoE's
+    log-probs came out 1% off the trainer's after a reload of the very weights vLLM had started from.
+    """
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(module)
+
+
 @contextlib.contextmanager
 def random_state_kept() -> Iterator[None]:
     """Python's, NumPy's and torch's global random state as they were before the block (a resumed run restored
@@ -231,6 +253,38 @@ def _as_generation(outputs: list[Any]) -> Generation:
     return Generation(response_ids=response_ids, is_end=is_end, logprobs=logprobs)
 
 
+def refusal(config: Any, device: torch.device) -> str | None:
+    """Why vLLM cannot sample from a model of this Hugging Face config on `device`, in one line; None when it can."""
+    head_size = _head_size(config)
+    if device.type != "cpu" or head_size is None:
+        return None
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_size in supported:
+        return None
+    return (
+        f"vLLM's CPU build has no attention kernel for this policy's head size {head_size} "
+        f"(it takes {', '.join(map(str, supported))})"
+    )
+
+
+def _head_size(config: Any) -> int | None:
+    """The attention's head size of a (text) model config: head_dim where it is set, else hidden / heads."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    head_dim = getattr(text, "head_dim", None)
+    if head_dim:
+        return int(head_dim)
+    hidden, heads = getattr(text, "hidden_size", None), getattr(text, "num_attention_heads", None)
+    return hidden // heads if hidden and heads else None
+
+
+def _model_config(model_dir: Path) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir)
+
+
 def _start_engine(
     model_dir: Path,
     settings: VllmConfig,
@@ -242,6 +296,9 @@ def _start_engine(
 ) -> Any:
     if not vllm_installed():
         raise ImportError(f"rollout.backend=vllm needs vLLM in this Python ({INSTALL_HINT})")
+    refused = refusal(_model_config(model_dir), device)
+    if refused is not None:
+        raise UsageError(refused, fix="rollout.backend=builtin (the built-in sampler runs every family)")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: weights by reference
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its start-up chatter would bury the run's own log
     if device.type == "cpu":

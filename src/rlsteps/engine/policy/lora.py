@@ -7,6 +7,11 @@
   (`merged_parameters`), under the base model's names; the built-in sampler samples from the adapted policy itself.
 - The run's output is the merged model (`merged_model`), and beside it the adapters as peft saves them
   (`save_adapter`).
+- With train.lora.target_modules empty, the adapters go on the attention and MLP projections, and on a Mamba layer's
+  in_proj (`default_target_modules`): every nn.Linear but the output layer, a mixture of experts' router (it picks
+  the experts, not what they compute) and a Mamba layer's out_proj, which its fused kernels read as a bare weight
+  (peft refuses it). The experts of a mixture that transformers stores fused, as 3-D parameters (Qwen3-MoE), are no
+  nn.Linear and keep their weights: their layers train through the attention's adapters.
 
 The adapters' A matrices are drawn from the run's seed (B starts at zero, so the adapted policy starts as the base):
 every process of a run, and a rerun, starts from the same adapters.
@@ -28,6 +33,11 @@ from torch import nn
 from rlsteps.contract.config import LoraConfig
 from rlsteps.errors import UsageError
 
+# Mamba layers' modules that peft refuses to adapt (peft.tuners.tuners_utils._check_lora_target_modules_mamba): their
+# fused kernels read out_proj's and conv1d's weights without calling them
+MAMBA_KERNEL_MODULES = ("out_proj", "conv1d")
+# config fields that count a mixture's experts: a linear layer with that many outputs is its router
+EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 ADAPTER_NAME = "default"  # peft's name for a model's one adapter
 ADAPTER_DIR = "adapter"  # <output.dir>/adapter: the adapters as peft saves them, beside the merged policy/
 LORA_INSTALL_HINT = "pip install 'rlsteps[lora]' (peft) into the job's Python, or train.lora.enabled=false"
@@ -44,7 +54,7 @@ def apply_lora(model: nn.Module, settings: LoraConfig, seed: int) -> nn.Module:
         r=settings.dim,
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
-        target_modules=list(settings.target_modules) or "all-linear",
+        target_modules=list(settings.target_modules) or default_target_modules(model),
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -60,6 +70,33 @@ def apply_lora(model: nn.Module, settings: LoraConfig, seed: int) -> nn.Module:
                 f"train.lora.target_modules {list(settings.target_modules)} matches no layer of the policy",
                 fix=f"name some of its linear layers, e.g. {linear_layer_names(model)[:8]}, or leave the list empty",
             ) from None
+
+
+def default_target_modules(model: nn.Module) -> list[str]:
+    """The adapters' targets when train.lora.target_modules is empty: the last name of each kind of linear layer but
+    the output layer, a router and a Mamba layer's kernel-read out_proj (the module docstring)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    experts = _expert_count(getattr(model, "config", None))
+    mamba = _has_mamba_layers(model)
+    names = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear) or module is head or module.out_features == experts:
+            continue
+        last = name.rsplit(".", 1)[-1]
+        if not (mamba and last in MAMBA_KERNEL_MODULES):
+            names.append(last)
+    return list(dict.fromkeys(names))
+
+
+def _expert_count(config: object) -> int | None:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return next((getattr(text, f) for f in EXPERT_COUNT_FIELDS if getattr(text, f, None)), None)
+
+
+def _has_mamba_layers(model: nn.Module) -> bool:
+    """Whether the model has state-space (Mamba) layers: modules holding an `A_log` parameter (Mamba, Mamba2,
+    Nemotron-H, Falcon-H1, Jamba, Bamba)."""
+    return any("A_log" in module._parameters for module in model.modules())
 
 
 def linear_layer_names(model: nn.Module) -> list[str]:

@@ -112,6 +112,19 @@ def frozen_copy(model: nn.Module, device: str | torch.device | None = None) -> n
     return frozen
 
 
+def underlying_model(model: nn.Module) -> nn.Module:
+    """The model whose forward a wrapper passes its keyword arguments to: through torch.compile's module and peft's
+    model (LoRA), whose own forwards take **kwargs and so name none of them."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)  # torch.compile
+        if inner is None:
+            base = getattr(model, "get_base_model", None)  # peft
+            inner = base() if callable(base) else None
+        if inner is None or inner is model:
+            return model
+        model = inner
+
+
 @contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     """Eval mode (no dropout) for the duration, then the model's previous mode."""

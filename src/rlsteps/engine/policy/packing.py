@@ -9,7 +9,10 @@ last sequence is a sequence of its own. The log-probs come back in the RolloutBa
 never see the packing (rlsteps.engine.policy.logprobs.packed_token_logprobs).
 
 A model whose forward does not read packed sequences (custom code that builds its own mask) would attend across
-them: each model is probed once (logprobs.reads_packed_sequences), and one that does is passed padded rows.
+them: each model is probed once (logprobs.reads_packed_sequences), and one that does is passed padded rows, with a
+warning that names the model's family and, where its structure tells, why. Of the families users bring (tests/
+test_family_runs.py), Llama 3, Mistral, Qwen2.5, Qwen3, Qwen3-MoE and Gemma 3 (its sliding-window layers too) pack;
+Nemotron-H does not: its Mamba layers carry their state across the sequences of a row.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from rlsteps.engine.batch import RolloutBatch, first_fit_bins
+from rlsteps.engine.policy.model import underlying_model
 
 
 @dataclass(frozen=True)
@@ -65,3 +70,29 @@ def pack_batch(batch: RolloutBatch, capacity: int) -> PackedRows:
     lengths = batch.sequence_lengths.tolist()
     wanted = batch.response_mask().bool() & batch.attention_mask()[:, 1:].bool()
     return pack(batch.tokens, lengths, wanted, first_fit_bins(lengths, capacity), batch.pad_id)
+
+
+def probed_name(model: nn.Module) -> str:
+    """The probed model as a warning names it: its class and model type, compiled or not, under adapters or not."""
+    inner = underlying_model(model)
+    model_type = getattr(getattr(inner, "config", None), "model_type", None)
+    name = type(inner).__name__ + (f" ({model_type})" if model_type else "")
+    if inner is not model and hasattr(model, "get_base_model"):
+        name += " with LoRA adapters"
+    return name + (" compiled (train.compile)" if hasattr(model, "_orig_mod") else "")
+
+
+def attends_across_reason(model: nn.Module) -> str:
+    """Why a model's forward reads packed sequences as one, as far as its structure tells."""
+    inner = underlying_model(model)
+    if any("A_log" in module._parameters for module in inner.modules()):  # Mamba, Mamba2, Nemotron-H, Jamba...
+        return (
+            "its Mamba layers carry their state from one packed sequence into the next (transformers passes them "
+            "no sequence boundaries, only attention reads restarting position ids)"
+        )
+    if hasattr(model, "_orig_mod"):
+        return "its forward attends across packed sequences once torch compiles it"
+    return (
+        "its forward attends across packed sequences (it does not read restarting position ids without an attention "
+        "mask as Hugging Face's own models do)"
+    )
