@@ -41,6 +41,7 @@ from rlsteps.engine.generation.sampling import (
 )
 from rlsteps.engine.generation.uniforms import position_uniforms, splitmix64, splitmix64_stream
 from rlsteps.engine.policy.logprobs import batched_token_logprobs
+from rlsteps.engine.policy.sampled_distribution import SampledDistribution
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.models import build_random_causal_lm
 from rlsteps.tiny.tokenizer import chat_prompt, train_tokenizer
@@ -515,7 +516,7 @@ def test_rollout_batch_layout_and_gen_logprobs_match_recomputed_logprobs(tokeniz
     ]
     prompts = [Prompt(id=f"p{i % 2}", text=t) for i, t in enumerate(texts)]
     ids = tokenize_prompts(prompts, tokenizer)
-    # tempered and filtered sampling; the logprobs must still be those of the raw distribution
+    # tempered and filtered sampling: the logprobs are those of the distribution drawn from, as training scores them
     params = SamplingParams(10, temperature=0.7, top_k=40, top_p=0.9)
     generation = generate(
         model,
@@ -539,9 +540,12 @@ def test_rollout_batch_layout_and_gen_logprobs_match_recomputed_logprobs(tokeniz
 
     mask = batch.response_mask()
     assert batch.gen_logprobs[mask == 0].eq(0).all()
-    recomputed = batched_token_logprobs(model, batch, micro_batch_size=2)
+    sampled = SampledDistribution.of(params)
+    recomputed = batched_token_logprobs(model, batch, micro_batch_size=2, distribution=sampled)
     assert torch.allclose(recomputed * mask, batch.gen_logprobs, atol=1e-4)
-    assert batch.gen_logprobs[mask == 1].lt(0).all()
+    assert batch.gen_logprobs[mask == 1].le(0).all()
+    raw = batched_token_logprobs(model, batch, micro_batch_size=2)  # what training scored before: not the sampler's
+    assert (raw - batch.gen_logprobs)[mask == 1].abs().max() > 0.05
 
 
 def test_response_texts_skip_special_tokens(tokenizer):

@@ -19,6 +19,7 @@ from rlsteps.engine.policy.logprobs import (
     position_ids_from_mask,
     token_logprobs,
 )
+from rlsteps.engine.policy.sampled_distribution import SampledDistribution
 from rlsteps.tiny.models import build_random_causal_lm
 from test_policy import rollout_batch as policy_rollout_batch
 
@@ -131,6 +132,34 @@ def test_values_and_gradients_equal_the_full_log_softmax_on_the_wanted_positions
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert got[wanted == 0].eq(0).all() and got[wanted == 1].ne(0).all()
     assert_grads_close(got_grads, expected_grads, atol=1e-5, rtol=1e-4)
+
+
+SAMPLED = [SampledDistribution(0.7), SampledDistribution(1.3), SampledDistribution(0.7, top_k=12, top_p=0.9)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+@pytest.mark.parametrize("distribution", SAMPLED, ids=["T0.7", "T1.3", "T0.7-k12-p0.9"])
+def test_under_the_sampled_distribution_values_and_gradients_equal_its_full_computation(tokenizer, arch, distribution):
+    """The chunked head (temperature: h / T), the filtered head (top-k/top-p: whole rows, position-chunked) and the
+    full path (Gemma-2's softcapped logits) each give the sampled distribution's log-probs of the full logits, in
+    value and gradient, and not the raw ones."""
+    model = tiny(arch, tokenizer) if arch != "gemma2" else tiny_gemma2(len(tokenizer), softcap=30.0)
+    batch = rollout_batch()
+    tokens, mask, wanted = batch.tokens, batch.attention_mask(), batch.response_mask()
+    weights = torch.randn(wanted.shape, generator=torch.Generator().manual_seed(1))
+
+    def full() -> torch.Tensor:
+        logits = model(input_ids=tokens, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+        picked = distribution.logprobs(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        return torch.where(wanted.bool(), picked.view(wanted.shape), 0.0)
+
+    scored = lambda: token_logprobs(model, tokens, mask, positions=wanted, vocab_chunk=CHUNK, distribution=distribution)  # noqa: E731
+    got, got_grads = value_and_grads(model, scored, weights)
+    expected, expected_grads = value_and_grads(model, full, weights)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert_grads_close(got_grads, expected_grads, atol=1e-5, rtol=1e-4)
+    raw = token_logprobs(model, tokens, mask, positions=wanted).detach()
+    assert (raw - got.detach())[wanted == 1].abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -23,6 +23,7 @@ import torch
 from rlsteps.contract.config import RecipeConfig
 from rlsteps.engine.algorithms.sampler_gap import IMPORTANCE_WEIGHTS, sampler_gap_stats, truncated_importance_weights
 from rlsteps.engine.batch import RolloutBatch
+from rlsteps.engine.policy.sampled_distribution import SampledDistribution
 
 if TYPE_CHECKING:  # for annotations only: the math needs no reward client
     from rlsteps.engine.rewards.scores import Scores
@@ -65,6 +66,11 @@ class Recipe:
 
     def train_rows_per_step(self) -> int:
         return self.cfg.rollout.prompts_per_step * self.cfg.rollout.num_rollouts_per_prompt
+
+    def loss_distribution(self) -> SampledDistribution:
+        """The distribution the loss scores the policy's tokens under: the one the rollouts were drawn from (a policy
+        gradient's ratio, KL and importance weights are only right under it); rejection sampling's NLL overrides it."""
+        return SampledDistribution.of(self.cfg.rollout.sampling)
 
     def logprobs_from_update(self) -> bool:
         """Whether the policy's log-probs before the update are the update's own forward, detached (no pass of the

@@ -11,6 +11,7 @@ import torch
 
 from rlsteps.contract.config import RSConfig
 from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
+from rlsteps.engine.policy.sampled_distribution import SampledDistribution
 
 
 def select_topk(rewards: torch.Tensor, group_index: torch.Tensor, top_n: int) -> torch.Tensor:
@@ -58,6 +59,10 @@ class RejectionSampling(Recipe):
 
     def train_rows_per_step(self) -> int:
         return self.cfg.rollout.prompts_per_step * self.cfg.rollout.top_n_rollouts
+
+    def loss_distribution(self) -> SampledDistribution:
+        """Fine-tuning on the kept rollouts is the model's own likelihood (SFT), whatever they were sampled at."""
+        return SampledDistribution()
 
     def prepare(self, batch, scores, policy_logprobs, reference_logprobs):
         group, _ = batch.group_index()

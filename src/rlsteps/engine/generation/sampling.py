@@ -59,11 +59,17 @@ def sample_next_token(logits: torch.Tensor, params: SamplingParams, uniforms: to
     """
     if params.temperature == 0:
         return logits.argmax(-1)
+    weights, most_likely = sampling_weights(logits, params)
+    return token_from_uniform(weights, uniforms, most_likely)
+
+
+def sampling_weights(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The unnormalised probabilities [B, V] a row is drawn from (temperature, then top-k, then top-p; 0 where
+    filtered), and each row's most likely token [B] where top-k knows it without an argmax (else None)."""
     scaled = logits if params.temperature == 1 else logits / params.temperature
     if 0 < params.top_k < logits.shape[-1]:
-        weights, most_likely = top_k_weights(scaled, params.top_k, params.top_p)
-        return token_from_uniform(weights, uniforms, most_likely)
-    return token_from_uniform(top_p_filter(scaled, params.top_p).softmax(-1), uniforms)
+        return top_k_weights(scaled, params.top_k, params.top_p)
+    return top_p_filter(scaled, params.top_p).softmax(-1), None
 
 
 def top_k_weights(logits: torch.Tensor, k: int, p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,7 +128,13 @@ def token_from_uniform(
 
 
 def choose_token(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """[B, V] fp32 logits -> the sampled tokens [B] and their log-probs under the raw (unfiltered) distribution [B]."""
-    token = sample_next_token(logits, params, uniforms)
-    # log_softmax then gather: on a CPU one fused pass, cheaper than logsumexp's several
-    return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
+    """[B, V] fp32 logits -> the sampled tokens [B] and their log-probs [B] under the distribution they were drawn
+    from (temperature, top-k and top-p applied, renormalised: vLLM's processed_logprobs, what training scores them
+    under, rlsteps.engine.policy.sampled_distribution); greedy tokens under the raw distribution."""
+    if params.temperature == 0:
+        token = logits.argmax(-1)
+        # log_softmax then gather: on a CPU one fused pass, cheaper than logsumexp's several
+        return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
+    weights, most_likely = sampling_weights(logits, params)
+    token = token_from_uniform(weights, uniforms, most_likely)
+    return token, weights.gather(-1, token[:, None]).squeeze(-1).log() - weights.sum(-1).log()

@@ -315,6 +315,7 @@ def _start_engine(
                 enforce_eager=settings.enforce_eager,
                 gpu_memory_utilization=settings.gpu_memory_utilization,
                 enable_sleep_mode=sleeps,
+                logprobs_mode="processed_logprobs",  # under temperature, top-k, top-p: what training scores
             )
     except ValueError as error:  # vLLM says why (e.g. the KV cache cannot hold one rollout): add what to change
         raise ValueError(

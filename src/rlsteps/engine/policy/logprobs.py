@@ -27,15 +27,18 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.device import tf32_matmuls
-from rlsteps.engine.policy.model import eval_mode
-from rlsteps.engine.policy.packing import pack_batch
+from rlsteps.engine.policy.model import eval_mode, underlying_model
+from rlsteps.engine.policy.packing import attends_across_reason, pack_batch, probed_name
+from rlsteps.engine.policy.sampled_distribution import SampledDistribution
 
 log = logging.getLogger(__name__)
 
 VOCAB_CHUNK = 8192  # rows of W per logits chunk: [N, 8192] fp32 is 32 MB per 1024 scored tokens
+FILTER_CHUNK = 256  # positions a time whose whole logit rows a top-k/top-p distribution reads (NeMo-RL's chunk too)
 
 # Config fields of architectures whose forward changes the logits after the head (softcapping, scaling):
 # the chunked head would score the unchanged logits, so these models take the full path.
@@ -68,36 +71,50 @@ def token_logprobs(
     attention_mask: torch.Tensor,
     positions: torch.Tensor | None = None,
     vocab_chunk: int = VOCAB_CHUNK,
+    distribution: SampledDistribution | None = None,
 ) -> torch.Tensor:
     """log p(token t+1 | tokens <= t) for right-padded rows: [B, T] -> [B, T-1] fp32.
 
     positions: [B, T-1] bool or float mask of the entries wanted (the response mask, in training); None wants every
     non-padding entry. Entries not wanted, and predictions of padding, are 0. Differentiable with respect to the
     model's parameters; equals logits.float().log_softmax(-1) gathered at the targets, in value and gradient.
+    distribution: the sampled distribution to score under (temperature, top-k, top-p); None: the model's own.
     """
     if vocab_chunk < 1:
         raise ValueError(f"vocab_chunk must be a positive number of vocabulary rows, got {vocab_chunk}")
     wanted = _wanted_entries(attention_mask, positions)  # [B, T-1] bool
     targets = tokens[:, 1:][wanted]  # [N]
     inputs = forward_inputs(model, tokens, attention_mask, position_ids_from_mask(attention_mask))
-    picked = wanted_logprobs(model, inputs, wanted, targets, vocab_chunk)
+    picked = wanted_logprobs(model, inputs, wanted, targets, vocab_chunk, distribution)
     return torch.zeros(wanted.shape, dtype=torch.float32, device=picked.device).masked_scatter(wanted, picked)
 
 
 def wanted_logprobs(
-    model: nn.Module, inputs: dict, wanted: torch.Tensor, targets: torch.Tensor, vocab_chunk: int = VOCAB_CHUNK
+    model: nn.Module,
+    inputs: dict,
+    wanted: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_chunk: int = VOCAB_CHUNK,
+    distribution: SampledDistribution | None = None,
 ) -> torch.Tensor:
     """The log-probs [N] fp32 of the `wanted` entries [B, T-1] of the forward on `inputs` (forward_inputs), whose
-    predicted tokens are `targets` [N]: through the chunked head where it reproduces the logits, else the full ones."""
+    predicted tokens are `targets` [N]: through the chunked head where it reproduces the logits, else the full ones.
+    Under a distribution with top-k or top-p, each wanted position's whole row of logits is needed (the filter reads
+    it): the head scores FILTER_CHUNK positions at a time, recomputed in backward."""
+    distribution = None if distribution is None or distribution.is_raw else distribution
     reason = full_logits_reason(model)
     if reason is None:
-        return _chunked_path(model, inputs, wanted, targets, vocab_chunk)
+        return _chunked_path(model, inputs, wanted, targets, vocab_chunk, distribution)
     _warn_once(model, reason)
-    return _full_path(model, inputs, wanted, targets)
+    return _full_path(model, inputs, wanted, targets, distribution)
 
 
 def batched_token_logprobs(
-    model: nn.Module, batch: RolloutBatch, micro_batch_size: int, bin_tokens: int | None = None
+    model: nn.Module,
+    batch: RolloutBatch,
+    micro_batch_size: int,
+    bin_tokens: int | None = None,
+    distribution: SampledDistribution | None = None,
 ) -> torch.Tensor:
     """token_logprobs of the response positions over micro-batches without gradients, at the batch's full width.
 
@@ -111,15 +128,20 @@ def batched_token_logprobs(
         for rows in batch.micro_batch_rows(micro_batch_size, bin_tokens=bin_tokens):
             micro = batch.select(rows).to(device)
             if bin_tokens is None:
-                logprobs = token_logprobs(model, micro.tokens, micro.attention_mask(), positions=micro.response_mask())
+                mask, wanted = micro.attention_mask(), micro.response_mask()
+                logprobs = token_logprobs(model, micro.tokens, mask, positions=wanted, distribution=distribution)
             else:
-                logprobs = packed_token_logprobs(model, micro, bin_tokens)
+                logprobs = packed_token_logprobs(model, micro, bin_tokens, distribution=distribution)
             out[rows, : logprobs.shape[1]] = logprobs.cpu()
     return out.to(batch.tokens.device)
 
 
 def packed_token_logprobs(
-    model: nn.Module, batch: RolloutBatch, capacity: int, vocab_chunk: int = VOCAB_CHUNK
+    model: nn.Module,
+    batch: RolloutBatch,
+    capacity: int,
+    vocab_chunk: int = VOCAB_CHUNK,
+    distribution: SampledDistribution | None = None,
 ) -> torch.Tensor:
     """token_logprobs of the batch's response positions, its rows packed into bins of `capacity` tokens: [B, T-1]
     fp32, 0 outside the response mask; the padded pass's to rounding, in value and gradient, for a model that reads
@@ -127,7 +149,7 @@ def packed_token_logprobs(
     packed = pack_batch(batch, capacity)
     inputs = forward_inputs(model, packed.tokens, None, packed.position_ids)
     targets = packed.tokens[:, 1:][packed.wanted]
-    picked = wanted_logprobs(model, inputs, packed.wanted, targets, vocab_chunk)
+    picked = wanted_logprobs(model, inputs, packed.wanted, targets, vocab_chunk, distribution)
     rows, width = len(batch), batch.tokens.shape[1] - 1
     flat = torch.zeros(rows * width, dtype=picked.dtype, device=picked.device)
     return flat.index_put((packed.source,), picked).view(rows, width)
@@ -158,15 +180,10 @@ def reads_packed_sequences(model: nn.Module, device: torch.device, autocast=null
     gap = (packed - padded)[following].abs().mean().item()
     _checked[model] = gap <= tolerance
     if not _checked[model]:
-        compiled = getattr(model, "_orig_mod", None)  # what torch.compile wraps
         log.warning(
             "train.sequence_packing: the log-probs of %s on packed rows differ from the padded rows' by %.3g on "
-            "average (more than rounding, %.0e): its forward attends across packed sequences (%s). Its rows are "
-            "passed padded.",
-            type(model).__name__ if compiled is None else f"{type(compiled).__name__} compiled (train.compile)", gap,
-            tolerance, "it does not read restarting position ids without an attention mask as Hugging Face's own "
-            "models do" if compiled is None else "transformers' models lose the packed sequences' mask when torch "
-            "compiles their forward",
+            "average (more than rounding, %.0e): %s. Its rows are passed padded.",
+            probed_name(model), gap, tolerance, attends_across_reason(model),
         )  # fmt: skip
     return _checked[model]
 
@@ -299,9 +316,12 @@ def forward_inputs(
     model: nn.Module, tokens: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor
 ) -> dict:
     """The root forward's arguments: no KV cache, and every position's hidden state reaching the head. No attention
-    mask (None): the position ids alone say where sequences start (packed rows)."""
+    mask (None): the position ids alone say where sequences start (packed rows).
+
+    The arguments are those the model under any wrapper takes (peft's and torch.compile's forwards take **kwargs and
+    pass them on): a model that builds a KV cache would read packed rows as one sequence."""
     inputs = dict(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids)
-    accepted = inspect.signature(model.forward).parameters
+    accepted = inspect.signature(underlying_model(model).forward).parameters
     if "use_cache" in accepted:
         inputs["use_cache"] = False
     if "logits_to_keep" in accepted:
@@ -310,7 +330,12 @@ def forward_inputs(
 
 
 def _chunked_path(
-    model: nn.Module, inputs: dict, wanted: torch.Tensor, targets: torch.Tensor, vocab_chunk: int
+    model: nn.Module,
+    inputs: dict,
+    wanted: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_chunk: int,
+    distribution: SampledDistribution | None = None,
 ) -> torch.Tensor:
     """The wanted entries' log-probs [N] from the root forward, its output embedding scoring only the targets."""
     head = model.get_output_embeddings()
@@ -322,7 +347,11 @@ def _chunked_path(
                 f"{type(model).__name__} called its output embedding on hidden states of shape {list(hidden.shape)}, "
                 f"not [B, T, H] for tokens [{rows}, {width}]; its log-probs cannot be chunked"
             )
-        return linear_head_logprobs(hidden[:, :-1][wanted], head.weight, targets, vocab_chunk)
+        picked = hidden[:, :-1][wanted]  # [N, H]
+        if distribution is not None and distribution.filtered:
+            return filtered_head_logprobs(picked, head.weight, targets, distribution)
+        scaled = picked if distribution is None else distribution.scaled(picked)  # h / T: logits / T
+        return linear_head_logprobs(scaled, head.weight, targets, vocab_chunk)
 
     with _forward_replaced(head, score_targets):
         picked = model(**inputs).logits  # what score_targets returned, passed through the root's hooks
@@ -334,11 +363,39 @@ def _chunked_path(
     return picked.float()
 
 
-def _full_path(model: nn.Module, inputs: dict, wanted: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _full_path(
+    model: nn.Module,
+    inputs: dict,
+    wanted: torch.Tensor,
+    targets: torch.Tensor,
+    distribution: SampledDistribution | None = None,
+) -> torch.Tensor:
     """The wanted entries' log-probs [N] from the model's full logits [B, T, V], normalised at those entries only."""
-    logits = model(**inputs).logits  # [B, T, V]
-    logprobs = logits[:, :-1][wanted].float().log_softmax(-1)  # [N, V]
-    return logprobs.gather(-1, targets[:, None]).squeeze(-1)
+    logits = model(**inputs).logits[:, :-1][wanted].float()  # [N, V]
+    if distribution is not None:
+        return distribution.logprobs(logits, targets)
+    return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def filtered_head_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, distribution: SampledDistribution
+) -> torch.Tensor:
+    """log p(target) under a filtered distribution from hidden states [N, H] and the head's weight [V, H]: the logits
+    of FILTER_CHUNK positions at a time (fp32, the matmul in hidden's or autocast's dtype), each chunk recomputed in
+    backward rather than saved, so the memory stays O(FILTER_CHUNK * V)."""
+    device_type = hidden.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+
+    def score(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type, enabled=False):
+            return distribution.logprobs((h.to(dtype) @ w.to(dtype).T).float(), t)
+
+    parts = [
+        checkpoint(score, hidden[start : start + FILTER_CHUNK], weight, targets[start : start + FILTER_CHUNK],
+                   use_reentrant=False)
+        for start in range(0, len(targets), FILTER_CHUNK)
+    ]  # fmt: skip
+    return torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
 
 
 @contextmanager

@@ -46,6 +46,7 @@ from rlsteps.engine.policy.parallel import (
     Precision,
     gathered,
 )
+from rlsteps.engine.policy.sampled_distribution import SampledDistribution
 from rlsteps.engine.records.metrics import Timers
 from rlsteps.engine.records.reward_hacking import HackingWatch, rollout_signs, validation_correlations
 from rlsteps.engine.records.samples import SampleLog, sample_records, show_samples
@@ -278,10 +279,13 @@ class StepRun:
                 raise
             return str(error)
 
-    def _logprobs(self, model: torch.nn.Module | None, base: bool = False):
-        """The log-prob function of `model` (base: of the base model, the policy's adapters switched off)."""
+    def _logprobs(self, model: torch.nn.Module | None, base: bool = False, reference: bool = False):
+        """The log-prob function of `model` (base: of the base model, the policy's adapters switched off), under the
+        distribution the rollouts were drawn from (the reference's: its temperature alone)."""
         if model is None:
             return None
+        sampled = SampledDistribution.of(self.cfg.rollout.sampling)
+        distribution = sampled.without_filters() if reference else sampled
 
         def logprobs(batch: RolloutBatch) -> torch.Tensor:
             with contextlib.ExitStack() as stack:
@@ -292,7 +296,8 @@ class StepRun:
                     stack.enter_context(adapters_off(model))
                 packing = self.cfg.train.sequence_packing and reads_packed_sequences(model, self.device, autocast)
                 bin_tokens = longest_row(self.cfg) if packing else None
-                return batched_token_logprobs(model, batch, self.cfg.rollout.logprob_micro_batch_size, bin_tokens)
+                micro_batch = self.cfg.rollout.logprob_micro_batch_size
+                return batched_token_logprobs(model, batch, micro_batch, bin_tokens, distribution)
 
         return logprobs
 
@@ -300,9 +305,9 @@ class StepRun:
         """The reference policy's log-prob function: its frozen copy's, or under LoRA the base's (the policy with its
         adapters off); None when the recipe needs no reference."""
         if self.reference is not None:
-            return self._logprobs(self.reference)
+            return self._logprobs(self.reference, reference=True)
         if self.recipe.needs_reference and has_adapters(self.model):
-            return self._logprobs(self.model, base=True)
+            return self._logprobs(self.model, base=True, reference=True)
         return None
 
     def validate(self, prompts: list[Prompt]) -> dict[str, float]:

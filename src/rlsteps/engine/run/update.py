@@ -143,9 +143,11 @@ class PolicyUpdate:
         return tokens
 
     def _logprobs(self, micro: RolloutBatch) -> torch.Tensor:
+        distribution = self.recipe.loss_distribution()
         if self.packing:
-            return packed_token_logprobs(self.forward, micro, longest_row(self.recipe.cfg))
-        return token_logprobs(self.forward, micro.tokens, micro.attention_mask(), positions=micro.response_mask())
+            return packed_token_logprobs(self.forward, micro, longest_row(self.recipe.cfg), distribution=distribution)
+        mask, wanted = micro.attention_mask(), micro.response_mask()
+        return token_logprobs(self.forward, micro.tokens, mask, positions=wanted, distribution=distribution)
 
     def _empty_pass(self) -> torch.Tensor:
         """A forward pass that adds nothing to the gradient: this process has no rows left in this step."""
