@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from run_helpers import rlsteps, run_dir
+from run_helpers import rlsteps, run_dir, series
 from test_family_runs import FAMILY_NAMES, TWO_STEPS, family_policy, two_step_run
 from vllm_judge import vllm_python
 
@@ -45,3 +45,14 @@ def test_a_head_size_vllms_cpu_build_lacks_is_refused_before_vllm_starts(tiny_wo
     assert "vLLM's CPU build has no attention kernel for this policy's head size 16 (it takes 32, 64" in done.stderr
     assert "fix: rollout.backend=builtin" in done.stderr and "Traceback" not in done.stderr
     assert not (run_dir(tmp_path, "rl_reinforce") / "metrics.jsonl").exists()
+
+
+def test_vllm_at_temperature_0_7_with_top_k_and_top_p_gives_the_log_probs_training_scores(vllm_policies, tmp_path):
+    """vLLM's processed log-probs (temperature, top-k, top-p applied) are the trainer's under the sampled
+    distribution, to float tolerance: its raw ones, which it gave before, differ by the temperature's whole effect."""
+    sampled = ["rollout.sampling.temperature=0.7", "rollout.sampling.top_k=20", "rollout.sampling.top_p=0.9"]
+    done = rlsteps("run", "rl/reinforce", "-c", "tiny", f"inputs.policy={vllm_policies['qwen3']}", *TWO_STEPS,
+                   *VLLM_ROLLOUTS, *sampled, cwd=tmp_path, python=vllm_python())  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    errors = series(run_dir(tmp_path, "rl_reinforce"), "train/token_mult_prob_error")
+    assert errors and all(abs(e - 1.0) < 1e-4 for e in errors), errors  # a step without an update logs none
