@@ -46,7 +46,12 @@ def test_unknown_step_suggests_the_closest(catalog):
 
 def test_filters(catalog):
     assert [s.id for s in catalog.filter(tag="grpo")] == ["rl/nemo_rl/rlhf", "rl/rlhf"]
-    assert {s.id for s in catalog.filter(consumes="reward_model_hf")} == {"rl/rs", "rl/reinforce", "rl/rlhf"}
+    assert {s.id for s in catalog.filter(consumes="reward_model_hf")} == {
+        "rl/rs",
+        "rl/reinforce",
+        "rl/rlhf",
+        "eval/policy",
+    }
     assert {s.id for s in catalog.filter(produces="checkpoint_megatron")} == {
         "rl/rs",
         "rl/reinforce",
@@ -62,6 +67,7 @@ def test_filters(catalog):
         "rl/rs",
         "rl/reinforce",
         "rl/rlhf",
+        "eval/policy",
     }
     assert {"rl/rs", "rl/reinforce", "rl/rlhf", "rl/nemo_rl/rlhf"} <= {
         s.id for s in catalog.filter(consumes="prompt_jsonl")

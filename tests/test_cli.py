@@ -7,7 +7,10 @@ import pytest
 
 from cli_helpers import REPO, Result, invoke, run_cli
 
-STEPS = ["rl/rs", "rl/reinforce", "rl/rlhf", "rl/nemo_rl/rlhf", "convert/hf_to_megatron", "convert/megatron_to_hf"]
+STEPS = [
+    "rl/rs", "rl/reinforce", "rl/rlhf", "rl/nemo_rl/rlhf", "convert/hf_to_megatron", "convert/megatron_to_hf",
+    "eval/policy",
+]  # fmt: skip
 
 
 def test_list_table_and_json():
@@ -21,6 +24,7 @@ def test_list_table_and_json():
         "rl/rs",
         "rl/reinforce",
         "rl/rlhf",
+        "eval/policy",
     }
 
 

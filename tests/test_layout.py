@@ -33,9 +33,12 @@ ALLOWED = {
     "nemo_rl": {"contract", "errors", "dotted"},  # the compile for NeMo-RL: a peer of plan, torch-free
     "tiny": {"engine", "contract", "dotted"},
     "examples": {"tiny"},  # the examples' files and models, cached where the tiny world is
+    # rlsteps.run from Python: the command line's compile and checks, then the worker in the calling process
+    "api": {"plan", "catalog", "contract", "engine", "errors"},
     "engine": {"contract", "dotted", "secrets", "errors", "install"},  # vocabulary: masking, exit codes, the version
     "contract": {"errors", "dotted"},  # torch-free: what submitting and running agree on
-    "catalog": {"errors", "dotted", "install"},
+    "catalog": {"manifest_schema", "errors", "dotted", "install"},
+    "manifest_schema": {"errors"},  # what a manifest and types.toml may hold
     "install": set(),  # this install: its version, its source, where its catalog lies
     "secrets": {"dotted"},
     "errors": {"secrets"},  # an error's message is masked
@@ -210,9 +213,10 @@ def test_readme_and_ci_run_the_same_test_command():
 
 
 # The engine's top level holds only the vocabulary its rooms share; everything else lives in a room (docs/layout.md).
-ENGINE_VOCABULARY = {"__init__", "batch", "distributed", "device"}
+ENGINE_VOCABULARY = {"__init__", "batch", "distributed", "device", "call_site"}
 ENGINE_ROOMS = {
-    "run", "inputs", "checkpoints", "records", "algorithms", "policy", "generation", "rewards", "megatron", "nemo_rl"
+    "run", "inputs", "checkpoints", "records", "algorithms", "policy", "generation", "rewards", "megatron", "nemo_rl",
+    "eval",
 }  # fmt: skip
 ENGINE_ROOM_NAMES = {f"rlsteps.engine.{room}" for room in ENGINE_ROOMS}
 

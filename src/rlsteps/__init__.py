@@ -6,7 +6,7 @@ From Python: `rlsteps.run(step, config=..., overrides=..., rewards=...)` runs a 
 
 from typing import Any
 
-__version__ = "0.1.0"
+from rlsteps.install import VERSION as __version__  # noqa: F401  (the standard library only)
 
 
 def __getattr__(name: str) -> Any:

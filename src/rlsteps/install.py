@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+VERSION = "0.1.0"  # rlsteps.__version__, and the wheel's (pyproject.toml reads it here)
 PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_FILE = "_source.json"  # in a built package: where it was built from
 SHIPPED_DIR = "share"  # in a built package: the catalog, as the top of the checkout holds it
@@ -22,9 +23,7 @@ ROOT_ENV = "RLSTEPS_ROOT"  # read the shipped catalog from this folder instead (
 
 
 def version() -> str:
-    import rlsteps
-
-    return rlsteps.__version__
+    return VERSION
 
 
 def git_state(directory: Path) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from rlsteps.cli import fit
 from rlsteps.cli.artifacts import artifacts_app
+from rlsteps.cli.eval import eval_app
 from rlsteps.cli.jobs import jobs_app
 from rlsteps.cli.pipelines import pipeline_app
 from rlsteps.cli.serve import serve_app
@@ -33,6 +34,7 @@ app.add_typer(serve_app, name="serve")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(artifacts_app, name="artifacts")
+app.add_typer(eval_app, name="eval")
 
 RUN_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": False}
 

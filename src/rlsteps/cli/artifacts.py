@@ -63,9 +63,14 @@ def list_artifacts(
 
 @artifacts_app.command("show")
 def show_artifact(reference: str = typer.Argument(..., help=REFERENCE)) -> None:
-    """Print a version's metadata (JSON)."""
+    """Print a version's metadata (JSON); for an eval report, its table too."""
     version = _version(reference)
     out.print_json(json.dumps({"artifact": version.label, "url": version.url, **version.metadata}, default=str))
+    if version.metadata.get("type") == "eval_report":
+        import fsspec
+
+        with fsspec.open(f"{version.url.rstrip('/')}/report.md", "r") as report:
+            out.print(report.read(), highlight=False, markup=False, soft_wrap=True)
 
 
 @artifacts_app.command("lineage")

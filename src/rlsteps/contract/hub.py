@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from rlsteps.contract.input_check import InputProblem
+from rlsteps.contract.input_problem import InputProblem
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")  # a prompt file's name, never a dataset id

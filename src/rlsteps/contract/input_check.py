@@ -13,22 +13,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rlsteps.contract.detect import detect, exists
+from rlsteps.contract.input_problem import InputProblem
 from rlsteps.contract.weight_files import weight_damage
 
 EXIT_INPUT = 3  # as rlsteps.errors.ArtifactError: a missing, malformed or mistyped input artifact
 PROMPT_FILE_FIX = 'each line must be {"prompt": "..."} or {"messages": [{"role", "content"}, ...]}'
-
-
-class InputProblem(Exception):
-    """An input the job cannot use: what is wrong, and the fix."""
-
-    def __init__(self, message: str, fix: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.fix = fix
-
-    def __str__(self) -> str:
-        return f"{self.message} (fix: {self.fix})" if self.fix else self.message
 
 
 def missing(name: str, key: str, ref: str, wanted: str) -> InputProblem:

@@ -49,7 +49,7 @@ def dataset_rows(
 ) -> Iterator[tuple[str, str, str, Any]]:
     """Every row of the dataset's chosen split: (how a message names it, how another row's names it, its default id,
     the row as a mapping). PromptFileError when the dataset cannot be read, has no such split, or no rows."""
-    from rlsteps.contract.prompts import PromptFileError
+    from rlsteps.contract.prompt_errors import PromptFileError
 
     datasets = _datasets(path)
     source = _opened(datasets, path)
@@ -65,7 +65,7 @@ def dataset_rows(
 
 
 def _datasets(path: str) -> Any:
-    from rlsteps.contract.prompts import PromptFileError
+    from rlsteps.contract.prompt_errors import PromptFileError
 
     try:
         import datasets
@@ -109,7 +109,7 @@ def _guarded(path: str, rows: Any) -> Iterator[Any]:
 
 
 def _unreadable(path: str, error: Exception) -> Exception:
-    from rlsteps.contract.prompts import PromptFileError
+    from rlsteps.contract.prompt_errors import PromptFileError
 
     said = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return PromptFileError(
@@ -120,7 +120,7 @@ def _unreadable(path: str, error: Exception) -> Exception:
 
 def _split(path: str, source: Any, splits: tuple[str, ...], split_key: str) -> tuple[str | None, Any]:
     """(the split's name, its rows): a source of one split is read whole; of several, the first of splits it has."""
-    from rlsteps.contract.prompts import PromptFileError
+    from rlsteps.contract.prompt_errors import PromptFileError
 
     if not hasattr(source, "keys"):  # a Dataset, not a dict of splits
         return None, source

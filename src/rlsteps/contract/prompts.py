@@ -21,6 +21,8 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
+from rlsteps.contract.prompt_errors import PromptFileError
+
 CHAT_ROLES = ("system", "user", "assistant")
 GYM_ROW_KEY = "responses_create_params"  # a NeMo-Gym rollout row: its Responses API request
 PROMPT_KEYS = frozenset({"id", "prompt", "messages", GYM_ROW_KEY})  # the rest of a line are its fields
@@ -44,15 +46,6 @@ class Prompt:
         if not self.messages:
             return [{"role": "user", "content": self.text}]
         return [{"role": role, "content": content} for role, content in self.messages]
-
-
-class PromptFileError(ValueError):
-    """A prompt file that cannot be used; the message starts with "<path>:<line>:" (or "<path>:" when the file cannot
-    be read at all). fix: what to do, where it is not the usual one (a line of the right shape)."""
-
-    def __init__(self, message: str, fix: str | None = None):
-        super().__init__(message)
-        self.fix = fix
 
 
 DATASET_ROW_FIX = 'each row needs a "prompt" (text) or "messages" column, or pass data.prompt_column=COLUMN'

@@ -67,9 +67,9 @@ class CodeWheel:
 
 
 def package_version() -> str:
-    import rlsteps
+    from rlsteps.install import version
 
-    return rlsteps.__version__
+    return version()
 
 
 def wheel_name() -> str:

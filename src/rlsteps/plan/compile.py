@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from rlsteps.catalog import Step, load_catalog
 from rlsteps.contract.config import NEMO_RL_SECTIONS, STEP_SCHEMAS  # torch-free
+from rlsteps.contract.eval_config import EvalConfig  # noqa: F401  registers eval/policy in STEP_SCHEMAS
 from rlsteps.errors import UsageError
 from rlsteps.launch.job import Job, Mode, sanitise_name
 from rlsteps.plan import resolvers

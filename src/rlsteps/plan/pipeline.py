@@ -9,8 +9,9 @@ A pipeline file:
       - {name: rs, step: rl/rs, config: tiny, overrides: [train.max_steps=3], publish: tiny-rs}
       - {name: reinforce, step: rl/reinforce, config: tiny, inputs: {policy: "stage:rs"}}
 
-An input bound to `stage:NAME` (or `stage:NAME.OUTPUT`) reads that stage's output artifact; any other value
-is a reference (a path, an fsspec URL, artifact:NAME[:vN]). Every stage is compiled and its inputs
+An input bound to `stage:NAME` (or `stage:NAME.OUTPUT`) reads that stage's output artifact, and
+`stage:NAME.inputs.INPUT` what that stage read as INPUT (an eval stage's baseline: the RL stage's input policy); any
+other value is a reference (a path, an fsspec URL, artifact:NAME[:vN]). Every stage is compiled and its inputs
 type-checked before the first one starts. A stage's run directory defaults to
 .rlsteps/pipelines/<pipeline>/<stage>. A stage whose output exists and was written from the same config
 and the same input versions is skipped; a failed stage stops the pipeline, and a rerun skips what finished
@@ -43,6 +44,7 @@ from rlsteps.plan.runner import Compiled, RunRequest, compile_request, execute
 from rlsteps.secrets import mask_argv
 
 STAGE_PREFIX = "stage:"
+INPUT_PREFIX = "inputs."  # stage:NAME.inputs.INPUT: the reference that stage read as INPUT
 
 
 class StageSpec(BaseModel):
@@ -194,6 +196,13 @@ def _bind_inputs(
                     f"stage '{stage.name}': input '{input_name}' reads stage '{source}', which does not run before it",
                     fix=f"bind it to one of the earlier stages: {', '.join(plans) or 'none'}",
                 )
+            if output.startswith(INPUT_PREFIX):  # what that stage read: e.g. an RL stage's input policy, to compare
+                ref, promised_type = _stage_input(plans[source], output.removeprefix(INPUT_PREFIX))
+                if promised_type:
+                    promised[input_name] = promised_type
+                upstream.append(source)
+                overrides.append(f"{by_name[input_name].key}={ref}")
+                continue
             outputs = plans[source].outputs
             if not output and len(outputs) != 1:
                 raise UsageError(
@@ -205,6 +214,19 @@ def _bind_inputs(
             upstream.append(source)
         overrides.append(f"{by_name[input_name].key}={ref}")
     return overrides, promised, tuple(dict.fromkeys(upstream))
+
+
+def _stage_input(plan: StagePlan, name: str) -> tuple[str, str | None]:
+    """(reference, type promised by a stage before it, if any) of the input NAME of an earlier stage."""
+    spec = next((c for c in plan.step.consumes if c.name == name), None)
+    ref = lookup(plan.compiled.job.config, spec.key) if spec is not None else None
+    if ref is None:
+        given = ", ".join(c.name for c in plan.step.consumes if lookup(plan.compiled.job.config, c.key))
+        raise UsageError(
+            f"stage '{plan.name}' has no input '{name}' to bind",
+            fix=f"write stage:{plan.name}.inputs.NAME with NAME in {given}",
+        )
+    return str(ref), dict(plan.request.promised).get(name)
 
 
 def _pipeline_wide(catalog: Catalog, spec: PipelineSpec, overrides: list[str]) -> dict[str, list[str]]:

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import rlsteps
 from rlsteps.contract.worker_args import build_parser, load_config
 from rlsteps.engine.run import preflight
 
@@ -35,6 +34,7 @@ _held: list[Any] = []  # the run directory's lock, held until the process ends
 
 
 def run(config_path: Path, log_level: str = "info") -> int:
+    import rlsteps.contract.eval_config  # noqa: F401  registers eval/policy's schema beside the recipes'
     from rlsteps.contract.artifact import input_versions
     from rlsteps.contract.config import ConvertConfig
     from rlsteps.contract.hub import with_hub_snapshots
@@ -61,6 +61,10 @@ def run(config_path: Path, log_level: str = "info") -> int:
     cfg = with_hub_snapshots(cfg, log.info)  # Hugging Face Hub ids: their snapshots in the cache, fetched if need be
     versions = input_versions(cfg.inputs.model_dump())  # before the step: what this run actually reads
     log.info("%s: run directory %s", cfg.algorithm, run_dir)
+    if cfg.algorithm == "eval":  # eval/policy: responses generated and scored, a report written; no training
+        from rlsteps.engine.eval.run import run_eval
+
+        return run_eval(cfg, run_dir, world, job, versions)
     done = _finished_output(cfg, run_dir, versions)
     if done:  # a rerun of a finished run: no server, no policy load, no torch import
         log.info("already done: %s", done)
@@ -220,9 +224,9 @@ def _prepare_torch(cfg: StepConfig) -> None:
         from rlsteps.engine.policy.lora import require_peft
 
         require_peft()  # before the policy loads
-    from rlsteps.install import describe
+    from rlsteps.install import PACKAGE_DIR, describe
 
-    log.info("code: %s from %s", describe(), Path(rlsteps.__file__).parent)
+    log.info("code: %s from %s", describe(), PACKAGE_DIR)
 
 
 def _train(
