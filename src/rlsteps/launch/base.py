@@ -38,6 +38,8 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)  # non-secret variables; secrets travel separately
     files: dict[str, str] = field(default_factory=dict)  # job-dir file name -> content (scripts, specs)
     code: str | None = None  # the file name of the wheel of rlsteps the job runs (launch.code), built into its dir
+    # the config.yaml the worker reads where the launcher fills a key at run time (a server's URL); None: the job's own
+    worker_config: dict[str, Any] | None = None
 
     def shell(self) -> str:
         return shlex.join(self.command)

@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from rlsteps.errors import RunFailed
-from rlsteps.launch import code
+from rlsteps.launch import code, lepton_server, server_alloc
 from rlsteps.launch import lepton_api as api
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission
 from rlsteps.launch.job import Job
 from rlsteps.launch.lepton_spec import (
+    CONTAINER_JOBS_DIR,
     LeptonProfile,
     build_spec,
     held_secrets,
@@ -42,6 +43,8 @@ from rlsteps.launch.lepton_spec import (
 SPEC_FILE = "lepton_job.json"
 POLL_SECONDS = 10.0  # attached runs poll the job's state this often
 SECRETS_DELETED = "secrets_deleted"  # record.extra: the job's own secrets are deleted
+SERVER_JOB = "server_job"  # record.extra: the id of the run's server job (a profile's server:)
+SERVER_DELETED = "server_deleted"  # record.extra: that job is deleted
 
 
 class LeptonLauncher:
@@ -72,16 +75,18 @@ class LeptonLauncher:
             body = build_spec(job, job_dir.name, profile).model_dump(by_alias=True, exclude_none=True, mode="json")
         else:
             body = spec_body(job, job_dir.name, profile)
-        for env in body["spec"]["envs"]:  # the wheel stays in the job dir; submit puts its chunks back
-            if "value" in env:
-                env["value"] = code.elided(env["name"], env["value"])
+        files = {}
+        if profile.server:
+            files[lepton_server.SERVER_SPEC_FILE] = json.dumps(_server_body(job, profile, body, job_dir.name), indent=2)
+        _elide(body)
         plain = {e["name"]: e["value"] for e in body["spec"]["envs"] if "value" in e}
         return LaunchPlan(
             launcher=self.name,
-            summary=summary(job, profile, body["metadata"]["id"], len([n for n in plain if code.is_chunk(n)])),
+            summary=summary(job, profile, body["metadata"]["id"], len([n for n in plain if code.is_chunk(n)]))
+            + _server_note(profile, body["metadata"]["id"]),
             command=list(body["spec"]["container"]["command"]),
             env=plain,
-            files={SPEC_FILE: json.dumps(body, indent=2)} | nemo_rl_files(job, job_dir.name, profile),
+            files={SPEC_FILE: json.dumps(body, indent=2)} | files | nemo_rl_files(job, job_dir.name, profile),
             code=code.wheel_name() if profile.code == "ship" else None,
         )
 
@@ -98,9 +103,14 @@ class LeptonLauncher:
         job_id = lepton_job.metadata.id_
         secrets = {secret_name(job_id, k): v for k, v in held_secrets(job, profile).items()}
         api.create_secrets(client, secrets)
+        server = _server_job(plan, job_dir, lepton_job)
         try:
+            if server is not None:
+                api.call("create the server's job", lambda: client.job.create(server))
             api.call("create the job", lambda: client.job.create(lepton_job))
         except RunFailed:
+            if server is not None and api.get_job(client, server.metadata.id_) is not None:
+                api.call(f"delete job {server.metadata.id_}", lambda: client.job.delete(server.metadata.id_))
             if secrets:
                 _drop_unused_secrets(client, job_id, list(secrets))
             raise
@@ -123,12 +133,15 @@ class LeptonLauncher:
             "secrets": sorted(secret_name(job_id, k) for k in held_secrets(job, profile)),
             SECRETS_DELETED: job_id in self._released,
         }
+        if profile.server:
+            extra |= {SERVER_JOB: lepton_server.server_job_name(job_id), SERVER_DELETED: False}
         return JobRecord.of(self.name, job, submission, extra, datetime.now(UTC).isoformat(timespec="microseconds"))
 
     def status(self, record: JobRecord) -> JobStatus:
         client = api.client(record.extra.get("workspace"))
         status, present = api.read_status(client, record.job_id)
         if status.state.ended or not present:
+            self._release_server(client, record)
             self._release_secrets(client, record)
         return status
 
@@ -148,6 +161,7 @@ class LeptonLauncher:
         client = api.client(record.extra.get("workspace"))
         if api.get_job(client, record.job_id) is not None:
             api.call(f"delete job {record.job_id}", lambda: client.job.delete(record.job_id))
+        self._release_server(client, record)
         self._release_secrets(client, record)
 
     def _follow(self, client: Any, record: JobRecord) -> int:
@@ -173,9 +187,23 @@ class LeptonLauncher:
                 file=sys.stderr,
             )
             return 130
+        self._release_server(client, record)
         self._release_secrets(client, record)
         print(f"Lepton job {job_id}: {state.detail}", file=sys.stderr)
         return 0 if state.state is JobState.SUCCEEDED else 1
+
+    def _release_server(self, client: Any, record: JobRecord) -> None:
+        """Delete the server job of a run that has ended or is gone, once; the record notes it."""
+        server = record.extra.get(SERVER_JOB)
+        if not server or record.extra.get(SERVER_DELETED):
+            return
+        if api.get_job(client, server) is not None:
+            api.call(f"delete the server's job {server}", lambda: client.job.delete(server))
+        record.extra[SERVER_DELETED] = True
+        try:
+            record.save()
+        except OSError as err:
+            print(f"warning: cannot note in {record.job_dir} that its server job is deleted: {err}", file=sys.stderr)
 
     def _release_secrets(self, client: Any, record: JobRecord) -> None:
         """Delete the secrets of a job that has ended or is gone, once: the record notes it and is saved again.
@@ -198,6 +226,48 @@ class LeptonLauncher:
 
 
 LAUNCHER = LeptonLauncher()
+
+
+def _server_note(profile: LeptonProfile, job_id: str) -> str:
+    server = profile.server
+    if server is None:
+        return ""
+    name = lepton_server.server_job_name(job_id)
+    return (
+        f"; {server.describe()} as job {name} ({lepton_server.SERVER_SPEC_FILE}), created first and deleted when "
+        f"rlsteps sees the run end; the run reads {server_alloc.URL_KEYS[server.serves]} from {server.url_env}"
+    )
+
+
+def _elide(body: dict[str, Any]) -> None:
+    """The wheel stays in the job dir: its chunks show elided, and submit puts them back."""
+    for env in body["spec"]["envs"]:
+        if "value" in env:
+            env["value"] = code.elided(env["name"], env["value"])
+
+
+def _server_body(job: Job, profile: LeptonProfile, run_body: dict[str, Any], job_dir_name: str) -> dict[str, Any]:
+    """The server's job (lepton_server), checked by the SDK's own types where it is installed, its chunks elided."""
+    shipped = {e["name"]: e["value"] for e in run_body["spec"]["envs"] if e["name"].startswith(code.ENV_PREFIX)}
+    body = lepton_server.server_body(job, profile, run_body, shipped, f"{CONTAINER_JOBS_DIR}/{job_dir_name}")
+    if api.sdk_installed():
+        from leptonai.api.v2.types.job import LeptonJob
+
+        body = LeptonJob.model_validate(body).model_dump(by_alias=True, exclude_none=True, mode="json")
+    _elide(body)
+    return body
+
+
+def _server_job(plan: LaunchPlan, job_dir: Path, run_job: Any) -> Any | None:
+    """The server's LeptonJob as it is posted: its code put back, in the run's node group."""
+    if lepton_server.SERVER_SPEC_FILE not in plan.files:
+        return None
+    from leptonai.api.v2.types.job import LeptonJob
+
+    server = LeptonJob.model_validate(json.loads(plan.files[lepton_server.SERVER_SPEC_FILE]))
+    _carry_code(server, job_dir / plan.code if plan.code else None)
+    server.spec.affinity.allowed_dedicated_node_groups = run_job.spec.affinity.allowed_dedicated_node_groups
+    return server
 
 
 def _carry_code(lepton_job: Any, wheel: Path | None) -> None:

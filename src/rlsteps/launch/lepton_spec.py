@@ -29,9 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlsteps.contract.run_files import run_directory
 from rlsteps.errors import UsageError
-from rlsteps.launch import code, ray_job
+from rlsteps.launch import code, ray_job, server_alloc
 from rlsteps.launch.base import worker_command
 from rlsteps.launch.job import Job
+from rlsteps.launch.lepton_server import LeptonServer, server_job_name, wait_lines
 
 LOGIN_HINT = "run `lep login`, or set LEPTON_WORKSPACE_ID and LEPTON_WORKSPACE_TOKEN"
 CONTAINER_JOBS_DIR = "/tmp/rlsteps/jobs"  # container-local: each replica writes its own copy of the config
@@ -78,6 +79,7 @@ class LeptonProfile(BaseModel):
     pre_launch_commands: list[str] = []  # shell lines run before the worker, as written
     workdir: str | None = None  # where relative output paths land; default the first mount
     code: Literal["ship", "installed"] = "ship"  # ship: the job runs its own wheel of rlsteps; installed: image has it
+    server: LeptonServer | None = None  # the reward model or judge server as a job of its own (lepton_server)
 
     @classmethod
     def of(cls, job: Job) -> LeptonProfile:
@@ -172,7 +174,7 @@ def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile, shipped: d
     lines = [
         "set -euo pipefail",
         f"mkdir -p {shlex.quote(config_dir)}",
-        _decode_into(f"{config_dir}/config.yaml", job.worker_config()),
+        _decode_into(f"{config_dir}/config.yaml", worker_config(job, profile)),
         _decode_into(f"{config_dir}/job.yaml", record),
         *(code.unpack_lines(f"{config_dir}/{code.wheel_name()}", shipped) if shipped else []),
         *profile.pre_launch_commands,
@@ -181,6 +183,8 @@ def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile, shipped: d
         lines.append(f"mkdir -p {shlex.quote(profile.working_dir)} && cd {shlex.quote(profile.working_dir)}")
     if ray_job.uses_nemo_rl(job):
         return "\n".join(lines + _ray_node_lines(job, profile, config_dir)) + "\n"
+    if profile.server:
+        lines += wait_lines(profile.server, server_job_name(lepton_job_name(job_dir_name)))
     # python -m rlsteps.engine.run.worker CONFIG ...
     worker = worker_command("python", Path(config_dir), job.passthrough)
     if profile.world_size == 1:
@@ -202,6 +206,14 @@ def entry_script(job: Job, job_dir_name: str, profile: LeptonProfile, shipped: d
             f"{shlex.join(worker[1:])}"
         )
     return "\n".join(lines) + "\n"
+
+
+def worker_config(job: Job, profile: LeptonProfile) -> dict[str, Any]:
+    """The config the worker reads: with a server job, the served section's URL from the variable the script sets."""
+    if profile.server:
+        server_alloc.check(job, profile.server)
+        return server_alloc.worker_config(job, profile.server)
+    return job.worker_config()
 
 
 def ray_job_of(job: Job, profile: LeptonProfile, config_dir: str) -> ray_job.RayJob:

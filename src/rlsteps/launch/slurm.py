@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from rlsteps.errors import RunFailed, UsageError
-from rlsteps.launch import containers, ray_job
+from rlsteps.launch import containers, ray_job, slurm_hetjob
 from rlsteps.launch.base import JobRecord, JobState, JobStatus, LaunchPlan, Submission, read_log
 from rlsteps.launch.job import Job
 from rlsteps.launch.slurm_script import (
@@ -80,6 +80,12 @@ class SlurmLauncher:
         where = place(job, profile, job_dir)
         files = {SCRIPT_FILE: sbatch_script(job, profile, where)}
         nemo_rl = ray_job.uses_nemo_rl(job)
+        server_notes, worker_config = [], None
+        if profile.server:
+            server_files, server_notes, worker_config = slurm_hetjob.plan_parts(
+                job, profile, where, _squash_options(job, profile)
+            )
+            files = {SCRIPT_FILE: server_files.pop(SCRIPT_FILE), **server_files}
         if nemo_rl:
             ray = ray_job_of(job, profile, where)
             ray_job.require_shared(ray, shared_places(profile, where), fix=SHARED_FIX)
@@ -90,6 +96,7 @@ class SlurmLauncher:
             f"partition {profile.partition_for(job.mode) or '(cluster default)'}",
             f"{profile.nodes} node(s) x {profile.gpus_per_node} GPU(s), {per_node} per node",
             f"job dir {where.job_dir}",
+            *server_notes,
         ]
         if where.container:
             notes.append(where.container.describe())
@@ -121,6 +128,7 @@ class SlurmLauncher:
             command=["sbatch", "--parsable", str(where.job_dir / SCRIPT_FILE)],
             files=files,
             code=where.wheel.name if where.wheel else None,
+            worker_config=worker_config,
         )
 
     def submit(self, job: Job, plan: LaunchPlan, job_dir: Path) -> Submission:
@@ -130,13 +138,14 @@ class SlurmLauncher:
             if where.job_dir.exists():
                 raise UsageError(f"{where.job_dir} already exists", fix="submit again: the next job gets a new name")
             shutil.copytree(job_dir, where.job_dir)
-        if (where.job_dir / containers.SQUASH_SCRIPT).exists():
-            _require("srun")
-            _run_checked(
-                ["bash", str(where.job_dir / containers.SQUASH_SCRIPT)],
-                "squashing the container image failed",
-                fix=f"see the enroot output above; the script is {where.job_dir / containers.SQUASH_SCRIPT}",
-            )
+        for squash in (containers.SQUASH_SCRIPT, slurm_hetjob.SQUASH_SERVER_SCRIPT):
+            if (where.job_dir / squash).exists():
+                _require("srun")
+                _run_checked(
+                    ["bash", str(where.job_dir / squash)],
+                    "squashing the container image failed",
+                    fix=f"see the enroot output above; the script is {where.job_dir / squash}",
+                )
         job_id = _sbatch(plan.command, job)
         submission = Submission(job_id=job_id, job_dir=where.job_dir)
         if job.mode != "attached":
@@ -155,6 +164,10 @@ class SlurmLauncher:
             "partition": profile.partition_for(job.mode),
             "script": str(submission.job_dir / SCRIPT_FILE),
         }
+        if profile.server:
+            extra["server_log"] = str(
+                submission.job_dir / slurm_hetjob.SERVER_LOG.format(attempt=f"{submission.job_id}-0")
+            )
         return JobRecord.of(self.name, job, submission, extra)
 
     def status(self, record: JobRecord) -> JobStatus:

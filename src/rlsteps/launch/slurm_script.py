@@ -41,6 +41,7 @@ from rlsteps.errors import UsageError
 from rlsteps.launch import code, containers, ray_job
 from rlsteps.launch.base import comment_safe, validated_profile, worker_command
 from rlsteps.launch.job import Job
+from rlsteps.launch.server_alloc import ServerAllocation
 from rlsteps.secrets import is_secret
 
 EXIT_CHECKPOINTED = 75  # the worker's exit after a checkpoint it was asked for (rlsteps.engine.run.signals)
@@ -92,6 +93,7 @@ class SlurmProfile(BaseModel):
     requeue: bool = False  # requeue the job after that checkpoint (and on node failure): it resumes by itself
     squash_time: str | int = 60  # the time limit of the srun that squashes the image
     cluster_paths: list[str] = []  # folders only the compute nodes see: inputs there are checked in the job
+    server: ServerAllocation | None = None  # the reward model or judge server on nodes of its own (slurm_hetjob)
 
     @field_validator("cluster_paths")
     @classmethod
@@ -179,7 +181,7 @@ def ray_job_of(job: Job, profile: SlurmProfile, where: Placement) -> ray_job.Ray
     )
 
 
-def task_command(job: Job, profile: SlurmProfile, where: Placement) -> list[str]:
+def task_command(job: Job, profile: SlurmProfile, where: Placement, nodes_var: str = "SLURM_NNODES") -> list[str]:
     """What each Slurm task runs: the worker, a torchrun that starts the node's workers (module docstring), or
     with engine=nemo_rl the node's part of a Ray job."""
     if ray_job.uses_nemo_rl(job):
@@ -192,7 +194,7 @@ def task_command(job: Job, profile: SlurmProfile, where: Placement) -> list[str]
         where.python,
         "-m",
         "torch.distributed.run",
-        *rendezvous(profile),
+        *rendezvous(profile, nodes_var),
         f"--nproc-per-node={profile.nprocs}",
         "--no-python",  # each rank is RANK_WRAPPER, which runs the worker
         "/bin/sh",
@@ -205,19 +207,20 @@ def task_command(job: Job, profile: SlurmProfile, where: Placement) -> list[str]
     return ["/bin/sh", "-c", IGNORE_USR1, "rlsteps-task", *task]
 
 
-def rendezvous(profile: SlurmProfile) -> list[str]:
-    """How torchrun finds its peers: alone on one node (a free port of its own), else at the head node."""
+def rendezvous(profile: SlurmProfile, nodes_var: str = "SLURM_NNODES") -> list[str]:
+    """How torchrun finds its peers: alone on one node (a free port of its own), else at the head node; nodes_var
+    names the batch shell's variable that holds the node count."""
     if profile.nodes == 1:
         return ["--standalone"]
     return [
-        Expansion('--nnodes="$SLURM_NNODES"'),
+        Expansion(f'--nnodes="${nodes_var}"'),
         "--rdzv-backend=c10d",
         Expansion('--rdzv-id="$SLURM_JOB_ID"'),
         Expansion(f'--rdzv-endpoint="$head_node:{RDZV_PORT}"'),
     ]
 
 
-def srun_words(job: Job, profile: SlurmProfile, where: Placement) -> list[str]:
+def srun_words(job: Job, profile: SlurmProfile, where: Placement, nodes_var: str = "SLURM_NNODES") -> list[str]:
     container = (
         containers.pyxis_options(where.container, profile.container_mounts, where.workdir) if where.container else []
     )
@@ -227,7 +230,7 @@ def srun_words(job: Job, profile: SlurmProfile, where: Placement) -> list[str]:
         "--ntasks-per-node=1",
         *SRUN_END,
         *container,
-        *task_command(job, profile, where),
+        *task_command(job, profile, where, nodes_var),
     ]
 
 
@@ -249,7 +252,7 @@ def directives(job: Job, profile: SlurmProfile, where: Placement) -> list[tuple[
         ("export", "ALL"),
         ("dependency", "afterok:" + ":".join(job.depends_on) if job.depends_on else None),
         ("kill-on-invalid-dep", "yes" if job.depends_on else None),  # a failed stage cancels what waits on it
-        ("signal", _checkpoint_signal(job, profile)),
+        ("signal", checkpoint_signal(job, profile)),
         ("requeue", profile.requeue or None),
     ]
     return [(flag, value) for flag, value in wanted if value is not None]
@@ -282,15 +285,35 @@ def sbatch_script(job: Job, profile: SlurmProfile, where: Placement) -> str:
         f"# rlsteps {comment_safe(job.step_id)} (config {comment_safe(job.config_name)}), "
         f"{job.mode} on profile {comment_safe(job.profile_name or '')}, job {job.name}",
     ]
-    for flag, value in directives(job, profile, where):
+    lines += directive_lines(directives(job, profile, where))
+    lines += environment_lines(job, profile)
+    srun = shell_join(srun_words(job, profile, where))
+    if ray_job.uses_nemo_rl(job):
+        lines += _ray_run_lines(srun, ray_job_of(job, profile, where))
+    else:
+        if profile.nodes > 1:
+            lines.append('head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
+        lines += run_lines(srun, profile, where)
+    return "\n".join(lines)
+
+
+def directive_lines(wanted: list[tuple[str, Any]]) -> list[str]:
+    lines = []
+    for flag, value in wanted:
         text = str(value)
         if re.search(r"[\x00-\x1f\x7f]", text):
             raise UsageError(
                 f"Slurm option --{flag} has a control character in {text!r}", fix="remove it from the profile"
             )
         lines.append(f"#SBATCH --{flag}" if value is True else f"#SBATCH --{flag}={sbatch_word(text)}")
+    return lines
+
+
+def environment_lines(job: Job, profile: SlurmProfile) -> list[str]:
+    """After the directives: the shell's options, the names of the secrets it is handed, the profile's variables and
+    setup lines."""
     secrets = sorted(job.secret_env())
-    lines += ["", "set -eo pipefail"]
+    lines = ["", "set -eo pipefail"]
     if secrets:
         lines.append(
             "# Secrets are not in this file: they come from the submitting environment (--export=ALL): "
@@ -299,18 +322,10 @@ def sbatch_script(job: Job, profile: SlurmProfile, where: Placement) -> str:
     lines += [f"export {name}={shlex.quote(str(value))}" for name, value in public_env(profile).items()]
     if profile.setup_lines:
         lines += ["", "# setup_lines from the profile", *profile.setup_lines]
-    lines.append("")
-    srun = shell_join(srun_words(job, profile, where))
-    if ray_job.uses_nemo_rl(job):
-        lines += _ray_run_lines(srun, ray_job_of(job, profile, where))
-    else:
-        if profile.nodes > 1:
-            lines.append('head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
-        lines += _run_lines(srun, profile, where)
-    return "\n".join(lines)
+    return [*lines, ""]
 
 
-def _checkpoint_signal(job: Job, profile: SlurmProfile) -> str | None:
+def checkpoint_signal(job: Job, profile: SlurmProfile) -> str | None:
     """USR1 to the job's tasks (not the batch shell) this long before the time limit; not to NeMo-RL, which
     saves on its own schedule and resumes from its checkpoints by itself."""
     if ray_job.uses_nemo_rl(job) or not (profile.time and profile.checkpoint_before_limit_s):
@@ -334,7 +349,7 @@ def _ray_run_lines(srun: str, ray: ray_job.RayJob) -> list[str]:
     ]
 
 
-def _run_lines(srun: str, profile: SlurmProfile, where: Placement) -> list[str]:
+def run_lines(srun: str, profile: SlurmProfile, where: Placement) -> list[str]:
     """The srun line, and what its exit code decides: under torchrun the marker file stands for exit
     EXIT_CHECKPOINTED, and with `requeue: true` that exit requeues the job. Without either, set -e passes the
     task's exit code on."""
@@ -343,8 +358,15 @@ def _run_lines(srun: str, profile: SlurmProfile, where: Placement) -> list[str]:
         return [srun, ""]
     marker = shlex.quote(str(where.job_dir / CHECKPOINTED_FILE))
     lines = [f"rm -f {marker}"] if torchrun else []
-    lines += ["set +e", srun, "code=$?", "set -e"]
-    if torchrun:
+    return [*lines, "set +e", srun, "code=$?", "set -e", *exit_code_lines(profile, where)]
+
+
+def exit_code_lines(profile: SlurmProfile, where: Placement) -> list[str]:
+    """What the run's exit code ($code) decides: under torchrun the marker file stands for EXIT_CHECKPOINTED, and with
+    `requeue: true` that exit requeues the job; then the script exits with it."""
+    lines = []
+    if profile.world_size > 1:
+        marker = shlex.quote(str(where.job_dir / CHECKPOINTED_FILE))
         lines += [
             f"# torchrun exits 1 when its workers exit {EXIT_CHECKPOINTED}: a worker that did left {CHECKPOINTED_FILE}",
             f'if [ "$code" -ne 0 ] && [ -e {marker} ]; then code={EXIT_CHECKPOINTED}; fi',

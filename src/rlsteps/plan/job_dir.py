@@ -55,7 +55,7 @@ def create_job_dir(job: Job, base: Path | None = None) -> Path:
 
 def write_job_files(job_dir: Path, job: Job, plan: LaunchPlan, inputs: list[ResolvedInput]) -> None:
     shipped = _ship_code(job_dir, plan)
-    _write_yaml(job_dir / "config.yaml", job.worker_config())
+    _write_yaml(job_dir / "config.yaml", plan.worker_config or job.worker_config())
     _write_yaml(job_dir / "job.yaml", provenance(job, plan, inputs, job_dir) | shipped)
     for name, content in plan.files.items():
         (job_dir / name).write_text(content)
