@@ -57,7 +57,7 @@ def test_max_steps_runs_in_full_unless_a_set_max_epochs_ends_the_data_first_and_
     said = []
     # 256 prompts at 16 per step: 16 steps per epoch
     assert planned_steps(_recipe_config(max_steps=40), 256, said.append) == 40  # max_epochs unset: 3 epochs
-    assert said == ["40 steps (train.max_steps) over 256 prompts at 16 per step: 3 epoch(s) of 16 steps"]
+    assert said == ["40 steps (train.max_steps), 2.5 epochs: 256 prompts at 16 per step make 16 steps an epoch"]
     assert planned_steps(_recipe_config(max_steps=40, max_epochs=3), 256, said.append) == 40
     with caplog.at_level("WARNING"):
         assert planned_steps(_recipe_config(max_steps=40, max_epochs=1), 256, said.append) == 16

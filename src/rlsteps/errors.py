@@ -49,12 +49,14 @@ class DiskFull(RunFailed):
 
 
 class Interrupted(RlstepsError):
-    """Ctrl-C: the run was interrupted; its last checkpoint is intact. Exit 130, as a shell reports SIGINT."""
+    """Ctrl-C: the run was interrupted (its step in progress ended and checkpointed, or not begun). Exit 130, as a shell
+    reports SIGINT; the fix says from which step a rerun starts."""
 
     exit_code = 130
 
 
 class Terminated(RlstepsError):
-    """SIGTERM or SIGHUP: the run was stopped; its last checkpoint is intact. Exit 143, as a shell reports SIGTERM."""
+    """SIGTERM or SIGHUP: the run was stopped. Exit 143, as a shell reports SIGTERM; the fix says from which step
+    a rerun starts."""
 
     exit_code = 143

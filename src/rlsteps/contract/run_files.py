@@ -87,3 +87,11 @@ def read_metrics(path: Path) -> list[dict]:
             records = [r for r in records if r["step"] < record["step"]]
         records.append(record)
     return records
+
+
+def rerun_starts(run_dir: Path | None) -> str:
+    """From which step a rerun of the run in `run_dir` starts, in words: its last complete checkpoint's, or 0."""
+    found = complete_checkpoints(Path(run_dir) / CHECKPOINTS_DIR) if run_dir is not None else []
+    if not found:
+        return "no checkpoint yet: a rerun starts from step 0"
+    return f"a rerun resumes from step {checkpoint_step(found[-1])}, the last checkpoint"

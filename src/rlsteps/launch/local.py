@@ -378,7 +378,10 @@ def _run_attached(
                 code = process.wait(timeout=0.2)
                 break
             except subprocess.TimeoutExpired:
-                if received and time.monotonic() - received[0][1] > grace_s:
+                # Ctrl-C lets the worker end its step and checkpoint it, however long (a second Ctrl-C stops it
+                # now); SIGTERM and SIGHUP, whose senders kill soon after, get the grace period
+                first = received[0] if received else None
+                if first and first[0] != signal.SIGINT and time.monotonic() - first[1] > grace_s:
                     _signal_group(process.pid, signal.SIGKILL)
         if received and code < 0:  # killed with its group: it was asked to stop by this signal
             return 128 + received[0][0]

@@ -20,7 +20,7 @@ from rlsteps.artifacts.inputs import (
 )
 from rlsteps.artifacts.store import SCHEME, resolve_reference
 from rlsteps.catalog import Catalog, Step
-from rlsteps.contract.run_files import run_directory
+from rlsteps.contract.run_files import rerun_starts, run_directory
 from rlsteps.contract.run_lock import holder  # standard library only
 from rlsteps.errors import ArtifactError, Interrupted, RlstepsError, RunFailed, Terminated, UsageError
 from rlsteps.examples import build_example_models
@@ -247,10 +247,10 @@ def execute(catalog: Catalog, compiled: Compiled, say: Callable[[str], None] = p
     record = launcher.record(job, submission)
     for directory in dict.fromkeys([job_dir, submission.job_dir]):  # the launcher may run it from a shared job dir
         record.save(directory)
-    if submission.exit_code == Interrupted.exit_code:  # an attached worker stopped by Ctrl-C (SIGINT)
-        raise Interrupted(f"{job.step_id} was interrupted", fix="rerun the same command to resume from its checkpoint")
-    if submission.exit_code == Terminated.exit_code:  # SIGTERM or SIGHUP to rlsteps or the worker
-        raise Terminated(f"{job.step_id} was terminated", fix="rerun the same command to resume from its checkpoint")
+    if submission.exit_code in (Interrupted.exit_code, Terminated.exit_code):  # Ctrl-C; SIGTERM or SIGHUP
+        stopped = Interrupted if submission.exit_code == Interrupted.exit_code else Terminated
+        how = "interrupted" if stopped is Interrupted else "terminated"
+        raise stopped(f"{job.step_id} was {how}", fix=f"rerun the same command: {rerun_starts(_local_run_dir(job))}")
     if submission.exit_code not in (None, 0):
         raise worker_failure(job.step_id, submission.exit_code, submission.job_dir or job_dir, _local_run_dir(job))
     return submission

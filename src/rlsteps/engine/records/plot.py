@@ -7,13 +7,19 @@ its last step's metrics are logged (`cue`), and it draws beside the last checkpo
 waits for the file. A run that ends any other way lets it go (`cancel`), and the process also ends by itself when
 the run's process dies (its stdin closes): it never outlives the run.
 
-    python -m rlsteps.engine.records.plot METRICS_JSONL OUT_PNG KEY...            draws at once
-    python -m rlsteps.engine.records.plot --on-cue METRICS_JSONL OUT_PNG KEY...   imports, then draws on 'draw'
+    python -m rlsteps.engine.records.plot [--title=TITLE] METRICS_JSONL OUT_PNG KEY...   draws at once
+    python -m rlsteps.engine.records.plot --on-cue [--title=TITLE] METRICS_JSONL OUT_PNG KEY...
+                                                                  imports, then draws on 'draw'
+
+A KEY ending in `/*` stands for every logged key under it, one level deep (`reward/*`: each reward term's mean),
+when it matches two or more. Axes are plain: no offset (`+4.999`) and no scientific multiplier, and a flat series
+gets a span around its value rather than ticks in its rounding noise.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -27,17 +33,20 @@ logger = logging.getLogger(__name__)
 PLOT_FAILED = 2  # the command's exit code when it drew no plot (why on stderr)
 CUE = "draw\n"
 ON_CUE = "--on-cue"
+TITLE = "--title="
 PANEL_INCHES = 2.6  # the height of each figure's panel
+TWO_COLUMNS_FROM = 5  # panels from which the figure has two columns
+FLAT = 1e-3  # a series whose span is at most this share of its size is flat
 
 
-def plot_metrics(metrics_path: Path, out_png: Path, keys: list[str]) -> Path:
-    """One PNG with a subplot per logged key against step; keys never logged are skipped."""
+def plot_metrics(metrics_path: Path, out_png: Path, keys: list[str], title: str | None = None) -> Path:
+    """One PNG with a subplot per logged key against step, under `title`; keys never logged are skipped."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     records = read_metrics(metrics_path)
-    series = {key: metric_series(records, key) for key in keys}
+    wanted = _expand(keys, {k for r in records for k in r})
+    series = {key: metric_series(records, key) for key in wanted}
     missing = [key for key, (steps, _) in series.items() if not steps]
     plotted = {key: s for key, s in series.items() if s[0]}
     if not plotted:
@@ -46,18 +55,72 @@ def plot_metrics(metrics_path: Path, out_png: Path, keys: list[str]) -> Path:
     if missing:
         logger.info("plot_metrics: skipped %s (never logged in %s)", missing, metrics_path)
 
-    height = PANEL_INCHES * len(plotted)
-    figure = Figure(figsize=(8, height))  # fixed margins: a constrained layout measured every label (0.5 s)
-    FigureCanvasAgg(figure)
-    margins = {"left": 0.1, "right": 0.98, "top": 1 - 0.3 / height, "bottom": 0.5 / height, "hspace": 0.35}
-    axes = figure.subplots(len(plotted), 1, sharex=True, squeeze=False, gridspec_kw=margins)[:, 0]
+    columns = 2 if len(plotted) >= TWO_COLUMNS_FROM else 1
+    rows = -(-len(plotted) // columns)
+    top = 0.3 + (0.35 if title else 0)
+    height = PANEL_INCHES * rows + top - 0.3
+    figure = Figure(figsize=(8 if columns == 1 else 11, height))  # fixed margins: a constrained layout measured
+    FigureCanvasAgg(figure)  # every label (0.5 s)
+    margins = {"left": 0.1 / columns, "right": 0.98, "top": 1 - top / height, "bottom": 0.5 / height}
+    grid = figure.subplots(rows, columns, sharex=True, squeeze=False, gridspec_kw={**margins, "hspace": 0.35})
+    axes = list(grid.flat)
     for ax, (key, (steps, values)) in zip(axes, plotted.items()):
-        ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, markersize=3)
-        ax.set_title(key, fontsize=10)
-        ax.grid(alpha=0.3)
-    axes[-1].set_xlabel("step")
-    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
-    out_png = Path(out_png)
+        _panel(ax, key, steps, values)
+    for ax in axes[len(plotted) :]:
+        ax.set_visible(False)
+    for ax in axes[len(plotted) - columns : len(plotted)]:
+        ax.set_xlabel("step")
+        ax.xaxis.set_tick_params(labelbottom=True)
+    if title:
+        figure.suptitle(title, fontsize=10, y=1 - 0.12 / height)
+    return _save(figure, Path(out_png))
+
+
+def _expand(keys: list[str], logged: set[str]) -> list[str]:
+    """`keys` with each `prefix/*` replaced by the logged keys one level under it, in order, when two or more are."""
+    expanded: list[str] = []
+    for key in keys:
+        if not key.endswith("/*"):
+            expanded.append(key)
+            continue
+        prefix = key[:-1]
+        under = sorted(k for k in logged if k.startswith(prefix) and "/" not in k[len(prefix) :])
+        expanded.extend(under if len(under) >= 2 else [])
+    return list(dict.fromkeys(expanded))
+
+
+def _panel(ax, key: str, steps: list[int], values: list[float]) -> None:
+    """One series on plain axes: integer steps, no offset or multiplier, a flat one around its value."""
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+    ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, markersize=3)
+    ax.set_title(key, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    formatter = ScalarFormatter(useOffset=False)
+    formatter.set_scientific(False)
+    ax.yaxis.set_major_formatter(formatter)
+    flat = flat_span(values)
+    if flat is not None:
+        ax.set_ylim(*flat)
+
+
+def flat_span(values: list[float]) -> tuple[float, float] | None:
+    """The y-limits of a flat series (its span at most FLAT of its size): 5% of its value either side (1 when it
+    is 0); None for a series that moves."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return None
+    low, high = min(finite), max(finite)
+    size = max(abs(low), abs(high))
+    if high - low > FLAT * size:
+        return None
+    centre = (low + high) / 2
+    pad = 0.05 * size if size else 1.0
+    return centre - pad, centre + pad
+
+
+def _save(figure, out_png: Path) -> Path:
     out_png.parent.mkdir(parents=True, exist_ok=True)
     staging = out_png.with_name(f".{out_png.name}.{os.getpid()}.tmp")
     try:  # whole or not at all: a reader (or a run killed mid-draw) never meets half a PNG
@@ -72,9 +135,10 @@ class PlotProcess:
     """plot_metrics in a process of its own: `start` it ahead (it imports matplotlib and waits), `draw` once the
     metrics are complete, or `cancel`; used as a context manager, it is cancelled on the way out unless drawn."""
 
-    def __init__(self, metrics_path: Path, out_png: Path, keys: list[str]) -> None:
+    def __init__(self, metrics_path: Path, out_png: Path, keys: list[str], title: str | None = None) -> None:
         self.out_png = Path(out_png)
-        self.command = [sys.executable, "-m", __name__, ON_CUE, str(metrics_path), str(out_png), *keys]
+        titled = [TITLE + title] if title else []
+        self.command = [sys.executable, "-m", __name__, ON_CUE, *titled, str(metrics_path), str(out_png), *keys]
         self.process: subprocess.Popen | None = None
         self.unstartable: OSError | None = None  # why the process could not start, said by draw
 
@@ -139,8 +203,10 @@ class PlotProcess:
 def _main(argv: list[str]) -> int:
     on_cue = argv[:1] == [ON_CUE]
     args = argv[1:] if on_cue else argv
+    title = args[0][len(TITLE) :] if args[:1] and args[0].startswith(TITLE) else None
+    args = args[1:] if title is not None else args
     if len(args) < 3:
-        print(f"usage: python -m {__name__} [{ON_CUE}] METRICS_JSONL OUT_PNG KEY...", file=sys.stderr)
+        print(f"usage: python -m {__name__} [{ON_CUE}] [{TITLE}TITLE] METRICS_JSONL OUT_PNG KEY...", file=sys.stderr)
         return PLOT_FAILED
     try:
         if on_cue:
@@ -151,7 +217,7 @@ def _main(argv: list[str]) -> int:
 
             if sys.stdin.readline() != CUE:
                 return 0  # let go: nothing to draw
-        plot_metrics(Path(args[0]), Path(args[1]), args[2:])
+        plot_metrics(Path(args[0]), Path(args[1]), args[2:], title)
     except (ValueError, ImportError) as error:
         print(f"{error}", file=sys.stderr)
         return PLOT_FAILED

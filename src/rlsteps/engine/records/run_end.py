@@ -4,15 +4,19 @@ it met, and metrics.png (drawn by records/plot.py's process)."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
-from rlsteps.contract.run_files import METRICS_FILE, read_metrics
+from rlsteps.contract.run_files import EXIT_FILE_ENV, METRICS_FILE, read_metrics
 from rlsteps.engine.records import metrics
 from rlsteps.engine.records.plot import PlotProcess
 from rlsteps.engine.records.reward_hacking import RECORD_FILE, recorded_signs
 
 log = logging.getLogger("rlsteps")
 PLOTTED = ["train/reward", "val/reward_mean", "train/loss", "train/response_length"]  # and val/<reward function>
+# a run's health beside its rewards, where its recipe logs them: the KL to the initial or reference policy
+# (rl/reinforce's penalty term, GRPO's k3 estimate), the sampled tokens' entropy, each reward term's mean
+HEALTH = ["train/init_policy_kl", "train/kl_mean", "train/entropy", "reward/*"]
 SUMMARISED = ["train/reward", "val/reward_mean"]  # first -> last at the end of a run, and val/<reward function>
 # a judge whose verdicts go to the first-shown response this far from half the time, over the run, or whose scores
 # and ranking disagree in this share of its verdicts, is no better than its position: the end summary says so. Shown
@@ -69,8 +73,31 @@ def _warn_of_judge_bias(records: list[dict]) -> None:
 
 
 def run_plot(run_dir: Path, extra_keys: list[str]) -> PlotProcess:
-    """The process that draws metrics.png (the run's main figures and `extra_keys`), not yet started."""
-    return PlotProcess(run_dir / METRICS_FILE, run_dir / "metrics.png", PLOTTED[:2] + extra_keys + PLOTTED[2:])
+    """The process that draws metrics.png (the run's main figures, `extra_keys` and its health), not yet started."""
+    keys = PLOTTED[:2] + extra_keys + HEALTH + PLOTTED[2:]
+    return PlotProcess(run_dir / METRICS_FILE, run_dir / "metrics.png", keys, plot_title(run_dir))
+
+
+def plot_title(run_dir: Path) -> str:
+    """What tells one run's plot from another's: its step and config (from its job's record, when it runs as a
+    job) and its run directory."""
+    job = _job_record()
+    what = f"{job['step']} -c {job['config']}" if job else run_dir.name
+    return f"{what}: {run_dir}"
+
+
+def _job_record() -> dict | None:
+    """The job this process runs as (job.yaml beside its exit-code file): its step and config, or None."""
+    import yaml
+
+    exit_file = os.environ.get(EXIT_FILE_ENV)
+    if not exit_file:
+        return None
+    try:
+        job = yaml.safe_load((Path(exit_file).parent / "job.yaml").read_text()).get("job") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return job if job.get("step") and job.get("config") else None
 
 
 def draw_plot(plot: PlotProcess) -> None:

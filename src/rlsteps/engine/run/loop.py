@@ -85,14 +85,29 @@ def train(
     at_last_record: called once the last step's metrics are logged, before its checkpoint (the worker's plotting
     process draws them then, beside the checkpoint and the output). Every process of `world` calls train; the
     result's model is whole on the main process only."""
+    signals.checkpointed(None)  # this run's, once it resumes from or writes one
     try:
         with contextlib.ExitStack() as cleanup:  # what the run made for itself, removed however it ends
             return _train(cleanup, cfg, recipe, rewards, run_dir, say, run_prompts, world, at_last_record)
+    except (KeyboardInterrupt, signals.Terminated) as stopping:  # a signal unwound it at once: say what is kept
+        if signals.unwinding_signal() is None:  # not the worker's handlers (Ctrl-C in a notebook): as it came
+            raise
+        raise signals.unwound(signals.unwinding_signal()) from stopping
     except OSError as error:  # a write that met a full disk (each writer has undone its part)
+        if signals.unwinding_signal() is not None:  # cut short by the signal that has the run unwinding
+            raise signals.unwound(signals.unwinding_signal(), _first_line(error)) from error
         if not is_disk_full(error):
             raise
         need = CheckpointManager(run_dir / CHECKPOINTS_DIR).needed_bytes() or None
         raise disk_full(run_dir, need=need, what="the next checkpoint") from error
+    except Exception as error:  # what a signal's unwinding raised is its consequence: said with what is kept
+        if signals.unwinding_signal() is None:
+            raise
+        raise signals.unwound(signals.unwinding_signal(), _first_line(error)) from error
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _train(
@@ -194,6 +209,7 @@ def _train(
             ):
                 _refuse_non_finite_step(run, checkpoints, world)
                 run.save(step_metrics)
+                signals.checkpointed(counters.step)
             if stop:
                 raise signals.stopped(counters.step, stop)
             if requested and counters.step < total_steps:
@@ -232,6 +248,7 @@ def _resume(checkpoints, model, optimizer, scheduler, world: World, say: Callabl
     written_by = loaded.trainer_state.get("world_size", 1)
     on = f"; written by {written_by} process(es), read by {world.size}" if written_by != world.size else ""
     say(f"resuming from {latest} (step {counters.step}, {counters.consumed_samples} prompts consumed{on})")
+    signals.checkpointed(counters.step)
     return counters
 
 
@@ -313,8 +330,8 @@ def planned_steps(cfg: RecipeConfig, num_prompts: int, say: Callable[[str], None
     epochs = math.ceil(t.max_steps / per_epoch)
     if t.max_epochs is None or t.max_epochs >= epochs:
         say(
-            f"{t.max_steps} steps (train.max_steps) over {num_prompts} prompts at {cfg.rollout.prompts_per_step} "
-            f"per step: {epochs} epoch(s) of {per_epoch} steps"
+            f"{t.max_steps} steps (train.max_steps), {_epochs(t.max_steps, per_epoch)}: {num_prompts} prompts at "
+            f"{cfg.rollout.prompts_per_step} per step make {per_epoch} steps an epoch"
         )
         return t.max_steps
     total = t.max_epochs * per_epoch
@@ -324,6 +341,14 @@ def planned_steps(cfg: RecipeConfig, num_prompts: int, say: Callable[[str], None
         total, t.max_steps, t.max_epochs, num_prompts, cfg.rollout.prompts_per_step, per_epoch, epochs,
     )  # fmt: skip
     return total
+
+
+def _epochs(steps: int, per_epoch: int) -> str:
+    """How much of the data `steps` go through, in words: "half of one epoch", "3/16 of one epoch", "2.5 epochs"."""
+    if steps < per_epoch:
+        return f"{'half' if 2 * steps == per_epoch else f'{steps}/{per_epoch}'} of one epoch"
+    epochs = steps / per_epoch
+    return "one epoch" if epochs == 1 else f"{epochs:.3g} epochs"
 
 
 def _step_line(metrics: dict[str, float]) -> str:

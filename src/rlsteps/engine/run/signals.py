@@ -2,10 +2,12 @@
 
 SIGTERM (`scancel`, `rlsteps jobs cancel`, `timeout`, a pod being stopped) and SIGINT (Ctrl-C) stop the run. Inside
 the training loop's steps the first one asks for a stop at the end of the step in progress: the loop writes a
-checkpoint there and raises StoppedBySignal (exit 143, or 130 for SIGINT), so a rerun loses nothing; a step that
-does not end within STOP_GRACE_S, or a second signal, unwinds at once. Elsewhere (starting up, writing the output)
-the signal raises Terminated (or KeyboardInterrupt) in the main thread at once. Either way every `with` block
-unwinds: the reward server and the judge are stopped, files are closed, and the last checkpoint stays intact.
+checkpoint there and raises StoppedBySignal (exit 143, or 130 for SIGINT), so a rerun loses nothing. After Ctrl-C
+the step ends however long it takes (a second Ctrl-C stops at once); after SIGTERM or SIGHUP, whose sender kills
+soon after, a step that does not end within STOP_GRACE_S (RLSTEPS_STOP_GRACE_S) unwinds at once, as a second
+signal does. Elsewhere (starting up, writing the output) the signal raises Terminated (or KeyboardInterrupt) in the
+main thread at once. Either way every `with` block unwinds: the reward server and the judge are stopped, files are
+closed, and what a rerun starts from is said (`rerun_from`): the last checkpoint written, or step 0.
 SIGUSR1 (Slurm's `--signal=USR1@SECONDS` before the time limit) asks the loop to write a checkpoint after the step
 in progress and stop with EXIT_CHECKPOINTED, which the batch script answers by requeueing the job; the requeued job
 resumes from that checkpoint. SIGHUP (the terminal or session that ran it went away) is answered as SIGTERM.
@@ -41,6 +43,7 @@ _stop_signal: list[int] = []  # the signal that asked for a stop at the step's e
 _unwound_by: list[int] = []  # the signal that has the worker unwinding at once
 _parent: int | None = None  # the parent the watcher watches
 _left_terminal: list[bool] = []  # stdout and stderr went to worker.log
+_checkpointed: list[int] = []  # the step of the run's last checkpoint, once it has one
 
 
 class Terminated(BaseException):  # noqa: N818 - like KeyboardInterrupt: not an error the code should catch
@@ -78,8 +81,36 @@ def stopped(step: int, signum: int) -> StoppedBySignal:
     name = signal.Signals(signum).name
     code = 130 if signum == signal.SIGINT else EXIT_TERMINATED
     return StoppedBySignal(
-        f"stopped at step {step} after a checkpoint ({name}); rerun the same command to resume", code
+        f"stopped at step {step} after a checkpoint ({name}); rerun the same command to resume from step {step}", code
     )
+
+
+def checkpointed(step: int | None) -> None:
+    """The run has a checkpoint of `step` (written, or resumed from): what a rerun would start from; None: none
+    yet."""
+    _checkpointed[:] = [] if step is None else [step]
+
+
+def rerun_from() -> str:
+    """From which step a rerun starts, in words."""
+    if not _checkpointed:
+        return "no checkpoint yet: a rerun starts from step 0"
+    return f"a rerun resumes from step {_checkpointed[0]}, the last checkpoint"
+
+
+def unwound(signum: int, cause: str | None = None) -> StoppedBySignal:
+    """`signum` stopped the run in the middle of its work (no checkpoint of the step in progress): how it ends,
+    saying what a rerun starts from; cause: what the unwinding raised, when it did."""
+    name = signal.Signals(signum).name
+    code = 130 if signum == signal.SIGINT else EXIT_TERMINATED
+    during = f" ({cause})" if cause else ""
+    how = "interrupted" if signum == signal.SIGINT else "terminated"
+    return StoppedBySignal(f"{how} ({name}) in the middle of its work{during}; {rerun_from()}", code)
+
+
+def unwinding_signal() -> int | None:
+    """The signal that has the worker unwinding at once, or None."""
+    return _unwound_by[0] if _unwound_by else None
 
 
 def install() -> None:
@@ -174,11 +205,25 @@ def _stop_at_step_end(signum: int) -> bool:
         return False
     _stop_signal.append(signum)
     _at_step_boundary.clear()  # a second signal unwinds at once
-    again = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
-    timer = threading.Timer(STOP_GRACE_S, lambda: None if _stopping.is_set() else os.kill(os.getpid(), again))
+    name = signal.Signals(signum).name
+    if signum == signal.SIGINT:  # a person, who may press Ctrl-C again: the step ends however long it takes
+        _say(f"{name}: the step in progress ends, then a checkpoint and a stop (Ctrl-C again to stop at once: "
+             f"{rerun_from()})")  # fmt: skip
+        return True
+    _say(f"{name}: the step in progress ends within {STOP_GRACE_S:g} s (RLSTEPS_STOP_GRACE_S), then a checkpoint "
+         f"and a stop; after that it stops at once: {rerun_from()}")  # fmt: skip
+    timer = threading.Timer(STOP_GRACE_S, lambda: None if _stopping.is_set() else os.kill(os.getpid(), signal.SIGTERM))
     timer.daemon = True
     timer.start()
     return True
+
+
+def _say(line: str) -> None:
+    """A line on stderr from a signal handler: one write, no lock (the handler may have interrupted a write)."""
+    try:
+        os.write(2, f"rlsteps: {line}\n".encode())
+    except OSError:  # no stderr left
+        pass
 
 
 def _request_checkpoint(signum: int, frame: FrameType | None) -> None:

@@ -304,6 +304,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
     from rlsteps.contract.input_check import EXIT_INPUT, InputProblem
+    from rlsteps.contract.run_files import rerun_starts
     from rlsteps.engine.checkpoints.resume import CheckpointError
     from rlsteps.errors import RlstepsError
 
@@ -318,13 +319,13 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
         log.warning("%s", stopped)
         return stopped.exit_code
     except KeyboardInterrupt:
-        log.error("interrupted: the last checkpoint is intact; rerun the same command to resume")
+        log.error("interrupted before the run could end its step: %s", rerun_starts(_run_dir_of(args.config)))
         return 130
     except SystemExit as exiting:  # code the run called (a user's module) ended it: never a success
         log.error("%s", ended_early(exiting))
         return 1
     except signals.Terminated:
-        log.error("terminated (SIGTERM): servers stopped; the last checkpoint is intact; rerun to resume")
+        log.error("terminated (SIGTERM): servers stopped; %s", rerun_starts(_run_dir_of(args.config)))
         return signals.EXIT_TERMINATED
     except RlstepsError as error:  # output.dir unusable, a full disk: said with its exit code
         log.error("%s", error)
@@ -359,6 +360,14 @@ def ended_early(exiting: SystemExit) -> str:
         f"sys.exit({exiting.code!r}) was called{raised_at(exiting)} before the run finished: the run failed, nothing "
         "was output"
     )
+
+
+def _run_dir_of(config_path: Path) -> Path | None:
+    """The run directory a job's config names (None when it cannot be read): where a rerun would resume from."""
+    try:
+        return Path(load_config(config_path).output.dir)
+    except Exception:  # the config itself may be what failed
+        return None
 
 
 def _leave_process_group() -> None:
