@@ -76,6 +76,11 @@ MALFORMED = [
     ('{"prompt": "a", "messages": []}', "this one has both"),
     ('{"prompt": 3}', '"prompt" must be a string, got int'),
     ('{"prompt": ""}', "the prompt is empty"),
+    # a chat template would render markup around it, but it says nothing: refused with or without the tokenizer
+    (
+        '{"messages": [{"role": "system", "content": ""}, {"role": "user", "content": " "}]}',
+        "every message's content is empty",
+    ),
     ('{"messages": "hi"}', '"messages" must be a non-empty list'),
     ('{"messages": []}', '"messages" must be a non-empty list'),
     ('{"messages": ["hi"]}', "messages[0] must be an object, got str"),

@@ -240,6 +240,8 @@ def _parse_record(record: Any, default_id: str, tokenizer: Any, options: PromptO
             raise ValueError(f'"prompt" must be a string, got {type(text).__name__}')
     else:
         checked = _check_messages(record["messages"])
+        if not any(m["content"].strip() for m in checked):  # the template's markup alone: refused with or without it
+            raise ValueError("the prompt is empty: every message's content is empty")
         kwargs = options.chat_template_kwargs
         text = (
             _render_chat(checked, tokenizer, kwargs)
