@@ -2,9 +2,10 @@
 
 - README.md stays short, and every relative link in it and in docs/ names a file that exists.
 - Every command in a ```bash block of docs/ and of README.md (but the two set-up commands at its top, which CI runs
-  itself) goes through the real command line in a project folder holding the shipped example profiles, and exits
-  as the page says: 0, or the N of a `# exits N` after it. A run (`run`, `steps run`, `pipeline run`) goes as a dry
-  run: it compiles and checks everything and sends nothing. A bash block holds rlsteps commands only, so a new kind
+  itself) goes through the real command line in a new folder outside the checkout, with no profile file of its own
+  (the shipped example profiles and pipelines are found by name, as a user finds them), and exits as the page
+  says: 0, or the N of a `# exits N` after it. A run (`run`, `steps run`, `pipeline run`) goes as a dry run: it
+  compiles and checks everything and sends nothing. A bash block holds rlsteps commands only, so a new kind
   of command cannot slip in untested.
 - A yaml block that a page introduces with `<!-- file: PATH -->` is that shipped file, byte for byte.
 """
@@ -17,7 +18,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cli_helpers import invoke
 
@@ -60,14 +60,12 @@ def parse(command: str) -> tuple[dict[str, str], list[str], int]:
 
 @pytest.fixture
 def project(tmp_path, monkeypatch, tiny_world):
-    """A project folder as a user makes one: the example profiles in ./rlsteps.yaml, the examples beside it."""
-    profiles = {}
-    for name in ("local.yaml", "slurm.yaml", "lepton.yaml"):
-        profiles.update(yaml.safe_load((ROOT / "profiles" / name).read_text())["profiles"])
-    (tmp_path / "rlsteps.yaml").write_text(yaml.safe_dump({"profiles": profiles}))
+    """A new folder outside the checkout, as a user's first one: no rlsteps.yaml, no profiles of the user's own.
+    Only examples/ is copied, for the page that still runs an example pipeline by its path (docs/evaluation.md)."""
+    assert ROOT not in tmp_path.parents
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RLSTEPS_PROFILES", raising=False)
     return tmp_path
 
 

@@ -2,6 +2,7 @@ import io
 import json
 import logging
 import math
+import re
 import sys
 import time
 import types
@@ -12,6 +13,7 @@ import torch
 from rlsteps.contract.run_files import read_metrics
 from rlsteps.engine.records.metrics import MetricsWriter, Timers, TrainingProgress, metric_series, trend
 from rlsteps.engine.records.plot import plot_metrics
+from rlsteps.engine.records.trackers import TensorBoardTracker, WandbTracker
 
 
 def test_lines_are_appended_flushed_and_read_back(tmp_path):
@@ -104,6 +106,8 @@ def test_tensorboard_and_wandb_receive_the_finite_numbers(tmp_path, monkeypatch)
             calls.append(("tb_close",))
 
     class FakeRun:
+        offline, url = False, "https://wandb.ai/me/p/runs/abc"
+
         def log(self, values, step):
             calls.append(("wandb", values, step))
 
@@ -117,7 +121,8 @@ def test_tensorboard_and_wandb_receive_the_finite_numbers(tmp_path, monkeypatch)
         return FakeRun()
 
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=wandb_init))
-    with MetricsWriter(tmp_path / "m.jsonl", tensorboard_dir=tmp_path / "tb", wandb={"project": "p"}) as writer:
+    trackers = [TensorBoardTracker.open(tmp_path / "tb"), WandbTracker.open({"project": "p"})]
+    with MetricsWriter(tmp_path / "m.jsonl", trackers=trackers) as writer:
         writer.log(5, {"reward": 1.5, "loss": float("nan")})
     assert calls == [
         ("tb_init", str(tmp_path / "tb")),
@@ -129,13 +134,21 @@ def test_tensorboard_and_wandb_receive_the_finite_numbers(tmp_path, monkeypatch)
     ]
 
 
-def test_missing_tensorboard_and_wandb_only_warn(tmp_path, monkeypatch, caplog):
+def test_missing_tensorboard_and_wandb_only_warn_naming_the_key_and_the_extra(tmp_path, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
     monkeypatch.setitem(sys.modules, "wandb", None)
-    with caplog.at_level(logging.WARNING, logger="rlsteps.engine.records.metrics"):
-        with MetricsWriter(tmp_path / "m.jsonl", tensorboard_dir=tmp_path / "tb", wandb={"project": "p"}) as writer:
+    with caplog.at_level(logging.WARNING, logger="rlsteps.engine.records"):
+        trackers = [TensorBoardTracker.open(tmp_path / "tb"), WandbTracker.open({"project": "p"})]
+        with MetricsWriter(tmp_path / "m.jsonl", trackers=[t for t in trackers if t is not None]) as writer:
             writer.log(1, {"reward": 1.0})
-    assert "tensorboard is not installed" in caplog.text and "wandb is configured but not installed" in caplog.text
+    assert (
+        "logging.tensorboard is set but the tensorboard package is not installed: pip install 'rlsteps[tensorboard]'"
+        in caplog.text
+    )
+    assert (
+        "logging.wandb_project is set but the wandb package is not installed: pip install 'rlsteps[wandb]'"
+        in caplog.text
+    )
     assert read_metrics(tmp_path / "m.jsonl")[0]["reward"] == 1.0
 
 
@@ -215,3 +228,20 @@ def test_trend_compares_the_first_and_last_windows():
         trend([1.0], window=0)
     with pytest.raises(ValueError, match="empty"):
         trend([None], window=1)
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_the_progress_bar_keeps_its_counter_whole_and_fits_the_terminal(width, monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setenv("COLUMNS", str(width))
+    stream = Terminal()
+    with TrainingProgress(total=16, stream=stream) as progress:
+        progress.update(3, {"train/reward": -1.77573, "train/loss": 1.16612, "train/steps_without_update": 2})
+        progress._progress.refresh()
+    shown = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line) for line in re.split(r"[\r\n]", stream.getvalue())]
+    last = [line for line in shown if " 3/16 " in line]
+    assert last and last[-1].startswith("step ") and "reward -1.776" in last[-1], shown
+    assert max(len(line.rstrip()) for line in shown) <= width

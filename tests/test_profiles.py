@@ -52,8 +52,30 @@ def test_an_unknown_profile_names_a_profiles_entry_that_does_not_exist(tmp_path,
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("RLSTEPS_PROFILES", str(tmp_path / "typo.yaml"))
     with pytest.raises(UsageError) as refused:
-        resolve_profile("my_slurm")
+        resolve_profile("team_cluster")
     assert f"$RLSTEPS_PROFILES names {tmp_path / 'typo.yaml'}, not found" in refused.value.fix
+
+
+def test_the_shipped_example_profiles_are_read_after_the_users_own_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("RLSTEPS_PROFILES", raising=False)
+    assert profile_files() == [] and resolve_profile("my_slurm").source == str(EXAMPLES / "slurm.yaml")
+    assert resolve_profile("my_lepton").executor == "lepton"
+    (tmp_path / "rlsteps.yaml").write_text("profiles:\n  my_slurm: {executor: slurm, account: mine}\n")
+    assert resolve_profile("my_slurm").settings == {"executor": "slurm", "account": "mine"}  # the user's wins
+    assert resolve_profile("my_slurm_2nodes").settings["account"] == "mine"  # an example extends the user's
+
+
+def test_an_unknown_profile_names_every_known_profile_and_the_files_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "rlsteps.yaml").write_text("profiles:\n  team: {executor: local}\n")
+    with pytest.raises(UsageError) as refused:
+        resolve_profile("zzz")
+    fix = refused.value.fix
+    assert "use one of " in fix and "my_slurm" in fix and "team" in fix and "local" in fix
+    assert str(tmp_path / "rlsteps.yaml") in fix and str(EXAMPLES / "lepton.yaml") in fix
 
 
 def test_the_shipped_example_profiles_folder_is_a_profiles_entry(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ pipeline_app = typer.Typer(
 @pipeline_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def run_pipeline(
     ctx: typer.Context,
-    path: Path = typer.Argument(..., help="A pipeline YAML file (see examples/pipelines/tiny.yaml)."),
+    path: Path = typer.Argument(..., help="A pipeline YAML file, or a shipped example's name (rlsteps pipeline list)."),
     overrides: list[str] | None = typer.Argument(None, help="key=value for every stage, STAGE:key=value for one."),
     run_profile: str | None = typer.Option(None, "-r", "--run", help="Run each stage attached on this profile."),
     batch_profile: str | None = typer.Option(
@@ -97,3 +97,32 @@ def _print_stages(rows: list[dict]) -> None:
         after = f", after {', '.join(r['after'])}" if r["after"] else ""
         lines += fit.wrap(f"launch: {r['launch']}{after}", width, 6, 2)
     fit.print_lines(out, lines)
+
+
+@pipeline_app.command("list")
+def list_pipelines() -> None:
+    """List the example pipelines rlsteps ships: `rlsteps pipeline run NAME` runs one from any folder."""
+    from rlsteps.cli import fit
+    from rlsteps.plan import pipeline
+
+    shipped = pipeline.shipped_pipelines()
+    lines = fit.heading(
+        "example pipelines: rlsteps pipeline run NAME; rlsteps pipeline show NAME > mine.yaml", out.width
+    )
+    for name, path in shipped.items():
+        chain = " -> ".join(f"{s.name} ({s.step})" for s in pipeline.load_pipeline(path).stages)
+        lines += fit.wrap(Text.assemble((name, "bold"), f": {chain}"), out.width, 4, 0)
+    folder = next(iter(shipped.values())).parent if shipped else "nowhere: this install ships no catalog"
+    lines += fit.wrap(f"from {folder}", out.width, 4, 0)
+    fit.print_lines(out, lines)
+
+
+@pipeline_app.command("show")
+def show_pipeline(
+    path: Path = typer.Argument(..., help="A pipeline YAML file, or a shipped example's name."),
+) -> None:
+    """Print a pipeline file as it is (a shipped example, to copy and change)."""
+    from rlsteps.plan import pipeline
+
+    found = pipeline.find_pipeline(path)
+    print(found.read_text(), end="")

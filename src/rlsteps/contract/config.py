@@ -214,8 +214,10 @@ class RewardHackingConfig(Section):
 
 
 class LoggingConfig(Section):
-    tensorboard: bool = False
+    tensorboard: bool = False  # TensorBoard events in <output.dir>/tensorboard (engine/records/trackers.py)
     wandb_project: str | None = None
+    mlflow_experiment: str | None = None
+    mlflow_tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else MLflow's default (./mlflow.db)
     samples_per_step: NonNegativeInt = 4  # rollouts per step written to samples.jsonl (judge answers too); 0 = none
     reward_hacking: RewardHackingConfig = RewardHackingConfig()
 

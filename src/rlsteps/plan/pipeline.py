@@ -96,14 +96,39 @@ class PipelineRequest:
     argv: tuple[str, ...] = ()
 
 
+def shipped_pipelines() -> dict[str, Path]:
+    """The example pipelines rlsteps ships (its examples/pipelines/ folder), by name."""
+    from rlsteps.install import shipped_catalog
+
+    catalog = shipped_catalog()
+    folder = catalog / "examples" / "pipelines" if catalog is not None else None
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))} if folder is not None and folder.is_dir() else {}
+
+
+def find_pipeline(path: Path) -> Path:
+    """A pipeline file: the path itself when it is a file, else the shipped example of that name (`tiny`)."""
+    if path.is_file():
+        return path
+    shipped = shipped_pipelines()
+    if path.suffix not in (".yaml", ".yml") and len(path.parts) == 1 and str(path) in shipped:
+        return shipped[str(path)]
+    names = ", ".join(shipped) or "none"
+    raise UsageError(
+        f"pipeline file {path} not found (in {Path.cwd()})",
+        fix=f"give a pipeline YAML file's path, or a shipped example's name: {names}"
+        + (f" (from {next(iter(shipped.values())).parent})" if shipped else ""),
+    )
+
+
 def load_pipeline(path: Path) -> PipelineSpec:
-    if not path.is_file():
-        raise UsageError(f"pipeline file {path} not found")
+    path = find_pipeline(path)
     try:
         spec = PipelineSpec.model_validate(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
     except ValidationError as err:
         causes = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
-        raise UsageError(f"{path}: invalid pipeline: {causes}", fix="see examples/pipelines/tiny.yaml") from None
+        raise UsageError(
+            f"{path}: invalid pipeline: {causes}", fix="see the shipped example: rlsteps pipeline show tiny"
+        ) from None
     except Exception as err:  # omegaconf raises several YAML error types
         raise UsageError(f"{path}: cannot read the pipeline: {err}") from err
     names = [s.name for s in spec.stages]

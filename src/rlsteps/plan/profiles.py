@@ -2,8 +2,9 @@
 
 Profiles are read from ./rlsteps.yaml, then each entry of $RLSTEPS_PROFILES in order (files or folders, separated
 by os.pathsep as in PATH; a folder gives its *.yaml files in name order), then ~/.config/rlsteps/profiles.yaml;
-the first file that defines a name wins. Built in, under every file: `local` (this machine), so `-b local`
-detaches a run with no file at all. A profile may `extends:` another (cycles are errors).
+the first file that defines a name wins. Under those, the example profiles rlsteps ships (its profiles/ folder:
+my_slurm, my_lepton, ...), so they work from any folder; built in, under every file: `local` (this machine), so
+`-b local` detaches a run with no file at all. A profile may `extends:` another (cycles are errors).
 Each file holds a `profiles:` mapping of name -> settings; `executor` names the launcher.
 A profile's optional `config:` mapping is merged over the step config (cluster paths, devices).
 """
@@ -20,6 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlsteps.errors import UsageError
+from rlsteps.install import shipped_catalog
 
 PROFILES_ENV = "RLSTEPS_PROFILES"
 BUILTIN_SOURCE = "built in"
@@ -58,6 +60,13 @@ def profile_files() -> list[Path]:
     return found
 
 
+def shipped_profile_files() -> list[Path]:
+    """The example profile files rlsteps ships (its profiles/ folder), read after the user's own."""
+    catalog = shipped_catalog()
+    folder = catalog / "profiles" if catalog is not None else None
+    return sorted(folder.glob("*.yaml")) if folder is not None and folder.is_dir() else []
+
+
 def _env_entries() -> list[Path]:
     return [Path(entry).expanduser() for entry in os.environ.get(PROFILES_ENV, "").split(os.pathsep) if entry]
 
@@ -65,7 +74,7 @@ def _env_entries() -> list[Path]:
 def load_profiles(files: list[Path] | None = None) -> dict[str, tuple[dict[str, Any], str]]:
     """name -> (raw settings, source file); earlier files win."""
     found: dict[str, tuple[dict[str, Any], str]] = {}
-    for path in profile_files() if files is None else files:
+    for path in [*profile_files(), *shipped_profile_files()] if files is None else files:
         try:
             raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
         except Exception as err:  # omegaconf raises several YAML error types
@@ -120,18 +129,20 @@ def _extends_chain(name: str, known: dict[str, tuple[dict[str, Any], str]]) -> l
     current: str | None = name
     while current is not None:
         if current not in known:
-            where = ", ".join(str(p) for p in profile_files()) or "no profile file found"
-            absent = [str(p) for p in _env_entries() if not p.exists()]
-            where += f"; ${PROFILES_ENV} names {', '.join(absent)}, not found" if absent else ""
-            close = difflib.get_close_matches(current, list(known), n=3)
-            hint = (
-                f"did you mean {', '.join(close)}?"
-                if close
-                else f"define it under `profiles:` in ./rlsteps.yaml ({where})"
-            )
-            raise UsageError(f"unknown profile '{current}'", fix=hint)
+            raise UsageError(f"unknown profile '{current}'", fix=_unknown_profile_fix(current, known))
         if current in chain:
             raise UsageError(f"profile '{name}' extends itself: {' -> '.join(chain + [current])}")
         chain.append(current)
         current = known[current][0].get("extends")
     return chain
+
+
+def _unknown_profile_fix(name: str, known: dict[str, tuple[dict[str, Any], str]]) -> str:
+    """The closest names, else every name known and the files read: where the user would define it."""
+    close = difflib.get_close_matches(name, list(known), n=3)
+    if close:
+        return f"did you mean {', '.join(close)}?"
+    where = ", ".join(str(p) for p in [*profile_files(), *shipped_profile_files()]) or "no profile file found"
+    absent = [str(p) for p in _env_entries() if not p.exists()]
+    where += f"; ${PROFILES_ENV} names {', '.join(absent)}, not found" if absent else ""
+    return f"use one of {', '.join(sorted(known))}, or define it under `profiles:` in ./rlsteps.yaml (read: {where})"

@@ -1,4 +1,4 @@
-"""Training metrics: an append-only JSONL log, optional TensorBoard / W&B, timers, progress (the plot: plot.py).
+"""Training metrics: an append-only JSONL log mirrored to the trackers (trackers.py), timers, progress (plot.py).
 
 The JSONL file is the record of a run: one line {"step", "time", **metrics} per `log` call,
 written at once and whole: a write the disk cannot take is cut back, so the file never ends in a torn line
@@ -40,20 +40,20 @@ def to_json_number(value: Any) -> int | float | None:
 
 
 class MetricsWriter:
-    """Appends one JSON line per `log` call; mirrors the numbers to TensorBoard and W&B when asked.
+    """Appends one JSON line per `log` call; mirrors the finite numbers to each tracker (trackers.py).
 
+    trackers: opened trackers (trackers.open_trackers); tensorboard_dir and wandb open one each as well.
     tensorboard_dir: write TensorBoard events there (needs the `tensorboard` package).
     wandb: keyword arguments for `wandb.init` (project, name, entity, ...; needs `wandb`).
     """
 
-    def __init__(self, path: Path, tensorboard_dir: Path | None = None, wandb: dict | None = None):
+    def __init__(self, path: Path, trackers: list | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         drop_partial_last_line(self.path)
         self._file: BinaryIO = open_records(self.path)
         self._warned_non_finite: set[str] = set()
-        self._tensorboard = _open_tensorboard(tensorboard_dir) if tensorboard_dir is not None else None
-        self._wandb_run = _open_wandb(wandb) if wandb else None
+        self._trackers = list(trackers or [])  # rlsteps.engine.records.trackers: each step forwarded to them
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clash = [k for k in RESERVED_KEYS if k in metrics]
@@ -63,22 +63,15 @@ class MetricsWriter:
         record = {"step": int(step), "time": round(time.time(), 3), **values}
         append_whole(self._file, json.dumps(record, allow_nan=False) + "\n")
         numbers = {key: value for key, value in values.items() if value is not None}
-        if self._tensorboard is not None:
-            for key, value in numbers.items():
-                self._tensorboard.add_scalar(key, value, global_step=int(step))
-            self._tensorboard.flush()
-        if self._wandb_run is not None:
-            self._wandb_run.log(numbers, step=int(step))
+        for tracker in self._trackers:
+            tracker.log(int(step), numbers)
 
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-            self._tensorboard = None
-        if self._wandb_run is not None:
-            self._wandb_run.finish()
-            self._wandb_run = None
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            tracker.close()
 
     def __enter__(self) -> MetricsWriter:
         return self
@@ -190,27 +183,6 @@ def drop_partial_last_line(path: Path) -> None:
     logger.warning("%s ended with a partly written line (an interrupted run); removed it", path)
 
 
-def _open_tensorboard(log_dir: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        logger.warning(
-            "tensorboard_dir is set but tensorboard is not installed (pip install tensorboard); "
-            "metrics go to the JSONL file only"
-        )
-        return None
-    return SummaryWriter(log_dir=str(log_dir))
-
-
-def _open_wandb(init_kwargs: dict) -> Any:
-    try:
-        import wandb
-    except ImportError:
-        logger.warning("wandb is configured but not installed (pip install wandb); metrics go to the JSONL file only")
-        return None
-    return wandb.init(**init_kwargs)
-
-
 def metric_series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     """Steps and values of one metric, skipping records without it and null (non-finite) values."""
     points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
@@ -248,6 +220,9 @@ class Timers:
         return totals
 
 
+BAR_COLUMNS = 16  # the progress bar's width: the counter and the stats have the rest
+
+
 class TrainingProgress:
     """Step progress with the latest reward, loss, step time and ETA.
 
@@ -277,7 +252,7 @@ class TrainingProgress:
     def __enter__(self) -> TrainingProgress:
         self._last = time.perf_counter()
         if self.interactive:
-            self._progress = _rich_progress(self.stream)
+            self._progress = _rich_progress(self.stream, self.total)
             self._task = self._progress.add_task("step", total=self.total, completed=self.initial, stats="")
             self._progress.start()
         return self
@@ -300,7 +275,9 @@ class TrainingProgress:
         if metrics.get(IDLE_STEPS_KEY):
             stats += f"  steps without update {int(metrics[IDLE_STEPS_KEY])}"
         if self._progress is not None:
-            self._progress.update(self._task, completed=step, stats=stats)
+            room = self._progress.console.width - len(self._progress.tasks[0].description) - BAR_COLUMNS
+            room -= 2 * len(str(self.total)) + 1 + 4  # the counter, and a space between each column and at the end
+            self._progress.update(self._task, completed=step, stats=_cut(stats, room))
         else:
             print(f"step {step}/{self.total}  {stats}", file=self.stream, flush=True)
 
@@ -315,17 +292,25 @@ class TrainingProgress:
         return _duration((now - self._first_done) / max(after_first, 1) * left)
 
 
-def _rich_progress(stream: TextIO) -> Any:
+def _rich_progress(stream: TextIO, total: int) -> Any:
+    """The bar: the counter never cut (at 60 columns the stats give way, ending in an ellipsis)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.table import Column
 
+    counter = 2 * len(str(total)) + 1
     return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[stats]}"),
+        TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True, min_width=4)),
+        BarColumn(bar_width=BAR_COLUMNS, table_column=Column(no_wrap=True, min_width=BAR_COLUMNS)),
+        MofNCompleteColumn(table_column=Column(no_wrap=True, min_width=counter)),
+        TextColumn("{task.fields[stats]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
         console=Console(file=stream),
     )
+
+
+def _cut(text: str, width: int) -> str:
+    """`text` in `width` columns, ending in an ellipsis when cut."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 def _fmt(value: Any) -> str:

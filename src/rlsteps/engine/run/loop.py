@@ -53,6 +53,7 @@ from rlsteps.engine.records.samples import SampleLog
 from rlsteps.engine.records.throughput import (
     peak_flops,
 )
+from rlsteps.engine.records.trackers import open_trackers
 from rlsteps.engine.rewards.functions import FunctionScorer
 from rlsteps.engine.rewards.scores import RewardSource
 from rlsteps.engine.run import signals
@@ -372,8 +373,4 @@ def _optimizer_and_schedule(cfg: RecipeConfig, recipe: Recipe, model: torch.nn.M
 
 
 def _metrics_writer(cfg: RecipeConfig, run_dir: Path) -> MetricsWriter:
-    return MetricsWriter(
-        run_dir / METRICS_FILE,
-        tensorboard_dir=run_dir / "tensorboard" if cfg.logging.tensorboard else None,
-        wandb={"project": cfg.logging.wandb_project} if cfg.logging.wandb_project else None,
-    )
+    return MetricsWriter(run_dir / METRICS_FILE, trackers=open_trackers(cfg.logging, run_dir))

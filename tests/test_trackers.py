@@ -1,0 +1,105 @@
+"""The experiment trackers a run mirrors its metrics to (rlsteps.engine.records.trackers), each through its own real
+package: TensorBoard's event files read back, a W&B run in offline mode (nothing leaves the machine), an MLflow run in
+a sqlite store in the test's folder. A tracker's package that is not installed skips its test (the `test` extra
+installs all three); RLSTEPS_REQUIRE_TRACKERS=1 makes that a failure."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+
+import pytest
+
+from rlsteps.contract.config import LoggingConfig
+from rlsteps.contract.run_files import read_metrics
+from rlsteps.engine.records.metrics import MetricsWriter
+from rlsteps.engine.records.trackers import open_trackers
+
+LOGGER = "rlsteps.engine.records"
+
+
+def need(module: str, extra: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        if os.environ.get("RLSTEPS_REQUIRE_TRACKERS") == "1":
+            pytest.fail(f"{module} is not installed (pip install -e '.[{extra}]'; RLSTEPS_REQUIRE_TRACKERS=1)")
+        pytest.skip(f"{module} is not installed (pip install -e '.[{extra}]')")
+
+
+def write_three_steps(logging_config: LoggingConfig, run_dir) -> None:
+    with MetricsWriter(run_dir / "metrics.jsonl", trackers=open_trackers(logging_config, run_dir)) as writer:
+        for step in (1, 2, 3):
+            writer.log(step, {"train/reward": step / 2, "train/loss": float("nan") if step == 2 else 0.1})
+
+
+def test_no_tracker_is_opened_or_imported_by_default(tmp_path):
+    before = {"torch.utils.tensorboard", "wandb", "mlflow"} & set(sys.modules)
+    assert open_trackers(LoggingConfig(), tmp_path) == []
+    assert {"torch.utils.tensorboard", "wandb", "mlflow"} & set(sys.modules) == before
+
+
+def test_tensorboard_events_hold_the_finite_numbers_and_the_run_says_where(tmp_path, caplog):
+    need("tensorboard", "tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        write_three_steps(LoggingConfig(tensorboard=True), tmp_path)
+    log_dir = tmp_path / "tensorboard"
+    assert f"tensorboard: events in {log_dir} (tensorboard --logdir {log_dir})" in caplog.text
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/reward")] == [(1, 0.5), (2, 1.0), (3, 1.5)]
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 3]  # NaN is null in metrics.jsonl, absent here
+
+
+def test_a_wandb_run_in_offline_mode_is_written_under_the_run_folder(tmp_path, caplog, monkeypatch):
+    need("wandb", "wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        write_three_steps(LoggingConfig(wandb_project="rlsteps-test"), tmp_path)
+    (offline,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert f"wandb: offline run in {offline} (wandb sync it later)" in caplog.text
+    (records,) = offline.glob("run-*.wandb")
+    data = records.read_bytes()
+    assert b"train/reward" in data and b"rlsteps-test" in data and tmp_path.name.encode() in data
+
+
+@pytest.mark.slow  # MLflow makes its sqlite store's tables: about 13 s
+def test_an_mlflow_run_in_a_sqlite_store_holds_the_metrics_per_step(tmp_path, caplog):
+    need("mlflow", "mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        write_three_steps(LoggingConfig(mlflow_experiment="tiny", mlflow_tracking_uri=uri), tmp_path / "rl_rs-tiny")
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert run.info.run_name == "rl_rs-tiny" and run.info.status == "FINISHED"
+    assert f"mlflow: run {run.info.run_id} in experiment tiny at {uri}" in caplog.text
+    history = client.get_metric_history(run.info.run_id, "train/reward")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.5), (2, 1.0), (3, 1.5)]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == [1, 3]
+
+
+MISSING = {  # module, the key that asks for it, the extra that installs it
+    "tensorboard": ("torch.utils.tensorboard", {"tensorboard": True}, "logging.tensorboard", "tensorboard"),
+    "wandb": ("wandb", {"wandb_project": "p"}, "logging.wandb_project", "wandb"),
+    "mlflow": ("mlflow.tracking", {"mlflow_experiment": "e"}, "logging.mlflow_experiment", "mlflow-skinny"),
+}
+
+
+@pytest.mark.parametrize("extra", list(MISSING))
+def test_a_missing_package_is_one_warning_naming_the_key_and_the_extra(tmp_path, monkeypatch, caplog, extra):
+    module, setting, key, package = MISSING[extra]
+    monkeypatch.setitem(sys.modules, module, None)  # its import raises ImportError
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        write_three_steps(LoggingConfig(**setting), tmp_path)
+    (warning,) = [
+        r.getMessage() for r in caplog.records if r.name.endswith("trackers") and r.levelno >= logging.WARNING
+    ]
+    assert warning.startswith(
+        f"{key} is set but the {package} package is not installed: pip install 'rlsteps[{extra}]'"
+    )
+    assert [r["train/reward"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0.5, 1.0, 1.5]
