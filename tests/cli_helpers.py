@@ -56,3 +56,18 @@ def run_cli(*argv: str, cwd: Path | None = None, env: dict[str, str] | None = No
         timeout=timeout,
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def dry_run_in_fresh_python(*overrides: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`rlsteps run rl/reinforce -c tiny --dry-run OVERRIDES` in a fresh Python; it prints the exit code and which of
+    torch and transformers it imported (a dry run imports neither)."""
+    argv = ["run", "rl/reinforce", "-c", "tiny", "--dry-run", *overrides]
+    code = (
+        "import sys, io, contextlib\n"
+        "from rlsteps.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    code = main({argv!r})\n"
+        "print(code, [m for m in ('torch', 'transformers') if m in sys.modules])\n"
+    )
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=full_env)

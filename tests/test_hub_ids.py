@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from cli_helpers import dry_run_in_fresh_python
 from rlsteps.artifacts.inputs import Reach, check_input, inputs_in_job
 from rlsteps.catalog import load_catalog
 from rlsteps.contract.input_check import InputProblem, check_inputs_in_job
@@ -124,22 +124,8 @@ def test_the_worker_reads_each_hub_id_as_its_cached_snapshot(offline_cache):
 
 
 def dry_run(home: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """rlsteps run rl/reinforce -c tiny --dry-run in a fresh Python with the network off; it prints the exit code
-    and whether torch or transformers was imported."""
-    argv = ["run", "rl/reinforce", "-c", "tiny", "--dry-run", *overrides]
-    code = (
-        "import sys, io, contextlib\n"
-        "from rlsteps.cli import main\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        f"    code = main({argv!r})\n"
-        "print(code, [m for m in ('torch', 'transformers') if m in sys.modules])\n"
-    )
-    env = {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
-    import os
-
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, **env}
-    )
+    """The dry run in a fresh Python with the network off and the Hugging Face cache at `home`."""
+    return dry_run_in_fresh_python(*overrides, env={"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"})
 
 
 def test_the_dry_run_resolves_hub_ids_in_the_cache_offline_without_torch(hub_home):

@@ -360,7 +360,20 @@ class NemoRlJobConfig(Section):
     nodes_timeout_s: PositiveFloat = 900  # how long the head waits for every node to join Ray
 
 
-class RecipeConfig(Section):
+class RewardTerms:
+    """What a config with a `rewards:` section (a recipe's, eval/policy's) is asked of it."""
+
+    @property
+    def reward_terms(self) -> dict[str, RewardEntry]:
+        """The rewards entries in use, in the config's order."""
+        return _checked_rewards(self.rewards)  # type: ignore[attr-defined]
+
+    def uses_reward(self, kind: str) -> bool:
+        """Whether a rewards entry is of this kind: reward_model, judge or function."""
+        return any(entry.kind == kind for entry in self.reward_terms.values())
+
+
+class RecipeConfig(RewardTerms, Section):
     algorithm: str
     # a rollout's reward: the weighted sum of these terms, each logged as reward/<name>; each recipe's schema gives
     # its default (the reward model for rs and reinforce, the judge for grpo)
@@ -390,15 +403,6 @@ class RecipeConfig(Section):
                 "rewards entry of source judge"
             )
         return self
-
-    @property
-    def reward_terms(self) -> dict[str, RewardEntry]:
-        """The rewards entries in use, in the config's order."""
-        return _checked_rewards(self.rewards)
-
-    def uses_reward(self, kind: str) -> bool:
-        """Whether a rewards entry is of this kind: reward_model, judge or function."""
-        return any(entry.kind == kind for entry in self.reward_terms.values())
 
 
 class NemoRlEngine(Section):

@@ -19,6 +19,7 @@ from rlsteps.contract.config import (
     Probability,
     RewardEntry,
     RewardModelClientConfig,
+    RewardTerms,
     RunConfig,
     SamplingConfig,
     Section,
@@ -63,7 +64,7 @@ class EvalOutput(Section):
     dir: str  # the run directory: results.jsonl (per prompt, resumable) and the eval_report <dir>/report
 
 
-class EvalConfig(Section):
+class EvalConfig(RewardTerms, Section):
     """eval/policy: what a policy scores on the config's reward sources, and against a baseline policy."""
 
     algorithm: Literal["eval"]
@@ -104,13 +105,6 @@ class EvalConfig(Section):
                     f"terms are {', '.join(functions)}"
                 )
         return self
-
-    @property
-    def reward_terms(self) -> dict[str, RewardEntry]:
-        return _checked_rewards(self.rewards)
-
-    def uses_reward(self, kind: str) -> bool:
-        return any(entry.kind == kind for entry in self.reward_terms.values())
 
 
 STEP_SCHEMAS["eval"] = EvalConfig
