@@ -85,14 +85,14 @@ def test_nemo_rl_keys_pass_through_over_the_compiled_ones_and_are_named_in_the_n
         *RLHF_INPUTS,
         "nemo_rl.policy.dtensor_cfg.tensor_parallel_size=2",  # no '+': any key under nemo_rl. is NeMo-RL's to judge
         "nemo_rl.loss_fn.use_on_policy_kl_approximation=true",
-        "nemo_rl.grpo.async_grpo.enabled=true",
+        "nemo_rl.grpo.async_grpo.max_trajectory_age_steps=2",
     )
     assert compiled.config["policy"]["dtensor_cfg"]["tensor_parallel_size"] == 2
     assert compiled.config["policy"]["dtensor_cfg"]["enabled"] is True  # its siblings stay
     assert compiled.config["loss_fn"]["use_on_policy_kl_approximation"] is True
-    assert compiled.config["grpo"]["async_grpo"]["enabled"] is True
+    assert compiled.config["grpo"]["async_grpo"]["max_trajectory_age_steps"] == 2
     [said] = [note for note in compiled.notes if note.startswith("set as given")]
-    assert "policy.dtensor_cfg.tensor_parallel_size" in said and "grpo.async_grpo.enabled" in said
+    assert "policy.dtensor_cfg.tensor_parallel_size" in said and "grpo.async_grpo.max_trajectory_age_steps" in said
     with pytest.raises(UsageError, match="unknown config key 'nemo_rll.grpo.x'"):
         validated("rl/rlhf", *RLHF_INPUTS, "nemo_rll.grpo.x=1")
     with pytest.raises(UsageError, match="did you mean 'nemo_rl.grpo.max_num_steps'"):
@@ -237,3 +237,26 @@ def test_a_refusal_of_nemo_rls_own_keys_says_the_fix_in_them():
     with pytest.raises(NemoRlConfigError) as refused:
         compile_master_config(seed, Cluster(2, 8), RUN)
     assert refused.value.fix == "policy.sequence_packing.enabled=false"
+
+
+def test_the_runs_trackers_compile_to_nemo_rls_logger():
+    """TensorBoard, W&B and MLflow as NeMo-RL's LoggerConfig has them (its tensorboard_enabled, mlflow_enabled and
+    mlflow section), none dropped without a word."""
+    trackers = (
+        "logging.tensorboard=true",
+        "logging.mlflow_experiment=rl",
+        "logging.mlflow_tracking_uri=sqlite:///m.db",
+    )
+    logger = master("rl/rlhf", *RLHF_INPUTS, *trackers).config["logger"]
+    assert logger["tensorboard_enabled"] is True and logger["mlflow_enabled"] is True
+    assert logger["mlflow"]["experiment_name"] == "rl" and logger["mlflow"]["tracking_uri"] == "sqlite:///m.db"
+    plain = master("rl/rlhf", *RLHF_INPUTS).config["logger"]
+    assert (plain["tensorboard_enabled"], plain["mlflow_enabled"], plain["wandb_enabled"]) == (False, False, False)
+
+
+def test_a_function_reward_on_nemo_rl_is_refused_with_the_keys_that_fix_it():
+    with pytest.raises(UsageError, match=r"fix: engine=embedded, or rewards\.short=null\)"):
+        validated(
+            "rl/reinforce", *REINFORCE_INPUTS, "rewards.short.function=rlsteps.engine.rewards.verifiable:one_word"
+        )
+    validated("rl/reinforce", *REINFORCE_INPUTS, "rewards.short.function=m:f", "rewards.short=null")  # the fix runs

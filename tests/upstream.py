@@ -125,9 +125,18 @@ def _inert(name: str) -> type:
         decorated = len(args) == 1 and callable(args[0]) and not kwargs
         return args[0] if decorated else self  # a decorator keeps its target
 
+    def reduce(self):  # picklable, as the real objects are (NeMo-RL saves rollout metrics with its replay buffer)
+        return _inert_instance, (name,)
+
     return _InertMeta(
-        name, (), {"__getattr__": instance_attr, "__call__": call, "__init__": lambda self, *a, **k: None}
+        name,
+        (),
+        {"__getattr__": instance_attr, "__call__": call, "__init__": lambda self, *a, **k: None, "__reduce__": reduce},
     )
+
+
+def _inert_instance(name: str):
+    return _inert(name)()
 
 
 class _InertModule(types.ModuleType):

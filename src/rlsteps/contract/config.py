@@ -414,9 +414,12 @@ class NemoRlEngine(Section):
     def _one_reward_on_nemo_rl(self) -> NemoRlEngine:
         terms = self.reward_terms  # type: ignore[attr-defined]
         if self.engine == "nemo_rl" and [(e.kind, e.weight) for e in terms.values()] != [(self.nemo_rl_reward, 1.0)]:  # type: ignore[attr-defined]
+            source = self.nemo_rl_reward  # type: ignore[attr-defined]
+            others = " ".join(f"rewards.{n}=null" for n, e in terms.items() if e.kind != source)
+            keep = others or f"one {source} term of weight 1"
             raise ValueError(
-                f"engine=nemo_rl gives this step's rewards from NeMo-RL's {self.nemo_rl_reward} environment alone; "
-                f"rewards {', '.join(terms)} run on the embedded engine (engine=embedded)"
+                f"engine=nemo_rl gives this step's rewards from NeMo-RL's {source} environment alone; rewards "
+                f"{', '.join(terms)} run on the embedded engine (fix: engine=embedded, or {keep})"
             )
         return self
 

@@ -7,7 +7,10 @@ the dry run prints its result). A peer of plan/: it compiles for another engine,
   rows a step makes and how NeMo-RL's policy splits them; schedule: the learning-rate schedule as NeMo-RL's workers
   build it; semantics: where the two engines differ; lora: train.lora as NeMo-RL's lora_cfg; schema: NeMo-RL's
   master-config keys (master_config_schema.json), for overrides; embedded: rl/nemo_rl/rlhf mapped onto rl/rlhf's
-  recipe where no NeMo-RL runs; layout: where the job keeps its files.
+  recipe where no NeMo-RL runs; layout: where the job keeps its files; policy_checks: what NeMo-RL's Policy and its
+  asynchronous loop assert; model_shapes: the policy's heads, layers and experts against its parallel sizes;
+  vllm_args (over vllm_fields): the keywords handed to vLLM against vLLM's own argument names; judge_context: the
+  judge's max_model_len against the longest request it is sent.
 
 What the job runs around NeMo-RL's driver (its stages) is the engine's: rlsteps.engine.nemo_rl.
 

@@ -41,9 +41,14 @@ class NemoRlConfigError(ValueError):
 
 def assignments(changes: dict[str, Any], name: Callable[[str], str] = str) -> str:
     """`key=value` overrides that set `changes` (a key named by `name`), as a user types them."""
-    return " ".join(
-        f"{name(key)}={str(value).lower() if isinstance(value, bool) else value}" for key, value in changes.items()
-    )
+    return " ".join(f"{name(key)}={_typed(value)}" for key, value in changes.items())
+
+
+def _typed(value: Any) -> str:
+    """A value as an override writes it: true/false, null, or as it prints."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def uses_gym(master: dict[str, Any]) -> bool:

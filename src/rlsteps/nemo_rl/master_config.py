@@ -26,13 +26,17 @@ from rlsteps.nemo_rl.environments import (
     reward_model_env,
     uses_gym,
 )
+from rlsteps.nemo_rl.judge_context import check_judge_context
 from rlsteps.nemo_rl.key_map import INPUTS, JUDGE, PAIRINGS, RLSTEPS_KEYS, pairs
 from rlsteps.nemo_rl.lora import check_lora, compile_lora, lora_notes
+from rlsteps.nemo_rl.model_shapes import check_shapes
 from rlsteps.nemo_rl.placement import Cluster, place
+from rlsteps.nemo_rl.policy_checks import check_policy
 from rlsteps.nemo_rl.schedule import megatron_scheduler, torch_schedulers
 from rlsteps.nemo_rl.schedule import notes as schedule_notes
 from rlsteps.nemo_rl.semantics import NO_END, differences
 from rlsteps.nemo_rl.template import GENRM_ENV, REWARD_MODEL_ENV, master_template
+from rlsteps.nemo_rl.vllm_args import check_vllm_keywords
 
 __all__ = ["Cluster", "MasterConfig", "NemoRlConfigError", "compile_master_config", "deep_merge"]
 
@@ -61,7 +65,7 @@ def compile_master_config(cfg: dict[str, Any], cluster: Cluster, run_dir: PurePo
         notes.append(f"set as given (nemo_rl.*; the paths, the judge block and cluster.* stay rlsteps's): {given}")
         master = deep_merge(master, passed)
     try:
-        notes += _finalize(master, cfg, cluster, NemoRlPaths(run_dir))
+        notes += _finalized(master, cfg, cluster, NemoRlPaths(run_dir))
     except NemoRlConfigError as err:
         if err.changes and cfg["algorithm"] != "nemo_rl_grpo":  # the fix in the recipe's own keys
             raise NemoRlConfigError(str(err), fix=_in_recipe_keys(err.changes, cfg["algorithm"])) from None
@@ -172,11 +176,17 @@ def _policy(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _logger(cfg: dict[str, Any]) -> dict[str, Any]:
-    project = cfg["logging"]["wandb_project"]
+    """The run's trackers as NeMo-RL's logger config (its LoggerConfig: wandb, tensorboard, mlflow)."""
+    logging, name = cfg["logging"], PurePosixPath(cfg["output"]["dir"]).name
+    project, experiment = logging["wandb_project"], logging.get("mlflow_experiment")
+    mlflow = {"experiment_name": experiment, "run_name": name, "tracking_uri": logging.get("mlflow_tracking_uri")}
     return {
         "logger": {
             "wandb_enabled": project is not None,
-            "wandb": {"project": project or "rlsteps", "name": PurePosixPath(cfg["output"]["dir"]).name},
+            "wandb": {"project": project or "rlsteps", "name": name},
+            "tensorboard_enabled": bool(logging.get("tensorboard")),
+            "mlflow_enabled": experiment is not None,
+            **({"mlflow": mlflow} if experiment is not None else {}),
         }
     }
 
@@ -231,6 +241,35 @@ def _reinforce(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+FIX_ROUNDS = 6  # a fix's changes can meet another check (a new data-parallel size, say): that many passes at most
+
+
+def _finalized(master: dict[str, Any], cfg: dict[str, Any], cluster: Cluster, paths: NemoRlPaths) -> list[str]:
+    """_finalize on `master` in place. A refusal's fix is made whole first: its changes are applied to the config as
+    it was and the checks run again, each further refusal's changes added, until the config passes; the refusal
+    then names every change (so the fix, applied, compiles), or the first refusal stands as it was."""
+    pristine = copy.deepcopy(master)
+    try:
+        return _finalize(master, cfg, cluster, paths)
+    except NemoRlConfigError as first:
+        if not first.changes:
+            raise
+        changes = dict(first.changes)
+        for _ in range(FIX_ROUNDS):
+            trial = copy.deepcopy(pristine)
+            for key, value in changes.items():
+                put(trial, key, value)
+            try:
+                _finalize(trial, cfg, cluster, paths)
+            except NemoRlConfigError as again:
+                if not again.changes or all(changes.get(k) == v for k, v in again.changes.items()):
+                    raise first from None
+                changes.update(again.changes)
+                continue
+            raise NemoRlConfigError(str(first), changes=changes) from None
+        raise
+
+
 def _finalize(master: dict[str, Any], cfg: dict[str, Any], cluster: Cluster, paths: NemoRlPaths) -> list[str]:
     """What only rlsteps knows, set in place: the job's paths, the judge as Gym starts it, the GPUs; the notes."""
     notes = _paths(master, cfg, paths)
@@ -240,6 +279,10 @@ def _finalize(master: dict[str, Any], cfg: dict[str, Any], cluster: Cluster, pat
             master["grpo"]["max_val_samples"] = None  # NeMo-RL's NeMo-Gym driver refuses any other value
             notes.append("grpo.max_val_samples: null (NeMo-RL's NeMo-Gym driver validates on the whole file)")
     notes += place(master, cluster)
+    notes += check_vllm_keywords(master)
+    notes += check_judge_context(master)
+    check_policy(master)
+    notes += check_shapes(master, get(cfg, "inputs.policy") or get(cfg, "policy.model_name"))
     notes += _megatron_precision(master)
     notes += check_lora(master)
     _context_parallel(master)

@@ -10,13 +10,18 @@ idles. A profile that cannot hold them all is refused with the arithmetic, befor
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from rlsteps.dotted import get
+from rlsteps.dotted import get, put
 from rlsteps.nemo_rl.batches import repair, split_of
-from rlsteps.nemo_rl.environments import NemoRlConfigError, judge_gpus
+from rlsteps.nemo_rl.environments import SERVE_KWARGS_PARALLEL, NemoRlConfigError, judge_gpus
+from rlsteps.nemo_rl.key_map import JUDGE
+
+JUDGE_DP = JUDGE + ".vllm_serve_kwargs.data_parallel_size"  # the user's key (the seed step's judge block)
+COMPILED_JUDGE = "env.nemo_gym.genrm_model.responses_api_models.genrm_model"  # as compile_judge writes it
 
 
 @dataclass(frozen=True)
@@ -32,25 +37,78 @@ def place(master: dict[str, Any], cluster: Cluster) -> list[str]:
         return []
     judge = judge_gpus(master)
     if judge:
-        notes = _place_judge(master, cluster, judge)
+        notes = _place_beside_judge(master, cluster, judge)
     elif get(master, "env.reward_model") is not None and "reward_model" in _env_names(master):
         notes = _place_reward_model(master, cluster)
     else:
         master["cluster"].update(num_nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node)
         notes = []
+    _check_groups(master)
     _check_policy_split(master, policy_gpus(master))
     return notes
 
 
+def _place_beside_judge(master: dict[str, Any], cluster: Cluster, judge: int) -> list[str]:
+    """The judge placed, the policy's GPUs splitting into model-parallel groups; where either fails, the fix is the
+    judge's data_parallel_size nearest the one asked for with which both hold (a refusal in words without one)."""
+    try:
+        notes = _place_judge(master, cluster, judge)
+        _check_groups(master)
+        return notes
+    except NemoRlConfigError as err:
+        replicas = _judge_replicas_that_fit(master, cluster)
+        if replicas is None:
+            raise
+        raise NemoRlConfigError(
+            f"{err} (the judge's GPUs: {_judge_shape(master)})", changes={JUDGE_DP: replicas}
+        ) from None
+
+
+def _judge_shape(master: dict[str, Any]) -> str:
+    kwargs = _judge_kwargs(master)
+    return " x ".join(f"{key} {kwargs.get(key) or 1}" for key in SERVE_KWARGS_PARALLEL)
+
+
+def _judge_kwargs(master: dict[str, Any]) -> dict[str, Any]:
+    return get(master, COMPILED_JUDGE + ".vllm_serve_kwargs") or {}
+
+
+def _judge_replicas_that_fit(master: dict[str, Any], cluster: Cluster) -> int | None:
+    """The judge's data_parallel_size nearest the one asked for (more before fewer) with which the profile holds the
+    judge and the policy's GPUs split into its model-parallel groups, each tried by placing it; None if none does."""
+    kwargs = _judge_kwargs(master)
+    asked = int(kwargs.get("data_parallel_size") or 1)
+    replica = judge_gpus(master) // asked
+    fits = []
+    for replicas in range(1, cluster.nodes * cluster.gpus_per_node // replica + 1):
+        trial = copy.deepcopy(master)
+        put(trial, COMPILED_JUDGE + ".vllm_serve_kwargs.data_parallel_size", replicas)
+        try:
+            _place_judge(trial, cluster, replica * replicas)
+            _check_groups(trial)
+        except NemoRlConfigError:
+            continue
+        fits.append(replicas)
+    return min(fits, key=lambda n: (abs(n - asked), -n)) if fits else None
+
+
 def policy_gpus(master: dict[str, Any]) -> int:
-    """The GPUs NeMo-RL's policy trains on, as its setup counts them (less a one-node reward model's)."""
+    """The GPUs NeMo-RL's policy trains on, as its setup counts them (less a one-node reward model's, and less
+    generation's own GPUs where it is not colocated)."""
     nodes, per_node = master["cluster"]["num_nodes"], master["cluster"]["gpus_per_node"]
     rm = get(master, "env.reward_model.resources") if "reward_model" in _env_names(master) else None
     if rm and nodes == 1:
-        return per_node - rm["gpus_per_node"]
-    if rm:
-        return (nodes - rm["num_nodes"]) * per_node
-    return nodes * per_node
+        per_node -= rm["gpus_per_node"]
+    elif rm:
+        nodes -= rm["num_nodes"]
+    generation = master["policy"]["generation"]["colocated"]
+    if not generation["enabled"]:
+        resources = generation["resources"]
+        if nodes == 1:
+            per_node -= int(resources.get("gpus_per_node") or 0)
+        else:
+            nodes -= int(resources.get("num_nodes") or 0)
+    return max(nodes, 0) * max(per_node, 0)
 
 
 def _place_judge(master: dict[str, Any], cluster: Cluster, judge: int) -> list[str]:
@@ -102,31 +160,37 @@ def _place_reward_model(master: dict[str, Any], cluster: Cluster) -> list[str]:
     ]
 
 
-def _check_policy_split(master: dict[str, Any], gpus: int) -> None:
-    """The policy's GPUs split into model-parallel groups, and each step's rows over the data-parallel ranks as
-    NeMo-RL's first step asserts (batches)."""
+def model_parallel(master: dict[str, Any]) -> int:
+    """The policy's model-parallel group: tensor x pipeline x context parallel (NeMo-RL's Policy)."""
     policy = master["policy"]
     if policy["megatron_cfg"].get("enabled"):
         megatron = policy["megatron_cfg"]
-        model_parallel = (
+        return (
             megatron["tensor_model_parallel_size"]
             * megatron["pipeline_model_parallel_size"]
             * megatron["context_parallel_size"]
         )
-    else:
-        model_parallel = policy["dtensor_cfg"]["tensor_parallel_size"] * policy["dtensor_cfg"]["context_parallel_size"]
-    if gpus % model_parallel:
-        raise NemoRlConfigError(
-            f"the policy's {gpus} GPU(s) do not split into model-parallel groups of {model_parallel}"
-        )
-    split = split_of(master, gpus // model_parallel)
+    return policy["dtensor_cfg"]["tensor_parallel_size"] * policy["dtensor_cfg"]["context_parallel_size"]
+
+
+def _check_groups(master: dict[str, Any]) -> None:
+    """NeMo-RL's Policy: the world size at least, and a multiple of, PP x CP x TP."""
+    gpus, group = policy_gpus(master), model_parallel(master)
+    if gpus < group or gpus % group:
+        raise NemoRlConfigError(f"the policy's {gpus} GPU(s) do not split into model-parallel groups of {group}")
+
+
+def _check_policy_split(master: dict[str, Any], gpus: int) -> None:
+    """Each step's rows over the data-parallel ranks, as NeMo-RL's first step asserts (batches)."""
+    group = model_parallel(master)
+    split = split_of(master, gpus // group)
     problems = split.problems()
     if problems:
         changes = repair(split)
         raise NemoRlConfigError(
             f"NeMo-RL would stop at its first step: {problems[0]}; a step makes {split.prompts} prompts x "
             f"{split.generations} generations = {split.rows} rows over {split.data_parallel} data-parallel rank(s) "
-            f"({gpus} GPU(s) / model parallel {model_parallel})",
+            f"({gpus} GPU(s) / model parallel {group})",
             changes=changes,  # the fix says them
         )
 
