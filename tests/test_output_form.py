@@ -3,6 +3,7 @@ too, in one line with the fix: a policy with no Megatron GPT layout, or no megat
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,3 +65,23 @@ def test_a_megatron_output_without_megatron_core_is_refused_with_the_extra_to_in
     assert "megatron-core is not installed" in result.stderr
     assert "pip install 'rlsteps[megatron]'" in result.stderr and "output.type=checkpoint_hf" in result.stderr
     assert invoke("run", "rl/rs", "-c", "tiny", "output.type=checkpoint_hf", "--dry-run").exit_code == 0
+
+
+def test_the_worker_refuses_it_too_before_training(gpt2_policy, tiny_world, tmp_path):
+    """A job another launcher started (or whose policy changed after rlsteps looked) meets the same refusal at the
+    worker's start, before a step: no checkpoint, exit 1, one line with the fix."""
+    import yaml
+
+    from rlsteps.catalog import load_catalog
+    from rlsteps.plan.compile import compile_job
+
+    run = tmp_path / "run"
+    overrides = [f"inputs.policy={gpt2_policy}", "run.num_threads=1", f"output.dir={run}"]
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(compile_job(load_catalog().find("rl/rs"), "tiny", overrides=overrides).config))
+    worker = subprocess.run([sys.executable, "-m", "rlsteps.engine.run.worker", str(config)], capture_output=True,
+                            text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    assert worker.returncode == 1 and "Traceback" not in worker.stderr, worker.stderr[-2000:]
+    assert "GPT2LMHeadModel is not supported for Megatron checkpoints" in worker.stderr
+    assert "output.type=checkpoint_hf" in worker.stderr
+    assert not (run / "checkpoints").exists()  # it stopped before the first step

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+import datasets  # the data extra: the test extra installs it
 import pytest
 
 from cli_helpers import dry_run_in_fresh_python
@@ -20,8 +21,6 @@ from rlsteps.tiny.layout import load_tiny_world
 from run_helpers import FAST, rlsteps
 from test_data import word_tokenizer
 from test_hub_ids import fill_hub_cache
-
-datasets = pytest.importorskip("datasets")
 
 ROWS = {"question": ["a b", "hello", "c"], "answer": ["1", "2", "3"]}
 RENDERED = ["[user] a b\n[assistant] ", "[user] hello\n[assistant] ", "[user] c\n[assistant] "]

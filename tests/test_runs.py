@@ -267,22 +267,6 @@ def test_a_differently_configured_architecture_trains(tiny_world, tmp_path, arch
         assert meta["counters"]["optimizer_steps"] == learning_steps, ended
 
 
-def test_a_policy_without_a_megatron_layout_fails_before_training_when_megatron_output_is_asked(tiny_world, tmp_path):
-    from transformers import AutoTokenizer
-
-    from rlsteps.tiny.models import build_random_causal_lm
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_world.policy)
-    policy = tmp_path / "gpt2-policy"
-    build_random_causal_lm("gpt2", tokenizer, seed=1, hidden=48, layers=2).save_pretrained(policy)
-    tokenizer.save_pretrained(policy)
-    done = rlsteps("run", "rs", "-c", "tiny", f"inputs.policy={policy}", *FAST, cwd=tmp_path, timeout=300)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "GPT2LMHeadModel is not supported for Megatron checkpoints" in done.stderr
-    assert "output.type=checkpoint_hf" in done.stderr
-    assert not (run_dir(tmp_path, "rl_rs") / "checkpoints").exists()  # it stopped before the first step
-
-
 def test_judge_down_mid_run_stops_cleanly_with_checkpoints_intact(tiny_world, tmp_path):
     from rlsteps.engine.rewards.process import LocalServer
 

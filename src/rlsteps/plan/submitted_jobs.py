@@ -46,8 +46,8 @@ def job_roots() -> list[Path]:
             job_dir = resolve_profile(name).launcher_settings.get("job_dir")
         except UsageError:
             continue  # a broken profile is reported when it is used, not here
-        if job_dir:
-            roots.append(Path(str(job_dir)).expanduser().absolute())
+        if job_dir and Path(str(job_dir)).expanduser().is_dir():  # one not made here holds no record (the shipped
+            roots.append(Path(str(job_dir)).expanduser().absolute())  # example profiles' cluster folders)
     return list(dict.fromkeys(roots))
 
 
