@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 import upstream
 from rlsteps.contract.nemo_rl_job import MASTER_CONFIG_FILE
@@ -18,13 +17,13 @@ from rlsteps.errors import UsageError
 from test_nemo_rl_runs import (
     GPU_PROFILES,
     REINFORCE_INPUTS,
-    REPO,
     RLHF_INPUTS,
     SEED,
     SEED_INPUTS,
     compile_case,
     control,
     describe,
+    project_with_profiles,
     runnable,
 )
 
@@ -118,14 +117,7 @@ def _changed(changes: dict):
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("nemo_rl_checks")
-    shipped = {}
-    for name in ("slurm.yaml", "lepton.yaml"):
-        shipped.update(yaml.safe_load((REPO / "profiles" / name).read_text())["profiles"])
-    (folder / "rlsteps.yaml").write_text(yaml.safe_dump({"profiles": {**shipped, **PROFILES}}))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(folder)
-        yield folder
+    yield from project_with_profiles(tmp_path_factory.mktemp("nemo_rl_checks"), PROFILES)
 
 
 def with_world(case: tuple, world) -> tuple:

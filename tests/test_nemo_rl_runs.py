@@ -6,6 +6,7 @@ refused when the job compiles, with NeMo-RL's arithmetic and a fix; the fix, app
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -128,16 +129,20 @@ def runnable(compiled, tiny_world, folder: Path) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("nemo_rl_runs")
+def project_with_profiles(folder: Path, profiles: dict) -> Iterator[Path]:
+    """`folder` as the working directory, its rlsteps.yaml holding the shipped example profiles and `profiles`."""
     shipped = {}
     for name in ("slurm.yaml", "lepton.yaml"):
         shipped.update(yaml.safe_load((REPO / "profiles" / name).read_text())["profiles"])
-    (folder / "rlsteps.yaml").write_text(yaml.safe_dump({"profiles": {**shipped, **GPU_PROFILES}}))
+    (folder / "rlsteps.yaml").write_text(yaml.safe_dump({"profiles": {**shipped, **profiles}}))
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
         yield folder
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    yield from project_with_profiles(tmp_path_factory.mktemp("nemo_rl_runs"), GPU_PROFILES)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,15 @@ from rlsteps.contract.nemo_rl_job import MASTER_CONFIG_FILE
 from rlsteps.errors import UsageError
 from rlsteps.nemo_rl import vllm_fields
 from rlsteps.nemo_rl.vllm_args import NEMO_RL_KEYWORDS
-from test_nemo_rl_runs import GPU_PROFILES, REINFORCE_INPUTS, REPO, RLHF_INPUTS, SEED, SEED_INPUTS, compile_case
+from test_nemo_rl_runs import (
+    GPU_PROFILES,
+    REINFORCE_INPUTS,
+    RLHF_INPUTS,
+    SEED,
+    SEED_INPUTS,
+    compile_case,
+    project_with_profiles,
+)
 from vllm_judge import vllm_python
 
 pytestmark = pytest.mark.slow  # vLLM's environment, in a process of its own
@@ -69,14 +77,7 @@ JUDGE_TYPO = (SEED, "default", "two_nodes", (*SEED_INPUTS, f"{SERVE}.max_num_seq
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("nemo_rl_vllm_args")
-    shipped = {}
-    for name in ("slurm.yaml", "lepton.yaml"):
-        shipped.update(yaml.safe_load((REPO / "profiles" / name).read_text())["profiles"])
-    (folder / "rlsteps.yaml").write_text(yaml.safe_dump({"profiles": {**shipped, **GPU_PROFILES}}))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(folder)
-        yield folder
+    yield from project_with_profiles(tmp_path_factory.mktemp("nemo_rl_vllm_args"), GPU_PROFILES)
 
 
 def master_of(case: tuple) -> dict:
