@@ -31,6 +31,40 @@ class CurrentStderrHandler(logging.StreamHandler):
         pass
 
 
+class TrainLogHandler(logging.FileHandler):
+    """train.log, which a full disk (or a lost mount) must not turn into a logging traceback on the terminal: the
+    first write that fails says so in one line there, and the file is left as it is from then on."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def flush(self) -> None:
+        if self.failed:
+            return
+        try:
+            super().flush()
+        except OSError as error:
+            self._give_up(error)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            self._give_up(error)
+        else:
+            super().handleError(record)
+
+    def _give_up(self, error: OSError) -> None:
+        self.failed = True
+        line = f"WARNING {self.baseFilename}: {error.strerror or error}; the rest of the log is on the terminal only"
+        with contextlib.suppress(OSError):
+            print(line, file=sys.stderr)
+
+
 def log_to(path: Path | None, level: str = "info", rank: int = 0) -> None:
     """train.log and the terminal; a process other than the main one writes its own file and tells the terminal
     its warnings and errors only, marked with its rank. path None: the terminal alone (the run directory is not
@@ -42,7 +76,7 @@ def log_to(path: Path | None, level: str = "info", rank: int = 0) -> None:
         stream.setLevel(logging.WARNING)
     handlers: list[logging.Handler] = [stream, last_error]
     if path is not None:
-        file = logging.FileHandler(path)
+        file = TrainLogHandler(path)
         file.setFormatter(fmt)
         handlers.insert(1, file)
     for handler in handlers:
