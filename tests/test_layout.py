@@ -173,21 +173,60 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return components
 
 
-# what the command line's `serve` commands reach of the engine: their entry points and what those import at the top
+# The ways through the seam, each a program's entry: the command line's `serve` commands (the servers' own commands)
+# and the builders of the offline tiny world and the examples' models, which train or convert with torch before any
+# job starts. A submitting module reaches the engine through these alone, by any chain of imports.
 SERVE_ENTRIES = {"rlsteps.engine.rewards.judge.command", "rlsteps.engine.rewards.rm.command"}
+BUILD_ENTRIES = {"rlsteps.tiny.build", "rlsteps.examples.smollm2"}
+SUBMITTING_ROOMS = ("cli", "plan", "launch", "artifacts", "nemo_rl")
+
+
+def _reachable_without_entries(start: str, entries: set[str]) -> dict[str, str]:
+    """Every module reachable from `start` by imports (lazy ones included), not going through `entries`: each with
+    the module that imports it, to print the chain."""
+    came_from = {start: ""}
+    frontier = [start]
+    while frontier:
+        name = frontier.pop()
+        for target in _imported_modules(MODULES[name]):
+            if target not in came_from and target not in entries:
+                came_from[target] = name
+                frontier.append(target)
+    return came_from
+
+
+def _chain(came_from: dict[str, str], end: str) -> str:
+    chain = [end]
+    while came_from[chain[-1]]:
+        chain.append(came_from[chain[-1]])
+    return " -> ".join(reversed(chain))
 
 
 def test_the_submitting_side_meets_the_engine_in_the_contract():
-    """cli, plan, launch and artifacts import the engine's `serve` commands and nothing else of it."""
-    submitting = [name for name in MODULES if name.split(".")[1:2] in (["cli"], ["plan"], ["launch"], ["artifacts"])]
-    reached = {
-        f"{name} -> {target}"
-        for name in submitting
-        for target in _imported_modules(MODULES[name])
-        if target.startswith("rlsteps.engine") and target not in SERVE_ENTRIES
-    }
-    assert reached == set()
-    assert {t for name in submitting for t in _imported_modules(MODULES[name]) if t in SERVE_ENTRIES} == SERVE_ENTRIES
+    """cli, plan, launch, artifacts and the NeMo-RL compile reach no engine module by any chain of imports but
+    through the named entries; and each entry is used."""
+    submitting = [name for name in MODULES if name.split(".")[1:2] in ([room] for room in SUBMITTING_ROOMS)]
+    entries = SERVE_ENTRIES | BUILD_ENTRIES
+    reached = set()
+    for name in submitting:
+        came_from = _reachable_without_entries(name, entries)
+        reached |= {_chain(came_from, target) for target in came_from if target.startswith("rlsteps.engine")}
+    assert sorted(reached) == []
+    used = {t for name in submitting for t in _reachable_without_entries(name, set()) if t in entries}
+    assert used == entries
+
+
+def test_the_programs_the_submitting_side_starts_are_the_engines_own():
+    """The module names a launcher starts (contract.entry_points) are modules that run as programs."""
+    from rlsteps.contract import entry_points
+
+    programs = [entry_points.WORKER_MODULE, entry_points.NEMO_RL_STAGES_MODULE, *entry_points.SERVER_MODULES.values()]
+    runnable = [name for name in programs if name in MODULES and (f"{name}.__main__" in MODULES or _has_main(name))]
+    assert runnable == programs
+
+
+def _has_main(name: str) -> bool:
+    return '__name__ == "__main__"' in MODULES[name].read_text()
 
 
 def test_the_contract_imports_no_heavy_package():

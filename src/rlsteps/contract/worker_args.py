@@ -7,10 +7,12 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlsteps.contract.entry_points import WORKER_MODULE
+
 if TYPE_CHECKING:
     from rlsteps.contract.config import Section
 
-WORKER_PROGRAM = "python -m rlsteps.engine.run.worker"
+WORKER_PROGRAM = f"python -m {WORKER_MODULE}"
 WORKER_DESCRIPTION = f"The worker: `{WORKER_PROGRAM} JOB_DIR/config.yaml` runs one step to its end."
 
 

@@ -17,6 +17,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from rlsteps.contract.entry_points import WORKER_MODULE
 from rlsteps.errors import UsageError
 from rlsteps.launch.job import Job
 
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
 ProfileModel = TypeVar("ProfileModel", bound="BaseModel")
-WORKER_MODULE = "rlsteps.engine.run.worker"
 LAUNCHERS = ("lepton", "local", "slurm")  # the modules of this package that define LAUNCHER
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from rlsteps.contract.entry_points import NEMO_RL_STAGES_MODULE
 from rlsteps.contract.nemo_rl_job import MASTER_CONFIG_FILE, NODE_SCRIPT_FILE, NemoRlPaths
 from rlsteps.errors import UsageError
 from rlsteps.launch.base import comment_safe
@@ -264,7 +265,7 @@ NODE_SCRIPT_HEAD = [
 NODE_SCRIPT_BODY = r"""
 LEAVE_S=6  # the other nodes look for the end marker every 2 s; their Ray drains in under one
 say() { echo "rlsteps[node $rank]: $*" >&2; }
-rlsteps() { "$python" -m rlsteps.engine.nemo_rl "$@"; }
+rlsteps() { "$python" -m @STAGES@ "$@"; }
 # as NeMo-RL's ray.sub: NeMo-RL builds its workers' environments itself, once a node, not Ray's `uv run` per task
 export RAY_ENABLE_UV_RUN_RUNTIME_ENV=0
 
@@ -339,4 +340,4 @@ run_worker() {
     exit 1
 }
 
-if [ "$rank" -eq 0 ]; then run_head; else run_worker; fi""".splitlines()
+if [ "$rank" -eq 0 ]; then run_head; else run_worker; fi""".replace("@STAGES@", NEMO_RL_STAGES_MODULE).splitlines()

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rlsteps.contract.entry_points import SERVER_MODULES
 from rlsteps.errors import UsageError
 from rlsteps.launch import ray_job
 from rlsteps.launch.job import Job
@@ -29,7 +30,6 @@ URL_KEYS = {"rm": "rm.url", "judge": "judge.url"}
 URL_ENV = {"rm": "RLSTEPS_RM_URL", "judge": "RLSTEPS_JUDGE_URL"}
 MODEL_INPUTS = {"rm": "reward_model", "judge": "judge_model"}
 SECRET_KEYS = {"rm": "rm.token", "judge": "judge.api_key"}
-SERVER_MODULES = {"rm": "rlsteps.engine.rewards.rm", "judge": "rlsteps.engine.rewards.judge"}
 HEALTH_PATHS = {"rlsteps": "/health", "vllm": "/health", "triton": "/v2/health/ready"}
 DEFAULT_PORTS = {"rlsteps": 5555, "vllm": 8000, "triton": 5555}
 RM_APIS = {"rlsteps": "rlsteps", "vllm": "vllm", "triton": "triton"}  # the server kind -> the rm.api that speaks it

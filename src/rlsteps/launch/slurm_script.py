@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rlsteps.contract.entry_points import EXIT_CHECKPOINTED
 from rlsteps.contract.run_files import run_directory
 from rlsteps.errors import UsageError
 from rlsteps.launch import code, containers, ray_job
@@ -44,7 +45,6 @@ from rlsteps.launch.job import Job
 from rlsteps.launch.server_alloc import ServerAllocation
 from rlsteps.secrets import is_secret
 
-EXIT_CHECKPOINTED = 75  # the worker's exit after a checkpoint it was asked for (rlsteps.engine.run.signals)
 SCRIPT_FILE = "sbatch.sh"
 LOG_NAME = "slurm-{job_id}.log"
 RDZV_PORT = 29500

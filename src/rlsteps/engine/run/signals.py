@@ -27,9 +27,9 @@ import signal
 import threading
 from types import FrameType
 
+from rlsteps.contract.entry_points import EXIT_CHECKPOINTED  # noqa: F401 (signals.EXIT_CHECKPOINTED)
 from rlsteps.contract.run_files import EXIT_FILE_ENV, STOP_WITH_PARENT, TERMINAL_LOG
 
-EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped on request after a checkpoint; run again to go on
 EXIT_TERMINATED = 128 + signal.SIGTERM
 CHECKPOINT_SIGNAL = signal.SIGUSR1
 PARENT_POLL_S = 0.5
