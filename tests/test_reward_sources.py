@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from model_fixtures import save_reward_model, serving
-from rlsteps.contract.config import RewardModelClientConfig
+from rlsteps.contract.reward_config import RewardModelClientConfig
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.rewards.rm.client import RewardClient
 from rlsteps.engine.rewards.rm.scorer import RewardScorer
@@ -70,7 +70,7 @@ def test_the_rm_section_sets_the_truncation_of_every_request_and_of_a_local_serv
 
 
 def test_the_step_config_says_where_and_in_what_dtype_a_local_reward_server_runs(tmp_path) -> None:
-    from rlsteps.contract.config import RewardServerConfig
+    from rlsteps.contract.reward_config import RewardServerConfig
 
     rm = RewardModelClientConfig(server=RewardServerConfig(device="cpu", dtype="bfloat16"))
     args = local_rm_server_args(rm)

@@ -12,20 +12,14 @@ from typing import Literal
 
 from pydantic import ConfigDict, NonNegativeInt, PositiveInt, model_validator
 
-from rlsteps.contract.config import (
-    STEP_SCHEMAS,
-    DataConfig,
+from rlsteps.contract.config import STEP_SCHEMAS, DataConfig, RunConfig, SamplingConfig, TinyWorldConfig, VllmConfig
+from rlsteps.contract.config_types import Probability, Section
+from rlsteps.contract.reward_config import (
     JudgeConfig,
-    Probability,
     RewardEntry,
     RewardModelClientConfig,
     RewardTerms,
-    RunConfig,
-    SamplingConfig,
-    Section,
-    TinyWorldConfig,
-    VllmConfig,
-    _checked_rewards,
+    checked_rewards,
 )
 
 REPORT_NAME = "report"  # the output artifact is <output.dir>/report, as the manifest names it
@@ -82,7 +76,7 @@ class EvalConfig(RewardTerms, Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> EvalConfig:
-        terms = _checked_rewards(self.rewards)
+        terms = checked_rewards(self.rewards)
         if not self.eval.greedy and not self.eval.samples_per_prompt:
             raise ValueError("eval.greedy=false with eval.samples_per_prompt=0 generates nothing: set either")
         if self.uses_reward("judge") and not self.inputs.baseline:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rlsteps.contract.entry_points import WORKER_MODULE
 
 if TYPE_CHECKING:
-    from rlsteps.contract.config import Section
+    from rlsteps.contract.config_types import Section
 
 WORKER_PROGRAM = f"python -m {WORKER_MODULE}"
 WORKER_DESCRIPTION = f"The worker: `{WORKER_PROGRAM} JOB_DIR/config.yaml` runs one step to its end."

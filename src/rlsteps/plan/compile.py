@@ -106,7 +106,7 @@ def apply_overrides(cfg: DictConfig, overrides: list[str], schema: type[BaseMode
 def _names_a_new_entry(key: str) -> bool:
     """rewards.NAME.FIELD=..., validation.reward_functions.NAME=...: a new entry of a section whose entries the user
     names, with a field such an entry has (any other key of it is still an unknown key)."""
-    from rlsteps.contract.config import RewardEntry  # torch-free
+    from rlsteps.contract.reward_config import RewardEntry  # torch-free
 
     fields_of_entry = {  # "": the entry is a value
         "rewards": set(RewardEntry.model_fields),

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlsteps.contract.config import RecipeConfig, RewardEntry
+from rlsteps.contract.config import RecipeConfig
+from rlsteps.contract.reward_config import RewardEntry
 from rlsteps.engine.rewards.functions import FunctionScorer
 from rlsteps.engine.rewards.process import LocalServer
 from rlsteps.engine.rewards.scores import RewardSource, Scores, nothing_to_wait_for
