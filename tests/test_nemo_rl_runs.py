@@ -15,11 +15,11 @@ import yaml
 
 import upstream
 from rlsteps.catalog import load_catalog
+from rlsteps.contract.algorithms import nemo_rl_form
 from rlsteps.contract.nemo_rl_job import MASTER_CONFIG_FILE
 from rlsteps.engine.nemo_rl.data import write_rows
 from rlsteps.engine.rewards.combined import RewardTerm
 from rlsteps.errors import UsageError
-from rlsteps.launch.ray_job import DRIVERS
 from rlsteps.plan.runner import RunRequest, compile_request
 
 pytestmark = pytest.mark.slow  # NeMo-RL's own code, in a process of its own
@@ -122,7 +122,7 @@ def runnable(compiled, tiny_world, folder: Path) -> dict:
     settings = compiled.job.launcher_settings
     return {
         "config": str(path),
-        "driver": ORACLE_DRIVER[DRIVERS[compiled.job.algorithm]],
+        "driver": ORACLE_DRIVER[nemo_rl_form(compiled.job.algorithm).driver],
         "nodes": settings["nodes"],
         "gpus_per_node": settings["gpus_per_node"],
         "steps": 1,

@@ -34,6 +34,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from rlsteps.contract.algorithms import nemo_rl_form
 from rlsteps.contract.entry_points import NEMO_RL_STAGES_MODULE
 from rlsteps.contract.nemo_rl_job import MASTER_CONFIG_FILE, NODE_SCRIPT_FILE, NemoRlPaths
 from rlsteps.errors import UsageError
@@ -67,11 +68,6 @@ NEMO_RL_PORTS = {  # NeMo-RL's defaults, which the master config keeps
 }
 # Folders that are each machine's own even where a profile mounts them into the container.
 NODE_LOCAL = tuple(PurePosixPath(p) for p in ("/tmp", "/var/tmp", "/dev/shm", "/run"))
-DRIVERS = {  # NeMo-RL's training entry point per algorithm, relative to its checkout
-    "grpo": "examples/nemo_gym/run_grpo_nemo_gym.py",  # rl/rlhf: GRPO with NeMo-Gym's environments (the judge)
-    "nemo_rl_grpo": "examples/nemo_gym/run_grpo_nemo_gym.py",  # rl/nemo_rl/rlhf: the same, its config as written
-    "reinforce": "examples/run_grpo.py",
-}
 
 
 def uses_nemo_rl(job: Job) -> bool:
@@ -228,7 +224,7 @@ def driver_words(job: Job, ray: RayJob) -> list[str]:
     master = str(ray.job_dir / MASTER_CONFIG_FILE)
     if settings.get("driver"):
         return [*shlex.split(settings["driver"]), "--config", master]
-    return [*shlex.split(settings["python"]), DRIVERS[job.config["algorithm"]], "--config", master]
+    return [*shlex.split(settings["python"]), nemo_rl_form(job.config["algorithm"]).driver, "--config", master]
 
 
 def node_script(job: Job, ray: RayJob) -> str:

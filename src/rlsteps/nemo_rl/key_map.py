@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlsteps.contract.algorithms import UnsupportedAlgorithm, nemo_rl_form
 from rlsteps.dotted import get
 
 GENRM = "env.nemo_gym.genrm_compare_resources_server.resources_servers.genrm_compare"
@@ -79,8 +80,17 @@ def nemo_rl_inputs(cfg: dict[str, Any]) -> dict[str, Any]:
     return {ours.removeprefix("inputs."): get(cfg, theirs) for ours, theirs in INPUTS}
 
 
+RECIPE_PAIRS = {"grpo": GRPO_ONLY, "reinforce": ()}  # each algorithm NeMo-RL runs (contract.algorithms): its own keys
+
+
 def pairs(algorithm: str) -> tuple[tuple[str, str], ...]:
-    return SHARED + (GRPO_ONLY if algorithm == "grpo" else ())
+    """The (rlsteps key, NeMo-RL key) pairs of an algorithm NeMo-RL runs; UnsupportedAlgorithm for one it does not."""
+    nemo_rl_form(algorithm)
+    if algorithm not in RECIPE_PAIRS:
+        raise UnsupportedAlgorithm(
+            f"algorithm '{algorithm}' runs on NeMo-RL but has no key pairs: add it to RECIPE_PAIRS"
+        )
+    return SHARED + RECIPE_PAIRS[algorithm]
 
 
 def with_derived_keys(cfg: Any) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from rlsteps.contract.algorithms import UnsupportedAlgorithm, nemo_rl_form
 from rlsteps.contract.nemo_rl_job import NemoRlPaths
 from rlsteps.dotted import get, leaves, put
 from rlsteps.nemo_rl.environments import (
@@ -49,8 +50,10 @@ class MasterConfig:
 
 def compile_master_config(cfg: dict[str, Any], cluster: Cluster, run_dir: PurePosixPath) -> MasterConfig:
     """NeMo-RL's master config for a validated rl/nemo_rl/rlhf, rl/rlhf or rl/reinforce config, run in `run_dir`."""
-    if cfg["algorithm"] not in ("nemo_rl_grpo", "grpo", "reinforce"):
-        raise NemoRlConfigError(f"engine=nemo_rl runs GRPO and REINFORCE steps, not algorithm '{cfg['algorithm']}'")
+    try:
+        nemo_rl_form(cfg["algorithm"])
+    except UnsupportedAlgorithm as unsupported:
+        raise NemoRlConfigError(str(unsupported)) from None
     if not run_dir.is_absolute():
         raise NemoRlConfigError(f"the run directory must be absolute for NeMo-RL, got {run_dir}")
     if cfg["algorithm"] == "nemo_rl_grpo":
@@ -96,7 +99,7 @@ def _in_recipe_keys(changes: dict[str, Any], algorithm: str) -> str:
 def from_recipe(cfg: dict[str, Any]) -> dict[str, Any]:
     """An rl/rlhf or rl/reinforce config as NeMo-RL's keys, over the shipped master config."""
     _refuse_prompt_datasets(cfg)
-    rlhf = cfg["algorithm"] == "grpo"
+    rlhf = nemo_rl_form(cfg["algorithm"]).judge
     overlay: dict[str, Any] = {}
     for ours, theirs in pairs(cfg["algorithm"]):
         put(overlay, theirs, copy.deepcopy(get(cfg, ours)))

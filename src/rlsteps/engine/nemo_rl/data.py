@@ -15,9 +15,8 @@ from typing import Any
 
 import fsspec
 
+from rlsteps.contract.algorithms import nemo_rl_form
 from rlsteps.contract.prompts import GYM_ROW_KEY, Prompt, PromptFileError, load_prompts
-
-GYM_ALGORITHMS = ("grpo", "nemo_rl_grpo")  # the recipes whose rewards come from NeMo-Gym's judge
 
 
 def gym_row(prompt: Prompt, agent: str) -> dict[str, Any]:
@@ -48,10 +47,11 @@ def write_rows(prompts_file: str, target: Path, algorithm: str, agent: str) -> i
     """The prompt file's rows for NeMo-RL at target; the number of rows. PromptFileError names the file and line."""
     prompts = load_prompts(prompts_file, tokenizer=None)
     records = _records(prompts_file)
+    judged = nemo_rl_form(algorithm).judge  # rewards from NeMo-Gym's judge: its rows
     rows = []
     for number, (prompt, record) in enumerate(zip(prompts, records, strict=True), start=1):
         try:
-            if algorithm not in GYM_ALGORITHMS:
+            if not judged:
                 rows.append(response_row(prompt))
             elif GYM_ROW_KEY in record:  # already a NeMo-Gym row: kept whole (a principle, the agent it names)
                 rows.append({"agent_ref": gym_row(prompt, agent)["agent_ref"], **record, "prompt_id": prompt.id})
