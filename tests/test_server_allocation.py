@@ -3,6 +3,7 @@ group 1), its script as the dry run shows it, the refusals, and real jobs on the
 `.ci/slurm.sh up` starts."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -193,3 +194,36 @@ def test_a_server_that_dies_ends_the_run_and_a_cancel_leaves_nothing(tiny_world,
     assert not processes(str(Path(record.job_dir) / "config.yaml")), "the run outlived the cancel"
     assert time.monotonic() - started < 90
     assert slurm_hetjob.SERVER_LOG.format(attempt=f"{record.job_id}-0") in os.listdir(record.job_dir)
+
+
+@needs_cluster
+def test_a_requeue_restarts_the_server_and_the_run_resumes_from_its_checkpoint(tiny_world, project):  # noqa: F811
+    """USR1 to the run's group (what `--signal` sends before the time limit): the run checkpoints and exits 75, the
+    script requeues the job, and the requeued job starts the server again (a log of its own try) and resumes."""
+    port = free_port()
+    add_profile(project, SERVER_PROFILE.format(name="two", serves="rm", port=port) + "    requeue: true\n")
+    submit = ("run", "rs", *TINY_RUN, "-b", "two", "train.max_steps=400", "checkpoint.interval=0")
+    assert rlsteps(*submit, cwd=project, timeout=120).returncode == 0
+    record = submitted_record(project)
+    try:
+        wait_until(record, lambda: "step 2/400" in log_of(record), timeout=300)
+        subprocess.run(["scancel", "--signal=USR1", f"{record.job_id}+1"], check=True)  # the run's group only
+        wait_until(record, lambda: "requeueing job" in log_of(record), timeout=120)
+        wait_until(record, lambda: _pending(record.job_id), timeout=60)
+        subprocess.run(["scontrol", "update", f"JobId={record.job_id}", "StartTime=now"], check=True)  # no 2 min hold
+        second_server_log = Path(record.job_dir) / slurm_hetjob.SERVER_LOG.format(attempt=f"{record.job_id}-1")
+        wait_until(record, second_server_log.exists, timeout=180)
+        resumed = re.compile(r"resuming from \S*/checkpoints/step_(\d+) \(step \1,")
+        wait_until(record, lambda: resumed.search(log_of(record).rpartition("requeueing job")[2]), timeout=300)
+        after = log_of(record).rpartition("requeueing job")[2]
+        assert f"the reward model server (rlsteps) answers at http://127.0.0.1:{port}" in after, after
+        assert "step 1/400" not in after, after  # from its checkpoint, not from the start
+        assert f"serving on http://0.0.0.0:{port}" in second_server_log.read_text()
+    finally:
+        jobs_cli("cancel", record.job_id)
+    assert not processes("rlsteps.engine.rewards.rm", "--port", str(port)), "the server outlived the cancel"
+
+
+def _pending(job_id: str) -> bool:
+    shown = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    return "PENDING" in shown.stdout

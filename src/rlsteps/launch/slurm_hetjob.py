@@ -14,7 +14,8 @@ the actor (`srun --het-group=1`, the same task as a one-group job) and waits for
     and the job fails.
 
 `scancel` ends both groups' steps together. Health checks use bash's /dev/tcp, so the nodes need no HTTP client.
-USR1 before the time limit (`--signal`) is asked for the run's group only: the server would die of it.
+USR1 before the time limit (`--signal`) is asked for the run's group only, and the server ignores it (Slurm
+signals every step of a heterogeneous job): it would die of it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ JOB_WIDE = {"job-name", "output", "open-mode", "chdir", "export", "dependency", 
 EVERY_GROUP = {"account", "partition", "time"}
 RUN_NODES = "SLURM_JOB_NUM_NODES_HET_GROUP_1"
 
+# The server's command starts with USR1 ignored (an ignored signal stays ignored across exec): the run's checkpoint
+# signal (`--signal` before the time limit, `scancel --signal=USR1 JOB+1`) reaches every step of a heterogeneous
+# job on Slurm, and would end a server that has no use for it.
+IGNORING_USR1 = ["/bin/sh", "-c", 'trap "" USR1; exec "$@"', "sh"]
 # One HTTP GET through bash's /dev/tcp: $0 host, $1 port, $2 path; prints the answer (status line first).
 HTTP_GET = 'exec 3<>"/dev/tcp/$0/$1" && printf "GET %s HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n" "$2" "$0" >&3 && cat <&3'
 
@@ -128,6 +133,7 @@ def _server_lines(job: Job, profile: SlurmProfile, where: Placement, container: 
     command = server_alloc.command(job, server, server.python or where.python)
     if server.kind == "rlsteps" and where.wheel:
         command = code.on_path(str(where.wheel), command)
+    command = [*IGNORING_USR1, *command]
     pyxis = containers.pyxis_options(container, profile.container_mounts, where.workdir) if container else []
     srun = ["srun", "--het-group=0", f"--nodes={server.nodes}", "--ntasks-per-node=1", *SRUN_END, *pyxis, *command]
     url = f"http://$server_host:{server.listen_port}{server.url_suffix}"
