@@ -70,6 +70,7 @@ class LeptonProfile(BaseModel):
     container_image: str
     nodes: int = Field(1, ge=1)
     gpus_per_node: int | None = Field(None, ge=1)
+    gpu_memory_gib: float | None = Field(None, gt=0)  # each GPU's memory: NeMo-RL jobs are checked against it
     nprocs_per_node: int | None = Field(None, ge=1)  # processes per node; default gpus_per_node, else 1
     mounts: list[dict[str, Any]] = []
     env_vars: dict[str, str | int | float | bool | SecretRef] = {}
@@ -226,6 +227,7 @@ def ray_job_of(job: Job, profile: LeptonProfile, config_dir: str) -> ray_job.Ray
     ray = ray_job.RayJob(
         nodes=profile.nodes,
         gpus_per_node=profile.gpus_per_node or 0,
+        gpu_memory_gib=profile.gpu_memory_gib,
         job_dir=PurePosixPath(config_dir),
         run_dir=run_directory(job.config, profile.working_dir),
         python="python",

@@ -83,6 +83,7 @@ class RayJob:
     job_dir: PurePosixPath  # the job directory on the cluster: config.yaml and the files below
     run_dir: PurePosixPath  # output.dir, absolute
     python: str  # the python that has rlsteps (its wheel on PYTHONPATH, or installed)
+    gpu_memory_gib: float | None = None  # each GPU's, where the profile states it
 
     @property
     def paths(self) -> NemoRlPaths:
@@ -159,7 +160,8 @@ def master_config(job: Job, ray: RayJob) -> MasterConfig:
     config = job.worker_config()  # secrets stay ${oc.env:...}: the job's environment carries them
     validated = STEP_SCHEMAS[config["algorithm"]].model_validate(config).model_dump(mode="json")
     try:
-        compiled = compile_master_config(validated, Cluster(ray.nodes, ray.gpus_per_node), ray.run_dir)
+        cluster = Cluster(ray.nodes, ray.gpus_per_node, ray.gpu_memory_gib)
+        compiled = compile_master_config(validated, cluster, ray.run_dir)
     except NemoRlConfigError as err:
         raise UsageError(str(err), fix=err.fix) from None
     refuse_cluster_overrides(job, compiled.config, ray)

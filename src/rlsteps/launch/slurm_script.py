@@ -75,6 +75,7 @@ class SlurmProfile(BaseModel):
     batch_partition: str | None = None  # for -b (detached)
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(0, ge=0)
+    gpu_memory_gib: float | None = Field(None, gt=0)  # each GPU's memory: NeMo-RL jobs are checked against it
     nprocs_per_node: int | None = Field(None, ge=1)  # worker processes per node; default gpus_per_node, else 1
     ntasks_per_node: int = 1
     cpus_per_task: int | None = Field(None, ge=1)
@@ -175,6 +176,7 @@ def ray_job_of(job: Job, profile: SlurmProfile, where: Placement) -> ray_job.Ray
     return ray_job.RayJob(
         nodes=profile.nodes,
         gpus_per_node=profile.gpus_per_node,
+        gpu_memory_gib=profile.gpu_memory_gib,
         job_dir=PurePosixPath(where.job_dir),
         run_dir=run_directory(job.config, where.workdir),
         python=where.python,

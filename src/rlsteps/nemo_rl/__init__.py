@@ -10,7 +10,8 @@ the dry run prints its result). A peer of plan/: it compiles for another engine,
   recipe where no NeMo-RL runs; layout: where the job keeps its files; policy_checks: what NeMo-RL's Policy and its
   asynchronous loop assert; model_shapes: the policy's heads, layers and experts against its parallel sizes;
   vllm_args (over vllm_fields): the keywords handed to vLLM against vLLM's own argument names; judge_context: the
-  judge's max_model_len against the longest request it is sent.
+  judge's max_model_len against the longest request it is sent; memory (over memory_terms): the memory each GPU
+  holds, estimated from the policy's config.json, against the profile's gpu_memory_gib.
 
 What the job runs around NeMo-RL's driver (its stages) is the engine's: rlsteps.engine.nemo_rl.
 

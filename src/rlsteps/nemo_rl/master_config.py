@@ -30,6 +30,7 @@ from rlsteps.nemo_rl.environments import (
 from rlsteps.nemo_rl.judge_context import check_judge_context
 from rlsteps.nemo_rl.key_map import INPUTS, JUDGE, PAIRINGS, RLSTEPS_KEYS, pairs
 from rlsteps.nemo_rl.lora import check_lora, compile_lora, lora_notes
+from rlsteps.nemo_rl.memory import check_memory
 from rlsteps.nemo_rl.model_shapes import check_shapes
 from rlsteps.nemo_rl.placement import Cluster, place
 from rlsteps.nemo_rl.policy_checks import check_policy
@@ -285,11 +286,13 @@ def _finalize(master: dict[str, Any], cfg: dict[str, Any], cluster: Cluster, pat
     notes += check_vllm_keywords(master)
     notes += check_judge_context(master)
     check_policy(master)
-    notes += check_shapes(master, get(cfg, "inputs.policy") or get(cfg, "policy.model_name"))
+    policy = get(cfg, "inputs.policy") or get(cfg, "policy.model_name")
+    notes += check_shapes(master, policy)
     notes += _megatron_precision(master)
     notes += check_lora(master)
     _context_parallel(master)
     _sequence_divisor(master)
+    notes += check_memory(master, policy, cluster.gpu_memory_gib)  # last: it reads the settings as they run
     return notes + [
         "known only on the cluster, so not checked here: the files at policy.model_name and data.*.data_path (the "
         "job's prepare stage writes them from the inputs, and checks inputs on cluster paths), and models named by "

@@ -9,6 +9,7 @@ What the setups refuse, with the sizes that pass (the largest not above the one 
   divisible by pipeline_model_parallel_size, the experts by expert_model_parallel_size (and experts to have any);
 - vLLM (ModelConfig.verify_with_parallel_config): attention heads divisible by vllm_cfg.tensor_parallel_size.
 A policy on a cluster path or named by Hub id is not readable here: the job checks it, and a note says so.
+The same read gives the sizes the memory estimate counts parameters from (rlsteps.nemo_rl.memory).
 """
 
 from __future__ import annotations
@@ -31,6 +32,21 @@ class Shape:
     layers: int
     experts: int  # 0: dense
     source: str  # the config.json read
+    hidden: int = 0
+    intermediate: int = 0  # a dense layer's MLP
+    vocab: int = 0
+    head_dim: int = 0
+    tied: bool = False  # the output layer is the embedding's matrix
+    expert_intermediate: int = 0  # one routed expert's MLP
+    experts_per_token: int = 0
+    shared_intermediate: int = 0  # the shared experts' MLP, all of them together; 0: none
+    shared_gate: bool = False  # a sigmoid gate over the shared expert (Qwen2-MoE)
+    dense_layers: int = 0  # of an MoE model's layers, those with a dense MLP
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # RMSNorms over each head's queries and keys (Qwen3)
+    counted: bool = True  # False: not a Llama-like text decoder (MLA, Mamba, a vision tower): no parameter count
 
 
 def read_shape(ref: str | None) -> tuple[Shape | None, str]:
@@ -55,17 +71,53 @@ def _config_files(path: Path) -> list[Path]:
     return found
 
 
+QKV_BIAS_FAMILIES = ("qwen2", "qwen2_moe")  # transformers' Qwen2 attention: bias on q, k and v, never on o
+QK_NORM_FAMILIES = ("qwen3", "qwen3_moe")
+UNCOUNTED_KEYS = ("kv_lora_rank", "hybrid_override_pattern", "linear_num_value_heads", "linear_attn_config")
+
+
 def _shape_of(config: dict[str, Any], source: str) -> Shape:
     text = config.get("text_config") or config  # a multimodal model's language part
     heads = int(text["num_attention_heads"])
-    experts = text.get("num_experts") or text.get("num_local_experts") or text.get("n_routed_experts") or 0
+    experts = int(text.get("num_experts") or text.get("num_local_experts") or text.get("n_routed_experts") or 0)
+    hidden, family = int(text.get("hidden_size") or 0), str(text.get("model_type") or "")
+    intermediate = int(text.get("intermediate_size") or 0)
     return Shape(
         heads=heads,
         kv_heads=int(text.get("num_key_value_heads") or heads),
         layers=int(text["num_hidden_layers"]),
-        experts=int(experts),
+        experts=experts,
         source=source,
+        hidden=hidden,
+        intermediate=intermediate,
+        vocab=int(text.get("vocab_size") or config.get("vocab_size") or 0),
+        head_dim=int(text.get("head_dim") or (hidden // heads if heads else 0)),
+        tied=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        expert_intermediate=int(text.get("moe_intermediate_size") or intermediate) if experts else 0,
+        experts_per_token=int(text.get("num_experts_per_tok") or 0),
+        shared_intermediate=_shared_intermediate(text),
+        shared_gate=family == "qwen2_moe" and bool(text.get("shared_expert_intermediate_size")),
+        dense_layers=_dense_layers(text) if experts else 0,
+        qkv_bias=bool(text.get("attention_bias")) or family in QKV_BIAS_FAMILIES,
+        o_bias=bool(text.get("attention_bias")),
+        mlp_bias=bool(text.get("mlp_bias")),
+        qk_norm=family in QK_NORM_FAMILIES,
+        counted=bool(hidden and intermediate)
+        and "vision_config" not in config
+        and not any(text.get(key) for key in UNCOUNTED_KEYS),
     )
+
+
+def _shared_intermediate(text: dict[str, Any]) -> int:
+    """Qwen2-MoE's shared_expert_intermediate_size, or DeepSeek's n_shared_experts x moe_intermediate_size."""
+    if text.get("shared_expert_intermediate_size"):
+        return int(text["shared_expert_intermediate_size"])
+    return int(text.get("n_shared_experts") or 0) * int(text.get("moe_intermediate_size") or 0)
+
+
+def _dense_layers(text: dict[str, Any]) -> int:
+    """The layers of an MoE model with a dense MLP: DeepSeek's first_k_dense_replace, Qwen-MoE's mlp_only_layers."""
+    return int(text.get("first_k_dense_replace") or 0) + len(text.get("mlp_only_layers") or [])
 
 
 def check_shapes(master: dict[str, Any], ref: str | None) -> list[str]:

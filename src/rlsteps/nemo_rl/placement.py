@@ -28,6 +28,7 @@ COMPILED_JUDGE = "env.nemo_gym.genrm_model.responses_api_models.genrm_model"  # 
 class Cluster:
     nodes: int
     gpus_per_node: int
+    gpu_memory_gib: float | None = None  # each GPU's, as the profile states it (the memory estimate's)
 
 
 def place(master: dict[str, Any], cluster: Cluster) -> list[str]:
