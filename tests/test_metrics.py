@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from rlsteps.contract.run_files import read_metrics
-from rlsteps.engine.records.metrics import MetricsWriter, Timers, TrainingProgress, metric_series, trend
+from rlsteps.engine.records.metrics import MetricsWriter, Timers, metric_series, trend
 from rlsteps.engine.records.plot import plot_metrics
+from rlsteps.engine.records.progress import TrainingProgress
 from rlsteps.engine.records.trackers import TensorBoardTracker, WandbTracker
 
 

@@ -9,6 +9,7 @@ and so is the script a command runs (Lepton's bash -c): their lines are held to 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -169,3 +170,71 @@ def test_a_yaml_line_too_long_is_folded_as_yaml_allows_and_reads_back_the_same()
     lines = [line.plain for line in fit.yaml_lines(text, 60, 2)]
     assert_fits(lines, 60)
     assert yaml.safe_load("\n".join(line[2:] for line in lines)) == data
+
+
+# Every table the command line prints, at each width against what it prints at 200 columns: the same words (a word
+# broken mid-word would be a new one, a word cut off a missing one), but for the words of a layout that narrows
+# (eval compare's column headings give way to a block per figure).
+WIDE = 200
+STAGES = ("sft-smollm2-verifiable-questions", "reinforce-smollm2-verifiable", "rlhf-smollm2-verifiable-questions")
+TABLES = {
+    "list": (["list"], set()),
+    "jobs list": (["jobs", "list"], set()),
+    "jobs list --state failed --last 1": (["jobs", "list", "--state", "failed", "--last", "1"], set()),
+    "artifacts list": (["artifacts", "list"], set()),
+    "artifacts lineage": (["artifacts", "lineage", STAGES[-1]], set()),
+    "pipeline list": (["pipeline", "list"], set()),
+    "eval compare": (["eval", "compare", "reports/before-training", "reports/after-training"], {"figure"}),
+}
+
+
+@pytest.fixture
+def tables(project, monkeypatch):
+    """A project with two jobs, a store holding a chain of three published versions, and two eval reports."""
+    from rlsteps.artifacts.store import ArtifactStore
+    from rlsteps.catalog import load_catalog
+    from test_store import run_output
+
+    finished_local_job(project / ".rlsteps" / "jobs", "20261125-021240-6eef16-rl_nemo_rl_rlhf-40", 1, job_id="4242")
+    finished_local_job(project / ".rlsteps" / "jobs", "20261125-021240-7a1c02-rl_rs-41", 0, job_id="4243")
+    store = ArtifactStore(str(project / "shared-store-of-the-team" / "artifacts"))
+    monkeypatch.setenv("RLSTEPS_ARTIFACTS", store.root)
+    catalog, source, prompts = load_catalog(), None, project / "verifiable-questions" / "train.jsonl"
+    prompts.parent.mkdir()
+    prompts.write_text("{}\n")
+    for stage in STAGES:
+        inputs = {"policy": source} if source else {"prompts": str(prompts)}
+        output = run_output(project / "runs" / stage / "policy", f"job-{stage}", inputs)
+        source = store.publish(catalog, str(output), stage).url
+    interval = {"mean": 0.512, "low": 0.437, "high": 0.588}
+    report = {
+        "sources": {
+            "exact_match": {
+                "greedy": {"policy": interval, "difference": interval},
+                "pass_at_k": {"4": {"policy": interval}},
+            },
+            "true_reward": {"accuracy": {"policy": interval}},
+        },
+        "judge": {"win_rate": interval},
+    }
+    for name in ("before-training", "after-training"):
+        (project / "reports" / name).mkdir(parents=True)
+        (project / "reports" / name / "report.json").write_text(json.dumps(report))
+    return project
+
+
+def words(lines: list[str]) -> set[str]:
+    return {word for line in lines for word in line.split()}
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("table", list(TABLES))
+def test_every_table_fits_and_keeps_its_words_whole(table, width, tables, capsys, monkeypatch):
+    argv, layout = TABLES[table]
+    code, wide = printed(argv, WIDE, capsys, monkeypatch)
+    assert code == 0 and wide, "\n".join(wide)
+    code, lines = printed(argv, width, capsys, monkeypatch)
+    assert code == 0
+    assert_fits(lines, width)
+    assert words(lines) - words(wide) == set(), "broken words:\n" + "\n".join(lines)
+    assert words(wide) - layout - words(lines) == set(), "words left out:\n" + "\n".join(lines)

@@ -6,6 +6,7 @@ installs all three); RLSTEPS_REQUIRE_TRACKERS=1 makes that a failure."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -14,8 +15,8 @@ import pytest
 
 from rlsteps.contract.config import LoggingConfig
 from rlsteps.contract.run_files import read_metrics
-from rlsteps.engine.records.metrics import MetricsWriter
-from rlsteps.engine.records.trackers import open_trackers
+from rlsteps.engine.records.metrics import MetricsWriter, keep_records_through
+from rlsteps.engine.records.trackers import TRACKER_RUNS_FILE, open_trackers
 
 LOGGER = "rlsteps.engine.records"
 
@@ -103,3 +104,105 @@ def test_a_missing_package_is_one_warning_naming_the_key_and_the_extra(tmp_path,
         f"{key} is set but the {package} package is not installed: pip install 'rlsteps[{extra}]'"
     )
     assert [r["train/reward"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0.5, 1.0, 1.5]
+
+
+# A resumed run: the first attempt logged steps 1-3 and was interrupted after its checkpoint of step 2; the rerun cut
+# metrics.jsonl back to step 2 (as checkpoints.rewind does) and makes steps 3-5. Each tracker holds one run with both.
+FIRST, SECOND, CHECKPOINT = (1, 2, 3), (3, 4, 5), 2
+
+
+def write_steps(logging_config: LoggingConfig, run_dir, steps, half: int) -> None:
+    with MetricsWriter(run_dir / "metrics.jsonl", trackers=open_trackers(logging_config, run_dir)) as writer:
+        for step in steps:
+            writer.log(step, {"train/reward": step + half / 10})
+
+
+def interrupted_and_resumed(logging_config: LoggingConfig, run_dir) -> None:
+    write_steps(logging_config, run_dir, FIRST, 1)
+    keep_records_through(run_dir / "metrics.jsonl", CHECKPOINT)
+    write_steps(logging_config, run_dir, SECOND, 2)
+
+
+def wandb_records(path):
+    """The records of a W&B run file (a LevelDB-style log of protobuf records after a 7-byte header)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B"
+    position, pending = 7, b""
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block's tail too short for a chunk header is padding
+            position += block - position % block
+            continue
+        length, kind = int.from_bytes(data[position + 4 : position + 6], "little"), data[position + 6]
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # a whole record, or the last chunk of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def test_a_resumed_run_continues_its_wandb_run(tmp_path, caplog, monkeypatch):
+    need("wandb", "wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))  # the run directory's own dir= wins
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        interrupted_and_resumed(LoggingConfig(wandb_project="rlsteps-test"), tmp_path)
+    run_id = json.loads((tmp_path / TRACKER_RUNS_FILE).read_text())["wandb"]["id"]
+    halves = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))  # one folder per start, synced as one
+    assert [half.name for half in halves] == [f"run-{run_id}.wandb"] * 2
+    steps, ids = [], set()
+    for half in halves:
+        for record in wandb_records(half):
+            kind = record.WhichOneof("record_type")
+            ids.update([record.run.run_id] if kind == "run" else [])
+            steps += [record.history.step.num] if kind == "history" else []
+    assert ids == {run_id} and steps == [*FIRST, *SECOND]
+    assert f"continuing run {run_id}" in caplog.text
+
+
+@pytest.mark.slow  # MLflow makes its sqlite store's tables
+def test_a_resumed_run_continues_its_mlflow_run(tmp_path, caplog):
+    need("mlflow", "mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = LoggingConfig(mlflow_experiment="tiny", mlflow_tracking_uri=uri)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        interrupted_and_resumed(config, tmp_path / "rl_rs-tiny")
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert run.info.status == "FINISHED" and f"mlflow: continuing run {run.info.run_id}" in caplog.text
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/reward"))
+    assert history == [(1, 1.1), (2, 2.1), (3, 3.1), (3, 3.2), (4, 4.2), (5, 5.2)]  # step 3 made twice
+
+
+@pytest.mark.slow  # MLflow makes its sqlite store's tables
+def test_a_resumed_mlflow_run_gone_from_its_store_is_a_new_run_and_a_warning(tmp_path, caplog):
+    need("mlflow", "mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = LoggingConfig(mlflow_experiment="tiny", mlflow_tracking_uri=uri)
+    write_steps(config, tmp_path, FIRST, 1)
+    first = json.loads((tmp_path / TRACKER_RUNS_FILE).read_text())["mlflow"]["run_id"]
+    MlflowClient(tracking_uri=uri).delete_run(first)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        write_steps(config, tmp_path, SECOND, 2)
+    second = json.loads((tmp_path / TRACKER_RUNS_FILE).read_text())["mlflow"]["run_id"]
+    assert second != first and f"mlflow: run {first} cannot be continued" in caplog.text
+
+
+def test_a_resumed_run_hides_the_tensorboard_events_it_makes_again(tmp_path):
+    need("tensorboard", "tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    interrupted_and_resumed(LoggingConfig(tensorboard=True), tmp_path)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, round(e.value, 3)) for e in events.Scalars("train/reward")] == [
+        (1, 1.1), (2, 2.1), (3, 3.2), (4, 4.2), (5, 5.2),
+    ]  # fmt: skip

@@ -6,7 +6,9 @@ import json
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
+
+from rlsteps.cli import fit
 
 out = Console()
 err = Console(stderr=True)
@@ -45,20 +47,31 @@ def list_artifacts(
     if not versions:
         err.print(f"no artifacts{' named ' + name if name else ''} in {store.root}")
         return
-    table = Table(title=f"artifacts in {store.root}", header_style="bold")
-    for column in ("artifact", "type", "producer", "created", "size", "content hash"):
-        table.add_column(column, overflow="fold")
+    fit.print_lines(out, version_lines(store.root, versions, out.width))
+
+
+def version_lines(root: str, versions, width: int) -> list[Text]:
+    """Each version as its label (never broken) and type, then, indented, where it came from, its size and content
+    hash (its middle left out: `artifacts show` prints it whole, and its url: the store's root/NAME/vN)."""
+    lines = fit.heading(f"artifacts in {root}", width)
+    lines += fit.wrap("each version in NAME/vN there; rlsteps artifacts show NAME:vN prints all of it", width, 4, 2)
     for v in versions:
         m = v.metadata
-        table.add_row(
-            v.label,
-            str(m.get("type")),
-            str((m.get("producer") or {}).get("step") or "-"),
-            str(m.get("created")),
-            f"{m.get('size_bytes', 0) / 1e6:.1f} MB",
-            str(m.get("content_hash", ""))[:19],
+        lines += fit.wrap(Text.assemble((v.label, "bold cyan"), "  ", str(m.get("type"))), width, 4, 0)
+        producer = (m.get("producer") or {}).get("step") or "outside rlsteps"
+        details = (
+            f"from {producer}, created {str(m.get('created')).replace('T', ' ')}, "
+            f"{m.get('size_bytes', 0) / 1e6:.1f} MB, {short_hash(str(m.get('content_hash', '')))}"
         )
-    out.print(table)
+        lines += fit.wrap(Text(details, style="dim"), width, 4)
+    return lines
+
+
+def short_hash(content_hash: str, keep: int = 8) -> str:
+    """sha256:0123abcd…6789cdef: the algorithm, the first and last `keep` digits."""
+    algorithm, _, digits = content_hash.rpartition(":")
+    shown = digits if len(digits) <= 2 * keep + 1 else f"{digits[:keep]}…{digits[-keep:]}"
+    return f"{algorithm}:{shown}" if algorithm else shown
 
 
 @artifacts_app.command("show")
@@ -77,8 +90,12 @@ def show_artifact(reference: str = typer.Argument(..., help=REFERENCE)) -> None:
 def lineage(reference: str = typer.Argument(..., help=REFERENCE)) -> None:
     """The chain of inputs that produced a version, through every published input."""
     store = _store()
-    for depth, line in store.lineage(_version(reference)):
-        out.print("  " * depth + line, highlight=False, soft_wrap=True)
+    lines = [
+        wrapped
+        for depth, line in store.lineage(_version(reference))
+        for wrapped in fit.wrap(line, out.width, 2 * depth + 4, 2 * depth)
+    ]
+    fit.print_lines(out, lines)
 
 
 @artifacts_app.command("publish")
@@ -93,4 +110,4 @@ def publish(
     from rlsteps.catalog import load_catalog
 
     version = _store().publish(load_catalog(), path, name)
-    out.print(f"published {version.label}: {version.url}")
+    fit.print_lines(out, fit.wrap(f"published {version.label}: {version.url}", out.width, 4, 0))

@@ -10,7 +10,6 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from rlsteps.errors import ArtifactError
 
@@ -78,9 +77,7 @@ def compare(
     if as_json:
         out.print_json(json.dumps({n: {"a": first.get(n), "b": second.get(n)} for n in names}))
         return
-    table = Table(header_style="bold", caption=f"A: {a}\nB: {b}")
-    for column in ("figure", "A", "B", "B - A"):
-        table.add_column(column, overflow="fold")
-    for name in names:
-        table.add_row(name, _cell(first.get(name)), _cell(second.get(name)), _delta(first.get(name), second.get(name)))
-    out.print(table)
+    from rlsteps.cli import fit, render
+
+    rows = [(n, _cell(first.get(n)), _cell(second.get(n)), _delta(first.get(n), second.get(n))) for n in names]
+    fit.print_lines(out, render.comparison(rows, a, b, out.width))

@@ -44,31 +44,61 @@ def _state(value: str) -> Text:
     return Text(value, style=STATE_STYLES.get(value, ""))
 
 
+STATES_HELP = (
+    "Only jobs in this state: pending, running, succeeded, failed, cancelled, unknown; done (succeeded), active "
+    "(pending or running), ended (succeeded, failed or cancelled). Repeat for several."
+)
+
+
 @jobs_app.command("list")
-def list_jobs(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List the jobs recorded under ./.rlsteps/jobs and under each profile's job_dir, oldest first."""
+def list_jobs(
+    steps: list[str] | None = typer.Option(
+        None, "--step", help="Only jobs of this step (rl/rs; a glob such as 'rl/*' for several). Repeat for several."
+    ),
+    states: list[str] | None = typer.Option(None, "--state", help=STATES_HELP),
+    launchers: list[str] | None = typer.Option(
+        None, "--launcher", help="Only jobs of this launcher: local, slurm or lepton. Repeat for several."
+    ),
+    since: str | None = typer.Option(
+        None, "--since", help="Only jobs submitted since a time ago (30m, 6h, 2d, 1w) or a date (2026-11-25)."
+    ),
+    last: int | None = typer.Option(None, "--last", help="Only the N newest of the jobs the other options keep."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List the jobs recorded under ./.rlsteps/jobs and under each profile's job_dir, oldest first; the options keep
+    some of them (and ask only those their status)."""
+    from rlsteps.plan.submitted_jobs import JobSelection
     from rlsteps.plan.submitted_jobs import list_jobs as find
 
-    views = find()
+    selection = JobSelection.parse(steps or (), states or (), launchers or (), since, last)
+    views = find(selection=selection)
     if as_json:
         out.print_json(json.dumps([v.as_dict() for v in views]))
         return
     if not views:
-        err.print("no jobs found under ./.rlsteps/jobs or any profile's job_dir")
+        where = "under ./.rlsteps/jobs or any profile's job_dir"
+        said = f"no jobs found {where}" if selection.is_everything else f"no job found {where} matches the options"
+        err.print(said, highlight=False)
         return
+    fit.print_lines(out, job_lines(views, out.width))
+
+
+def job_lines(views, width: int) -> list[Text]:
+    """Each job as its name (never broken) and state, then, indented, its launcher, id, step, submission and
+    detail."""
     column = max(len(v.name) for v in views) + 2
-    lines = fit.heading("rlsteps jobs, oldest first", out.width)
+    lines = fit.heading("rlsteps jobs, oldest first", width)
     for v in views:  # its name never breaks, so it can be copied
         lines += fit.wrap(
             Text.assemble((v.name, "bold"), " " * (column - len(v.name)), _state(v.status.state.value)),
-            out.width,
+            width,
             column,
             0,
         )
         details = f"{v.record.launcher} {v.record.job_id}, {v.record.step}, submitted {_when(v.record.submitted)}"
         details += f": {v.status.detail}" if v.status.detail else ""
-        lines += fit.wrap(Text(details, style="dim"), out.width, 4)
-    fit.print_lines(out, lines)
+        lines += fit.wrap(Text(details, style="dim"), width, 4)
+    return lines
 
 
 @jobs_app.command("status")

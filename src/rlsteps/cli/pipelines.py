@@ -71,15 +71,13 @@ def run_pipeline(
         else:
             _print_stages(rows)
         return
-    from rlsteps.cli import render
+    from rlsteps.cli import fit, render
 
     outcomes = pipeline.run_pipeline(catalog, request, say=render.sayer(err))
     for o in outcomes:
-        out.print(
-            f"{o.name}: {o.action}"
-            + (f" (job {o.job_id})" if o.job_id else "")
-            + (f" ({o.detail})" if o.detail else "")
-        )
+        said = f"{o.name}: {o.action}" + (f" (job {o.job_id})" if o.job_id else "")
+        said += f" ({o.detail})" if o.detail else ""
+        fit.print_lines(out, fit.wrap(said, out.width, 4, 0))
 
 
 def _print_stages(rows: list[dict]) -> None:
@@ -106,9 +104,9 @@ def list_pipelines() -> None:
     from rlsteps.plan import pipeline
 
     shipped = pipeline.shipped_pipelines()
-    lines = fit.heading(
-        "example pipelines: rlsteps pipeline run NAME; rlsteps pipeline show NAME > mine.yaml", out.width
-    )
+    lines = fit.heading("example pipelines", out.width)
+    lines += fit.wrap("run one: rlsteps pipeline run NAME", out.width, 4, 2)
+    lines += fit.wrap("copy one to change: rlsteps pipeline show NAME > mine.yaml", out.width, 4, 2)
     for name, path in shipped.items():
         chain = " -> ".join(f"{s.name} ({s.step})" for s in pipeline.load_pipeline(path).stages)
         lines += fit.wrap(Text.assemble((name, "bold"), f": {chain}"), out.width, 4, 0)

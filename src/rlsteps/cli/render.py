@@ -188,6 +188,29 @@ def job_files(compiled: Compiled) -> str:
     return "\n".join(blocks)
 
 
+COMPARISON_HEADERS = ("figure", "A", "B", "B - A")
+
+
+def comparison(rows: list[tuple[str, str, str, str]], a: str, b: str, width: int) -> list[Text]:
+    """Two eval reports' figures (name, A, B, B - A): a table where its columns fit the width, else a block per
+    figure (its name, then A and B with B - A); then which report each letter is."""
+    columns = [max(len(row[i]) for row in [COMPARISON_HEADERS, *rows]) for i in range(4)]
+    if sum(columns) + 2 * (len(columns) - 1) <= width:
+        lines = [_aligned(COMPARISON_HEADERS, columns, "bold")] + [_aligned(row, columns) for row in rows]
+    else:
+        lines = []
+        for name, first, second, delta in rows:
+            lines += fit.wrap(Text(name, style="bold"), width, 4, 0)
+            lines += fit.key_values([("A", first), ("B", second), ("B - A", delta)], width, 4)
+    return lines + fit.wrap(f"A: {a}", width, 3, 0) + fit.wrap(f"B: {b}", width, 3, 0)
+
+
+def _aligned(cells: tuple[str, ...], columns: list[int], style: str = "") -> Text:
+    line = Text("  ".join(cell.ljust(room) for cell, room in zip(cells, columns)), style=style)
+    line.rstrip()
+    return line
+
+
 def sayer(console: Console):
     """How the CLI says a progress line: broken at spaces at a terminal, one line in a log or a pipe (whole for
     grep), as errors are."""

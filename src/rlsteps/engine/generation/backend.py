@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,8 +51,15 @@ class GenerationBackend(Protocol):
     samples_from_policy: bool  # True: generate reads the policy's own weights (a sharded policy is gathered first)
 
     def generate(
-        self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seeds: list[int]
-    ) -> Generation: ...
+        self,
+        model: nn.Module,
+        prompt_token_ids: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int],
+        on_answered: Callable[[int], None] | None = None,
+    ) -> Generation:
+        """The responses; on_answered (when given) is called with the count of rows answered so far, as often as
+        the backend can tell (a progress line's count: validation's)."""
 
     def load_weights(self, model: nn.Module) -> None:
         """Take the policy's current weights (after an update): a backend with its own copy replaces it."""

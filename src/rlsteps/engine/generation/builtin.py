@@ -68,7 +68,12 @@ class BuiltinBackend:
         self.decode = decode
 
     def generate(
-        self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seeds: list[int]
+        self,
+        model: nn.Module,
+        prompt_token_ids: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int],
+        on_answered: Callable[[int], None] | None = None,
     ) -> Generation:
         return generate(
             model,
@@ -79,6 +84,7 @@ class BuiltinBackend:
             seeds=seeds,
             batch_size=self.batch_size,
             decode=self.decode,
+            on_answered=on_answered,
         )
 
     def load_weights(self, model: nn.Module) -> None:
@@ -102,8 +108,10 @@ def generate(
     seeds: list[int],
     batch_size: int = 64,
     decode: DecodeOptions = DecodeOptions(),
+    on_answered: Callable[[int], None] | None = None,
 ) -> Generation:
     """Sample one response per prompt. Prompts are batched by length; results come back in input order.
+    on_answered: called with the count of rows answered so far, as rows end (at each look at whether they did).
 
     Row i samples from seeds[i] (an int in [0, 2**63)) alone: its response depends on its prompt,
     params, seed and the weights, not on the other rows, their order or batch_size (up to the
@@ -129,13 +137,18 @@ def generate(
             rows = by_length[start : start + batch_size]
             prompts = [prompt_token_ids[i] for i in rows]
             row_seeds = [seeds[i] for i in rows]
-            outputs = _generate_batch(model, prompts, row_seeds, params, eos_ids, pad_token_id, options, caches)
+            counted = None if on_answered is None else (lambda ended, before=start: on_answered(before + ended))
+            outputs = _generate_batch(
+                model, prompts, row_seeds, params, eos_ids, pad_token_id, options, caches, counted
+            )
             tokens, token_logprobs, lengths, ended = (x.cpu() for x in outputs)
             for j, row in enumerate(rows):
                 n = int(lengths[j])
                 response_ids[row] = tokens[j, :n].tolist()
                 logprobs[row] = token_logprobs[j, :n].tolist()
                 is_end[row] = bool(ended[j])
+            if on_answered is not None:
+                on_answered(start + len(rows))
     return Generation(response_ids=response_ids, is_end=is_end, logprobs=logprobs)
 
 
@@ -173,6 +186,7 @@ def _generate_batch(
     pad_id: int,
     options: DecodeOptions,
     caches: dict[tuple[int, int], Cache],
+    on_ended: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Responses [B, N], their raw log-probs [B, N] fp32, lengths [B] and ended [B] for one batch."""
     device = next(model.parameters()).device
@@ -181,7 +195,7 @@ def _generate_batch(
     logits, cache = _prefill(model, batch.input_ids, batch.prompt_mask, cache)  # [B, V]
     first = choose_token(logits, params, batch.uniforms[:, 0])
     is_eos = _eos_table(eos_ids, logits.shape[-1], device)
-    return _decode(model, cache, batch, first, params, is_eos, pad_id, options)
+    return _decode(model, cache, batch, first, params, is_eos, pad_id, options, on_ended)
 
 
 @dataclass(frozen=True)
@@ -224,8 +238,10 @@ def _decode(
     is_eos: torch.Tensor,
     pad_id: int,
     options: DecodeOptions,
+    on_ended: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The decode loop from the first sampled tokens and their log-probs: responses, log-probs, lengths, ended."""
+    """The decode loop from the first sampled tokens and their log-probs: responses, log-probs, lengths, ended;
+    on_ended told the count of rows ended at each look at whether all did."""
     rows, steps = batch.positions.shape
     device = batch.positions.device
     responses = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
@@ -243,11 +259,20 @@ def _decode(
         lengths += active
         ended |= is_eos[token]
         # the look at whether all rows ended waits for the device: only every end_check_interval steps
-        if t + 1 == steps or ((t + 1) % options.end_check_interval == 0 and bool(ended.all())):
+        if t + 1 == steps or ((t + 1) % options.end_check_interval == 0 and _all_ended(ended, on_ended)):
             break
         position, uniforms = batch.positions[:, t : t + 1], batch.uniforms[:, t + 1]
         token, logprob = step(model, token, position, batch.step_mask(t), cache, keyword, uniforms, params)
     return responses, logprobs, lengths, ended
+
+
+def _all_ended(ended: torch.Tensor, on_ended: Callable[[int], None] | None) -> bool:
+    """Whether every row ended (one wait for the device), the count told to on_ended."""
+    if on_ended is None:
+        return bool(ended.all())
+    count = int(ended.sum())
+    on_ended(count)
+    return count == ended.numel()
 
 
 def _prefill(

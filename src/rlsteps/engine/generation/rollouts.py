@@ -9,7 +9,7 @@ prompt list: the row's sample is the same whichever process generates it and wit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -91,10 +91,12 @@ class Sampler:
         max_new_tokens: int | None,
         seed: int,
         prompt_positions: Sequence[int] | None = None,
+        on_answered: Callable[[int], None] | None = None,
     ) -> RolloutBatch:
         """One greedy response per prompt, or n sampled ones where the scorer compares responses.
 
-        prompt_positions as in rollouts, in the whole validation prompt list.
+        prompt_positions as in rollouts, in the whole validation prompt list. on_answered: called with the count of
+        rows answered so far, as often as the backend can tell (the built-in sampler: as rows end).
         """
         s = self.rollout.sampling
         params = SamplingParams(
@@ -103,7 +105,7 @@ class Sampler:
             top_p=s.top_p,
             top_k=s.top_k,
         )
-        return self._sample(model, prompts, n, params, step_seed(seed, -1), prompt_positions)
+        return self._sample(model, prompts, n, params, step_seed(seed, -1), prompt_positions, on_answered)
 
     def _sample(
         self,
@@ -113,12 +115,14 @@ class Sampler:
         params: SamplingParams,
         seed: int,
         prompt_positions: Sequence[int] | None,
+        on_answered: Callable[[int], None] | None = None,
     ) -> RolloutBatch:
         positions = range(len(prompts)) if prompt_positions is None else prompt_positions
         check_prompt_positions(positions, len(prompts))
         repeated = [p for p in prompts for _ in range(n)]  # rows of one prompt are adjacent; groups are by id
         token_ids = [ids for ids in tokenize_prompts(prompts, self.tokenizer) for _ in range(n)]
-        generation = self.backend.generate(model, token_ids, params, rollout_seeds(seed, positions, n))
+        counting = {"on_answered": on_answered} if on_answered is not None else {}
+        generation = self.backend.generate(model, token_ids, params, rollout_seeds(seed, positions, n), **counting)
         return build_rollout_batch(repeated, token_ids, generation, self.tokenizer)
 
 

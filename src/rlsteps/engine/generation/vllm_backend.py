@@ -28,7 +28,7 @@ import importlib.util
 import logging
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,12 @@ class VllmBackend:
         )
 
     def generate(
-        self, model: nn.Module, prompt_token_ids: list[list[int]], params: SamplingParams, seeds: list[int]
+        self,
+        model: nn.Module,
+        prompt_token_ids: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int],
+        on_answered: Callable[[int], None] | None = None,
     ) -> Generation:
         from vllm.inputs import TokensPrompt
 
@@ -88,6 +93,8 @@ class VllmBackend:
         self._wake()
         requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
         outputs = self.llm.generate(requests, [self._sampling(params, seed) for seed in seeds], use_tqdm=False)
+        if on_answered is not None:  # vLLM answers all at once
+            on_answered(len(outputs))
         return _as_generation(outputs)
 
     def load_weights(self, model: nn.Module) -> None:

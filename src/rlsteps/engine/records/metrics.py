@@ -1,4 +1,5 @@
-"""Training metrics: an append-only JSONL log mirrored to the trackers (trackers.py), timers, progress (plot.py).
+"""Training metrics: an append-only JSONL log mirrored to the trackers (trackers.py), timers; curves in plot.py, the
+progress line in progress.py.
 
 The JSONL file is the record of a run: one line {"step", "time", **metrics} per `log` call,
 written at once and whole: a write the disk cannot take is cut back, so the file never ends in a torn line
@@ -14,18 +15,16 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO
 
 logger = logging.getLogger(__name__)
 
 RESERVED_KEYS = ("step", "time")
-IDLE_STEPS_KEY = "train/steps_without_update"  # shown beside the progress once a step changed no weight
 
 
 def to_json_number(value: Any) -> int | float | None:
@@ -42,9 +41,7 @@ def to_json_number(value: Any) -> int | float | None:
 class MetricsWriter:
     """Appends one JSON line per `log` call; mirrors the finite numbers to each tracker (trackers.py).
 
-    trackers: opened trackers (trackers.open_trackers); tensorboard_dir and wandb open one each as well.
-    tensorboard_dir: write TensorBoard events there (needs the `tensorboard` package).
-    wandb: keyword arguments for `wandb.init` (project, name, entity, ...; needs `wandb`).
+    trackers: opened trackers (trackers.open_trackers), each closed with the writer.
     """
 
     def __init__(self, path: Path, trackers: list | None = None):
@@ -218,106 +215,3 @@ class Timers:
         totals = {f"timers/{name}": seconds for name, seconds in self._seconds.items()}
         self._seconds.clear()
         return totals
-
-
-BAR_COLUMNS = 16  # the progress bar's width: the counter and the stats have the rest
-
-
-class TrainingProgress:
-    """Step progress with the latest reward, loss, step time and ETA.
-
-    On a terminal: a rich progress bar. Otherwise (CI, log files): one plain line per step.
-    `initial` is the step a resumed run starts from. The ETA uses this run's mean step time without its first step,
-    which carries the warm-up (compiling the sampler or the forward, CUDA graphs, the allocator's first blocks: 50 s
-    against 2.2 s a step for the 0.37B GRPO step on an H200), so it is said from the run's second step on.
-    """
-
-    def __init__(
-        self,
-        total: int,
-        initial: int = 0,
-        reward_key: str = "train/reward",
-        loss_key: str = "train/loss",
-        stream: TextIO | None = None,
-    ):
-        self.total, self.initial = total, initial
-        self.reward_key, self.loss_key = reward_key, loss_key
-        self.stream = stream if stream is not None else sys.stdout
-        self.interactive = self.stream.isatty()
-        self._progress: Any = None
-        self._task: Any = None
-        self._last = time.perf_counter()
-        self._first_done: float | None = None  # when this run's first step ended
-
-    def __enter__(self) -> TrainingProgress:
-        self._last = time.perf_counter()
-        if self.interactive:
-            self._progress = _rich_progress(self.stream, self.total)
-            self._task = self._progress.add_task("step", total=self.total, completed=self.initial, stats="")
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
-
-    def update(self, step: int, metrics: dict[str, float]) -> None:
-        now = time.perf_counter()
-        step_seconds, self._last = now - self._last, now
-        eta = self._eta(step, now)
-        if self._first_done is None:
-            self._first_done = now
-        stats = (
-            f"reward {_fmt(metrics.get(self.reward_key))}  loss {_fmt(metrics.get(self.loss_key))}  "
-            f"step {step_seconds:.2f}s  eta {eta}"
-        )
-        if metrics.get(IDLE_STEPS_KEY):
-            stats += f"  steps without update {int(metrics[IDLE_STEPS_KEY])}"
-        if self._progress is not None:
-            room = self._progress.console.width - len(self._progress.tasks[0].description) - BAR_COLUMNS
-            room -= 2 * len(str(self.total)) + 1 + 4  # the counter, and a space between each column and at the end
-            self._progress.update(self._task, completed=step, stats=_cut(stats, room))
-        else:
-            print(f"step {step}/{self.total}  {stats}", file=self.stream, flush=True)
-
-    def _eta(self, step: int, now: float) -> str:
-        """The time left at this run's mean step time after its first step; `-` at the first (unless the last)."""
-        left = max(self.total - step, 0)
-        if left == 0:
-            return _duration(0)
-        if self._first_done is None:
-            return "-"
-        after_first = step - self.initial - 1  # steps this run timed after its first
-        return _duration((now - self._first_done) / max(after_first, 1) * left)
-
-
-def _rich_progress(stream: TextIO, total: int) -> Any:
-    """The bar: the counter never cut (at 60 columns the stats give way, ending in an ellipsis)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-    from rich.table import Column
-
-    counter = 2 * len(str(total)) + 1
-    return Progress(
-        TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True, min_width=4)),
-        BarColumn(bar_width=BAR_COLUMNS, table_column=Column(no_wrap=True, min_width=BAR_COLUMNS)),
-        MofNCompleteColumn(table_column=Column(no_wrap=True, min_width=counter)),
-        TextColumn("{task.fields[stats]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
-        console=Console(file=stream),
-    )
-
-
-def _cut(text: str, width: int) -> str:
-    """`text` in `width` columns, ending in an ellipsis when cut."""
-    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
-
-
-def _fmt(value: Any) -> str:
-    return "-" if value is None or not math.isfinite(float(value)) else f"{float(value):.4g}"
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"

@@ -47,7 +47,8 @@ from rlsteps.engine.policy.parallel import (
     reference_copy,
     unsharded_copy,
 )
-from rlsteps.engine.records.metrics import MetricsWriter, TrainingProgress
+from rlsteps.engine.records.metrics import MetricsWriter
+from rlsteps.engine.records.progress import TrainingProgress
 from rlsteps.engine.records.reward_hacking import RECORD_FILE, HackingWatch, Remedies
 from rlsteps.engine.records.samples import SampleLog
 from rlsteps.engine.records.throughput import (
@@ -303,6 +304,7 @@ def _main_outputs(stack, cfg: RecipeConfig, run_dir: Path, run: StepRun, total_s
     if cfg.logging.reward_hacking.enabled:
         run.watch = stack.enter_context(contextlib.closing(_hacking_watch(cfg, run.recipe, run_dir)))
     progress = stack.enter_context(TrainingProgress(total=total_steps, initial=initial_step))
+    run.progress = progress  # validation draws its own beside it
     return metrics, progress
 
 

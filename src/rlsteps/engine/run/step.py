@@ -1,4 +1,4 @@
-"""One RL step of a run, and its validation and checkpoint: what the loop (loop.py) repeats.
+"""One RL step of a run, and its checkpoint: what the loop (loop.py) repeats; its validation is validation.py.
 
 A step: the prompts of (seed, consumed_samples), rollouts from the policy, rewards on the main process (a failed
 reward source stops the run after a checkpoint), the recipe's prepare, the update, the weights sent to the
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -48,8 +47,9 @@ from rlsteps.engine.policy.parallel import (
 )
 from rlsteps.engine.policy.sampled_distribution import SampledDistribution
 from rlsteps.engine.records.metrics import Timers
-from rlsteps.engine.records.reward_hacking import HackingWatch, rollout_signs, validation_correlations
-from rlsteps.engine.records.samples import SampleLog, sample_records, show_samples
+from rlsteps.engine.records.progress import TrainingProgress
+from rlsteps.engine.records.reward_hacking import HackingWatch, rollout_signs
+from rlsteps.engine.records.samples import SampleLog, sample_records
 from rlsteps.engine.records.throughput import (
     attended_length,
     mfu,
@@ -61,6 +61,7 @@ from rlsteps.engine.records.throughput import (
 from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionFailed
 from rlsteps.engine.rewards.scores import RewardSource, Scores
 from rlsteps.engine.run.update import PolicyUpdate, UpdateResult, longest_row
+from rlsteps.engine.run.validation import validate
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -106,6 +107,7 @@ class StepRun:
     samples: SampleLog | None = None
     watch: HackingWatch | None = None  # the main process's: what reward hacking looks like, said when it shows
     timers: Timers = field(default_factory=Timers)
+    progress: TrainingProgress | None = None  # the main process's progress line; validation draws its own in it
     skipped_updates: int = 0  # optimizer steps skipped on a non-finite gradient
     steps_without_update: int = 0  # RL steps that changed no weight
     no_update_streak: int = 0
@@ -248,8 +250,7 @@ class StepRun:
         beside: work of every process that needs no reward (the reference's log-probs), run while the main process
         waits for its reward sources (they score in a thread of their own); its result comes back with the scores.
         Every collective stays on this thread, in the same order on every process."""
-        parts = gather_to_main(self.world, batch)
-        whole = None if parts is None else _in_prompt_order(parts, self.world, prompts, per_prompt)
+        whole = self._gathered_in_order(batch, prompts, per_prompt)
         outcome, beside_result = run_beside(lambda: None if whole is None else self._score_on_main(whole), beside)
         if isinstance(outcome, Scores):
             self._write_samples(step, "train", whole, outcome)
@@ -262,6 +263,12 @@ class StepRun:
             self._stop_without_rewards(f"at step {self.counters.step + 1}", outcome)
         outcome.mine = outcome.whole.select(_rows_of(self.world.mine(prompts), per_prompt))
         return outcome, beside_result
+
+    def _gathered_in_order(self, batch: RolloutBatch | None, prompts: int, per_prompt: int) -> RolloutBatch | None:
+        """Every process's rows on the main process, in prompt order (None elsewhere); a process without prompts
+        sends None."""
+        parts = gather_to_main(self.world, batch)
+        return None if parts is None else _in_prompt_order(parts, self.world, prompts, per_prompt)
 
     def _timed(self, name: str, work: Callable[[], T]) -> Callable[[], T]:
         def timed() -> T:
@@ -311,63 +318,14 @@ class StepRun:
         return None
 
     def validate(self, prompts: list[Prompt]) -> dict[str, float]:
-        """Validation rollouts of every process, scored and summarised by the main process, its metrics on all."""
-        n = self.cfg.validation.samples_per_prompt
-        mine = self.world.mine(len(prompts))
-        started = time.perf_counter()  # its own timer, logged with its metrics (not with the next step's)
-        with self._sampling():  # every process gathers the policy, when the sampler reads it
-            batch = None  # more processes than validation prompts: this one has none
-            if mine:
-                batch = self.sampler.validation_rollouts(
-                    self.model,
-                    [prompts[j] for j in mine],
-                    n,
-                    max_new_tokens=self.cfg.validation.max_new_tokens,
-                    seed=self.cfg.seed,
-                    prompt_positions=mine,
-                )
-        parts = gather_to_main(self.world, batch)
-        outcome = (
-            None if parts is None else self._validation_on_main(_in_prompt_order(parts, self.world, len(prompts), n))
-        )
-        outcome = from_main(self.world, outcome)
-        if isinstance(outcome, str):
-            self._stop_without_rewards(f"at validation after step {self.counters.step}", outcome)
-        return {**outcome, "timers/validation": time.perf_counter() - started}
+        """Validation of the policy as it is now (validation.py), its metrics on every process."""
+        return validate(self, prompts)
 
     def _stop_without_rewards(self, when: str, failure: str) -> None:
         """Every process: a checkpoint (when there is a step to keep), then RunStopped."""
         where = self.save({}) if self.counters.step > 0 else None
         kept = f"; the last checkpoint {where} is intact and a rerun resumes from it" if where else ""
         raise RunStopped(f"rewards unavailable {when}: {failure}{kept}")
-
-    def _validation_on_main(self, batch: RolloutBatch) -> dict[str, float] | str:
-        scores = self._score_on_main(batch, alone=self.cfg.validation.samples_per_prompt == 1)
-        if isinstance(scores, str):
-            return scores
-        try:
-            extra = {f"val/{scorer.name}": scorer(batch) for scorer in self.reward_functions}
-        except RewardFunctionFailed as error:
-            return str(error)
-        rewards = scores.rewards[scores.valid]
-        records = self._write_samples(self.counters.step, "val", batch, scores, extra)
-        show_samples(records[: self.cfg.validation.show_samples], self.say)
-        rewarded = {
-            "val/reward_mean": rewards.mean().item() if len(rewards) else float("nan"),
-            **{f"val/{k}": v for k, v in scores.metrics.items() if k.startswith("reward/")},
-        }
-        figures = {
-            # a figure no row has is left out (greedy validation's judge meets only the initial policy's answers)
-            **{k: v for k, v in rewarded.items() if not math.isnan(v)},
-            "val/response_length": batch.response_lengths.float().mean().item(),
-            "val/fraction_ended": batch.is_end.float().mean().item(),
-            **{name: _mean_of_scored(values) for name, values in extra.items()},
-            **validation_correlations(scores.rewards, scores.valid, extra),
-        }
-        if self.watch is not None:
-            every_sample = sample_records(self.counters.step, "val", batch, scores, len(batch), extra)
-            self.watch.validation(self.counters.step, every_sample, figures, list(extra))
-        return figures
 
     def save(self, step_metrics: dict[str, float]) -> Path:
         """A checkpoint of every process's shards (each process calls it)."""
@@ -452,12 +410,6 @@ def _in_prompt_order(parts: list[RolloutBatch | None], world: World, prompts: in
         offsets[j % world.size] + (j // world.size) * per_prompt + k for j in range(prompts) for k in range(per_prompt)
     ]
     return whole.select(order)
-
-
-def _mean_of_scored(values: list[float | None]) -> float:
-    """The mean of the values a function gave (None: no value for that sample); NaN when it gave none."""
-    scored = [v for v in values if v is not None]
-    return sum(scored) / len(scored) if scored else float("nan")
 
 
 def _no_update_cause(metrics: dict[str, float]) -> str:
