@@ -54,9 +54,9 @@ def tiny_world():
                 f"{REWARD_MODEL_STEPS} needs an RLSTEPS_HOME of its own: in the per-user one, its world would be "
                 "every later tiny run's"
             )
-        from rlsteps.tiny import recipe
+        from rlsteps.tiny import hyperparameters
 
-        recipe.RM["steps"] = int(reward_model_steps)
+        hyperparameters.RM["steps"] = int(reward_model_steps)
     return ensure_tiny_world(seed=0, home=rlsteps_home())
 
 

@@ -160,14 +160,14 @@ def test_an_error_is_one_line_and_its_fix_another_where_stderr_is_no_terminal(pr
 def test_a_yaml_line_too_long_is_folded_as_yaml_allows_and_reads_back_the_same():
     import yaml
 
-    from rlsteps.cli import fit
+    from rlsteps.cli import terminal
 
     data = {
         "output": {"dir": "/lustre/users/me/rlsteps/runs/" + "x" * 60, "note": "words " * 20},
         "mounts": ["/lustre/datasets/" + "y" * 70 + ":/data", "short"],
     }
     text = yaml.safe_dump(data, sort_keys=False, width=1000)
-    lines = [line.plain for line in fit.yaml_lines(text, 60, 2)]
+    lines = [line.plain for line in terminal.yaml_lines(text, 60, 2)]
     assert_fits(lines, 60)
     assert yaml.safe_load("\n".join(line[2:] for line in lines)) == data
 

@@ -1,9 +1,9 @@
-"""What an artifact reference holds, by the catalog's types (the detectors are rlsteps.contract.detect)."""
+"""What an artifact reference holds, by the catalog's types (the detectors are rlsteps.contract.detectors)."""
 
 from __future__ import annotations
 
 from rlsteps.catalog import Catalog
-from rlsteps.contract.detect import detect, exists
+from rlsteps.contract.detectors import detect, exists
 
 __all__ = ["detect_types", "detectors_of", "exists"]
 

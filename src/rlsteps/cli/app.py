@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from rlsteps.cli import fit
+from rlsteps.cli import terminal
 from rlsteps.cli.artifacts import artifacts_app
 from rlsteps.cli.eval import eval_app
 from rlsteps.cli.jobs import jobs_app
@@ -42,10 +42,10 @@ RUN_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": False}
 def _print_version(asked: bool) -> None:
     if not asked:
         return
-    from rlsteps.cli import fit, render
+    from rlsteps.cli import render, terminal
     from rlsteps.install import describe, shipped_catalog
 
-    fit.print_lines(out, render.version_lines(describe(), shipped_catalog(), out.width))
+    terminal.print_lines(out, render.version_lines(describe(), shipped_catalog(), out.width))
     raise typer.Exit()
 
 
@@ -79,7 +79,7 @@ def list_steps(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List the steps."""
-    from rlsteps.cli import fit, render
+    from rlsteps.cli import render, terminal
 
     catalog = _catalog()
     for wanted in (consumes, produces):
@@ -91,7 +91,7 @@ def list_steps(
     if as_json:
         out.print_json(json.dumps([s.as_dict() for s in steps], default=str))
     else:
-        fit.print_lines(out, render.steps_table(steps, out.width))
+        terminal.print_lines(out, render.steps_table(steps, out.width))
 
 
 def show_step(
@@ -99,13 +99,13 @@ def show_step(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show a step: its artifacts, parameters, strategies and errors."""
-    from rlsteps.cli import fit, render
+    from rlsteps.cli import render, terminal
 
     found = _catalog().find(step)
     if as_json:
         out.print_json(json.dumps(found.as_dict(), default=str))
     else:
-        fit.print_lines(out, render.step_panel(found, out.width))
+        terminal.print_lines(out, render.step_panel(found, out.width))
 
 
 def run_step(
@@ -127,7 +127,7 @@ def run_step(
     force_squash: bool = typer.Option(False, "--force-squash", help="Rebuild the squashed container image."),
 ) -> None:
     """Run a step: here, attached (-r PROFILE) or as a batch job (-b PROFILE). Worker arguments go after --."""
-    from rlsteps.cli import fit, render
+    from rlsteps.cli import render, terminal
     from rlsteps.plan.runner import RunRequest, compile_request, execute
 
     words = list(overrides or []) + list(ctx.args)
@@ -150,7 +150,7 @@ def run_step(
     catalog = _catalog()
     compiled = compile_request(catalog, request, say=render.sayer(err))
     if dry_run:
-        fit.print_lines(out, render.dry_run(compiled, out.width))
+        terminal.print_lines(out, render.dry_run(compiled, out.width))
         sys.stdout.write(render.job_files(compiled))
         if compiled.output_problem is not None:  # after everything is shown, as the run would stop on it
             raise compiled.output_problem
@@ -181,8 +181,8 @@ def error_lines(error: RlstepsError, width: int | None) -> list[Text]:
     """`error: ...` and `fix: ...`: at a terminal each wrapped under itself; elsewhere (a log, a pipe) one line each,
     whole for grep."""
     width = width or sys.maxsize
-    lines = fit.wrap(Text.assemble(("error:", "bold red"), " ", error.message), width, 7, 0)
-    return lines + (fit.wrap(Text.assemble(("fix:", "bold"), " ", error.fix), width, 5, 0) if error.fix else [])
+    lines = terminal.wrap(Text.assemble(("error:", "bold red"), " ", error.message), width, 7, 0)
+    return lines + (terminal.wrap(Text.assemble(("fix:", "bold"), " ", error.fix), width, 5, 0) if error.fix else [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         returned = app(args=args, obj={"passthrough": passthrough, "argv": ["rlsteps", *argv]}, standalone_mode=False)
     except RlstepsError as error:
-        fit.print_lines(err, error_lines(error, err.width if err.is_terminal else None))
+        terminal.print_lines(err, error_lines(error, err.width if err.is_terminal else None))
         return error.exit_code
     except typer.Exit as done:
         return done.exit_code

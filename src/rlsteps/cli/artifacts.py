@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from rlsteps.cli import fit
+from rlsteps.cli import terminal
 
 out = Console()
 err = Console(stderr=True)
@@ -47,23 +47,25 @@ def list_artifacts(
     if not versions:
         err.print(f"no artifacts{' named ' + name if name else ''} in {store.root}")
         return
-    fit.print_lines(out, version_lines(store.root, versions, out.width))
+    terminal.print_lines(out, version_lines(store.root, versions, out.width))
 
 
 def version_lines(root: str, versions, width: int) -> list[Text]:
     """Each version as its label (never broken) and type, then, indented, where it came from, its size and content
     hash (its middle left out: `artifacts show` prints it whole, and its url: the store's root/NAME/vN)."""
-    lines = fit.heading(f"artifacts in {root}", width)
-    lines += fit.wrap("each version in NAME/vN there; rlsteps artifacts show NAME:vN prints all of it", width, 4, 2)
+    lines = terminal.heading(f"artifacts in {root}", width)
+    lines += terminal.wrap(
+        "each version in NAME/vN there; rlsteps artifacts show NAME:vN prints all of it", width, 4, 2
+    )
     for v in versions:
         m = v.metadata
-        lines += fit.wrap(Text.assemble((v.label, "bold cyan"), "  ", str(m.get("type"))), width, 4, 0)
+        lines += terminal.wrap(Text.assemble((v.label, "bold cyan"), "  ", str(m.get("type"))), width, 4, 0)
         producer = (m.get("producer") or {}).get("step") or "outside rlsteps"
         details = (
             f"from {producer}, created {str(m.get('created')).replace('T', ' ')}, "
             f"{m.get('size_bytes', 0) / 1e6:.1f} MB, {short_hash(str(m.get('content_hash', '')))}"
         )
-        lines += fit.wrap(Text(details, style="dim"), width, 4)
+        lines += terminal.wrap(Text(details, style="dim"), width, 4)
     return lines
 
 
@@ -93,9 +95,9 @@ def lineage(reference: str = typer.Argument(..., help=REFERENCE)) -> None:
     lines = [
         wrapped
         for depth, line in store.lineage(_version(reference))
-        for wrapped in fit.wrap(line, out.width, 2 * depth + 4, 2 * depth)
+        for wrapped in terminal.wrap(line, out.width, 2 * depth + 4, 2 * depth)
     ]
-    fit.print_lines(out, lines)
+    terminal.print_lines(out, lines)
 
 
 @artifacts_app.command("publish")
@@ -110,4 +112,4 @@ def publish(
     from rlsteps.catalog import load_catalog
 
     version = _store().publish(load_catalog(), path, name)
-    fit.print_lines(out, fit.wrap(f"published {version.label}: {version.url}", out.width, 4, 0))
+    terminal.print_lines(out, terminal.wrap(f"published {version.label}: {version.url}", out.width, 4, 0))

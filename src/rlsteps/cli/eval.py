@@ -77,7 +77,7 @@ def compare(
     if as_json:
         out.print_json(json.dumps({n: {"a": first.get(n), "b": second.get(n)} for n in names}))
         return
-    from rlsteps.cli import fit, render
+    from rlsteps.cli import render, terminal
 
     rows = [(n, _cell(first.get(n)), _cell(second.get(n)), _delta(first.get(n), second.get(n))) for n in names]
-    fit.print_lines(out, render.comparison(rows, a, b, out.width))
+    terminal.print_lines(out, render.comparison(rows, a, b, out.width))

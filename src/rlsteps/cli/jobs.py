@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from rlsteps.cli import fit
+from rlsteps.cli import terminal
 
 out = Console()
 err = Console(stderr=True)
@@ -80,16 +80,16 @@ def list_jobs(
         said = f"no jobs found {where}" if selection.is_everything else f"no job found {where} matches the options"
         err.print(said, highlight=False)
         return
-    fit.print_lines(out, job_lines(views, out.width))
+    terminal.print_lines(out, job_lines(views, out.width))
 
 
 def job_lines(views, width: int) -> list[Text]:
     """Each job as its name (never broken) and state, then, indented, its launcher, id, step, submission and
     detail."""
     column = max(len(v.name) for v in views) + 2
-    lines = fit.heading("rlsteps jobs, oldest first", width)
+    lines = terminal.heading("rlsteps jobs, oldest first", width)
     for v in views:  # its name never breaks, so it can be copied
-        lines += fit.wrap(
+        lines += terminal.wrap(
             Text.assemble((v.name, "bold"), " " * (column - len(v.name)), _state(v.status.state.value)),
             width,
             column,
@@ -97,7 +97,7 @@ def job_lines(views, width: int) -> list[Text]:
         )
         details = f"{v.record.launcher} {v.record.job_id}, {v.record.step}, submitted {_when(v.record.submitted)}"
         details += f": {v.status.detail}" if v.status.detail else ""
-        lines += fit.wrap(Text(details, style="dim"), width, 4)
+        lines += terminal.wrap(Text(details, style="dim"), width, 4)
     return lines
 
 
@@ -123,7 +123,7 @@ def show_status(
         ("state", _state(view.status.state.value)),
         ("detail", view.status.detail),
     ]
-    fit.print_lines(out, fit.key_values(rows, out.width))
+    terminal.print_lines(out, terminal.key_values(rows, out.width))
 
 
 @jobs_app.command("logs")
@@ -154,8 +154,9 @@ def cancel(job: str = typer.Argument(..., help=JOB_ARGUMENT)) -> None:
     if not sent:
         err.print(f"{name} already ended: {status.state.value}; nothing to cancel")
         return
-    fit.print_lines(
-        out, fit.wrap(Text.assemble(f"{name}: ", _state(status.state.value), f"  {status.detail}"), out.width, 4, 0)
+    terminal.print_lines(
+        out,
+        terminal.wrap(Text.assemble(f"{name}: ", _state(status.state.value), f"  {status.detail}"), out.width, 4, 0),
     )
     if not status.state.ended:
         err.print(f"the cancel was sent and {name} has not ended yet; `rlsteps jobs status {record.job_id}` follows it")

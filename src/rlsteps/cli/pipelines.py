@@ -61,58 +61,62 @@ def run_pipeline(
         for line in notes:
             render.sayer(err)(line)
         if live is not None:
-            from rlsteps.cli import fit
+            from rlsteps.cli import terminal
 
             said = f" {live.message}; running it now is refused (fix: {live.fix or ''})"
-            fit.print_lines(err, fit.wrap(Text.assemble(("warning:", "bold yellow"), said), err.width, 9, 0))
+            terminal.print_lines(err, terminal.wrap(Text.assemble(("warning:", "bold yellow"), said), err.width, 9, 0))
         rows = pipeline.describe(pipeline.plan_pipeline(catalog, spec, request))
         if as_json:
             out.print_json(json.dumps(rows))
         else:
             _print_stages(rows)
         return
-    from rlsteps.cli import fit, render
+    from rlsteps.cli import render, terminal
 
     outcomes = pipeline.run_pipeline(catalog, request, say=render.sayer(err))
     for o in outcomes:
         said = f"{o.name}: {o.action}" + (f" (job {o.job_id})" if o.job_id else "")
         said += f" ({o.detail})" if o.detail else ""
-        fit.print_lines(out, fit.wrap(said, out.width, 4, 0))
+        terminal.print_lines(out, terminal.wrap(said, out.width, 4, 0))
 
 
 def _print_stages(rows: list[dict]) -> None:
-    from rlsteps.cli import fit
+    from rlsteps.cli import terminal
 
     width = out.width
-    lines = fit.heading("pipeline dry run: nothing is started", width)
+    lines = terminal.heading("pipeline dry run: nothing is started", width)
     for r in rows:
-        lines += fit.wrap(Text.assemble((f"stage {r['stage']}", "bold"), f": {r['action']} ({r['why']})"), width, 4, 0)
-        lines += fit.wrap(f"{r['step']} -c {r['config']} " + " ".join(r["overrides"]), width, 6, 2)
-        lines += [line for name, value in r["inputs"].items() for line in fit.wrap(f"in  {name}: {value}", width, 6, 2)]
+        lines += terminal.wrap(
+            Text.assemble((f"stage {r['stage']}", "bold"), f": {r['action']} ({r['why']})"), width, 4, 0
+        )
+        lines += terminal.wrap(f"{r['step']} -c {r['config']} " + " ".join(r["overrides"]), width, 6, 2)
+        lines += [
+            line for name, value in r["inputs"].items() for line in terminal.wrap(f"in  {name}: {value}", width, 6, 2)
+        ]
         for name, value in r["outputs"].items():
             published = f", published as {r['publish']}" if r["publish"] else ""
-            lines += fit.wrap(f"out {name}: {value}{published}", width, 6, 2)
+            lines += terminal.wrap(f"out {name}: {value}{published}", width, 6, 2)
         after = f", after {', '.join(r['after'])}" if r["after"] else ""
-        lines += fit.wrap(f"launch: {r['launch']}{after}", width, 6, 2)
-    fit.print_lines(out, lines)
+        lines += terminal.wrap(f"launch: {r['launch']}{after}", width, 6, 2)
+    terminal.print_lines(out, lines)
 
 
 @pipeline_app.command("list")
 def list_pipelines() -> None:
     """List the example pipelines rlsteps ships: `rlsteps pipeline run NAME` runs one from any folder."""
-    from rlsteps.cli import fit
+    from rlsteps.cli import terminal
     from rlsteps.plan import pipeline
 
     shipped = pipeline.shipped_pipelines()
-    lines = fit.heading("example pipelines", out.width)
-    lines += fit.wrap("run one: rlsteps pipeline run NAME", out.width, 4, 2)
-    lines += fit.wrap("copy one to change: rlsteps pipeline show NAME > mine.yaml", out.width, 4, 2)
+    lines = terminal.heading("example pipelines", out.width)
+    lines += terminal.wrap("run one: rlsteps pipeline run NAME", out.width, 4, 2)
+    lines += terminal.wrap("copy one to change: rlsteps pipeline show NAME > mine.yaml", out.width, 4, 2)
     for name, path in shipped.items():
         chain = " -> ".join(f"{s.name} ({s.step})" for s in pipeline.load_pipeline(path).stages)
-        lines += fit.wrap(Text.assemble((name, "bold"), f": {chain}"), out.width, 4, 0)
+        lines += terminal.wrap(Text.assemble((name, "bold"), f": {chain}"), out.width, 4, 0)
     folder = next(iter(shipped.values())).parent if shipped else "nowhere: this install ships no catalog"
-    lines += fit.wrap(f"from {folder}", out.width, 4, 0)
-    fit.print_lines(out, lines)
+    lines += terminal.wrap(f"from {folder}", out.width, 4, 0)
+    terminal.print_lines(out, lines)
 
 
 @pipeline_app.command("show")

@@ -1,4 +1,4 @@
-"""Steps, a step, dry runs and the version as lines that fit the terminal (cli.fit). Presentation only."""
+"""Steps, a step, dry runs and the version as lines that fit the terminal (cli.terminal). Presentation only."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.text import Text
 
 from rlsteps.catalog import Step
-from rlsteps.cli import fit
+from rlsteps.cli import terminal
 from rlsteps.secrets import mask_argv
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def _artifacts(specs) -> str:
 
 def version_lines(described: str, catalog: Path | None, width: int) -> list[Text]:
     where = str(catalog) if catalog else "none found"
-    return fit.wrap(described, width, 2, 0) + fit.wrap(
+    return terminal.wrap(described, width, 2, 0) + terminal.wrap(
         f"catalog (steps, manifests, profiles, pipelines): {where}", width, 2, 0
     )
 
@@ -46,10 +46,10 @@ def version_lines(described: str, catalog: Path | None, width: int) -> list[Text
 def steps_table(steps: list[Step], width: int) -> list[Text]:
     """Each step as an id (never broken) and its name, then, indented, what it takes and makes."""
     column = max((len(s.id) for s in steps), default=0) + 2
-    lines = fit.heading("rlsteps steps (? marks an input a config may leave out)", width)
+    lines = terminal.heading("rlsteps steps (? marks an input a config may leave out)", width)
     for s in steps:
-        lines += fit.wrap(Text.assemble((s.id, "bold cyan"), " " * (column - len(s.id)), s.name), width, column, 0)
-        lines += fit.wrap(Text(f"{_artifacts(s.consumes)} -> {_artifacts(s.produces)}", style="dim"), width, 4)
+        lines += terminal.wrap(Text.assemble((s.id, "bold cyan"), " " * (column - len(s.id)), s.name), width, column, 0)
+        lines += terminal.wrap(Text(f"{_artifacts(s.consumes)} -> {_artifacts(s.produces)}", style="dim"), width, 4)
     return lines
 
 
@@ -65,21 +65,21 @@ def _requirement(spec) -> str:
 def _artifact_lines(step: Step, width: int) -> list[Text]:
     lines: list[Text] = []
     for direction, specs in (("consumes", step.consumes), ("produces", step.produces)):
-        lines += fit.heading(direction, width)
+        lines += terminal.heading(direction, width)
         for s in specs:
             kind = f"{s.type} (or as {s.type_key} says)" if s.type_key else s.type
             needed = f"  {_requirement(s)}" if direction == "consumes" else ""
             name = Text.assemble((s.name, "bold cyan"), f"  {kind}  at {s.key}", (needed, "yellow"))
-            lines += fit.wrap(name, width, 6, 2)
-            lines += fit.wrap(s.description, width, 4)
+            lines += terminal.wrap(name, width, 6, 2)
+            lines += terminal.wrap(s.description, width, 4)
     return lines
 
 
 def step_panel(step: Step, width: int) -> list[Text]:
     """A step's manifest as lines: its id and name, what it is, its artifacts, parameters, strategies, errors."""
-    lines = fit.wrap(Text.assemble((step.id, "bold cyan"), " · ", step.name), width)
-    lines += fit.wrap(step.description, width, 2)
-    lines += fit.key_values(
+    lines = terminal.wrap(Text.assemble((step.id, "bold cyan"), " · ", step.name), width)
+    lines += terminal.wrap(step.description, width, 2)
+    lines += terminal.key_values(
         [
             ("algorithm", step.algorithm),
             ("configs", ", ".join(step.configs)),
@@ -92,19 +92,19 @@ def step_panel(step: Step, width: int) -> list[Text]:
     )
     lines += _artifact_lines(step, width)
     if step.parameters:
-        lines += fit.heading("parameters (override with key=value)", width)
+        lines += terminal.heading("parameters (override with key=value)", width)
         for p in step.parameters:
-            lines += fit.wrap(Text.assemble((p.name, "bold cyan"), f" = {p.default!r}"), width, 6, 2)
-            lines += fit.wrap(p.description, width, 4)
+            lines += terminal.wrap(Text.assemble((p.name, "bold cyan"), f" = {p.default!r}"), width, 6, 2)
+            lines += terminal.wrap(p.description, width, 4)
     if step.strategies:
-        lines += fit.heading("strategies", width)
+        lines += terminal.heading("strategies", width)
         for s in step.strategies:
-            lines += fit.wrap(Text.assemble(("when ", "bold"), s["when"]), width, 7, 2)
-            lines += fit.wrap(Text.assemble(("then ", "bold"), s["then"]), width, 7, 2)
+            lines += terminal.wrap(Text.assemble(("when ", "bold"), s["when"]), width, 7, 2)
+            lines += terminal.wrap(Text.assemble(("then ", "bold"), s["then"]), width, 7, 2)
     if step.errors:
-        lines += fit.heading("errors and recovery", width)
+        lines += terminal.heading("errors and recovery", width)
         for e in step.errors:
-            lines += fit.wrap(Text.assemble((e["name"], "bold red"), ": ", e["recovery"]), width, 4, 2)
+            lines += terminal.wrap(Text.assemble((e["name"], "bold red"), ": ", e["recovery"]), width, 4, 2)
     return lines
 
 
@@ -113,8 +113,8 @@ def dry_run(compiled: Compiled, width: int) -> list[Text]:
 
     job, plan = compiled.job, compiled.plan
     where = f"profile {job.profile_name} ({job.profile_source})" if job.profile_name else "this machine"
-    lines = fit.heading("dry run: nothing was written, started or sent", width)
-    lines += fit.key_values(
+    lines = terminal.heading("dry run: nothing was written, started or sent", width)
+    lines += terminal.key_values(
         [
             ("step", f"{job.step_id} (algorithm {job.algorithm})"),
             ("config", f"{job.config_name} ({job.config_source})"),
@@ -128,38 +128,38 @@ def dry_run(compiled: Compiled, width: int) -> list[Text]:
         2,
     )
     if job.notes:
-        lines += fit.heading("notes", width)
+        lines += terminal.heading("notes", width)
         for note in job.notes:
-            lines += fit.wrap(f"- {note}", width, 4, 2)
+            lines += terminal.wrap(f"- {note}", width, 4, 2)
     if compiled.needs:
-        lines += fit.heading(Text.assemble(("the run will need", "yellow"), " (required, not given yet)"), width)
+        lines += terminal.heading(Text.assemble(("the run will need", "yellow"), " (required, not given yet)"), width)
         for need in compiled.needs:
-            lines += fit.wrap(need, width, 4, 2)
-    lines += fit.heading("input artifacts (name, key, type, status; below, the reference)", width)
+            lines += terminal.wrap(need, width, 4, 2)
+    lines += terminal.heading("input artifacts (name, key, type, status; below, the reference)", width)
     for item in compiled.inputs:
         word, style = STATUS_WORDS[item.status]
-        lines += fit.wrap(
+        lines += terminal.wrap(
             Text.assemble((item.name, "bold cyan"), f"  {item.key}  {item.required_type}  ", (word, style)),
             width,
             4,
             2,
         )
         if item.ref:
-            lines += fit.wrap(item.ref, width, 4)
-    lines += fit.heading("command", width)
+            lines += terminal.wrap(item.ref, width, 4)
+    lines += terminal.heading("command", width)
     command = mask_argv(plan.command)
-    lines += fit.shell_lines([SCRIPT_WORD if SCRIPT_MARK in word else word for word in command], width, 2)
+    lines += terminal.shell_lines([SCRIPT_WORD if SCRIPT_MARK in word else word for word in command], width, 2)
     if any(SCRIPT_MARK in word for word in command):
-        lines += fit.wrap(f"({SCRIPT_WORD} is the script printed at the end, verbatim)", width, 4, 2)
+        lines += terminal.wrap(f"({SCRIPT_WORD} is the script printed at the end, verbatim)", width, 4, 2)
     if plan.env:
-        lines += fit.heading("environment", width)
+        lines += terminal.heading("environment", width)
         for key, value in plan.env.items():
-            lines += fit.wrap(f"{key}={value}", width, 4, 2)
+            lines += terminal.wrap(f"{key}={value}", width, 4, 2)
     if job.profile_name:
-        lines += fit.heading("profile", width)
-        lines += fit.yaml_lines(OmegaConf.to_yaml(OmegaConf.create(job.public_launcher_settings())), width, 2)
-    lines += fit.heading("merged config", width)
-    lines += fit.yaml_lines(OmegaConf.to_yaml(OmegaConf.create(job.public_config())), width, 2)
+        lines += terminal.heading("profile", width)
+        lines += terminal.yaml_lines(OmegaConf.to_yaml(OmegaConf.create(job.public_launcher_settings())), width, 2)
+    lines += terminal.heading("merged config", width)
+    lines += terminal.yaml_lines(OmegaConf.to_yaml(OmegaConf.create(job.public_config())), width, 2)
     return lines
 
 
@@ -200,9 +200,9 @@ def comparison(rows: list[tuple[str, str, str, str]], a: str, b: str, width: int
     else:
         lines = []
         for name, first, second, delta in rows:
-            lines += fit.wrap(Text(name, style="bold"), width, 4, 0)
-            lines += fit.key_values([("A", first), ("B", second), ("B - A", delta)], width, 4)
-    return lines + fit.wrap(f"A: {a}", width, 3, 0) + fit.wrap(f"B: {b}", width, 3, 0)
+            lines += terminal.wrap(Text(name, style="bold"), width, 4, 0)
+            lines += terminal.key_values([("A", first), ("B", second), ("B - A", delta)], width, 4)
+    return lines + terminal.wrap(f"A: {a}", width, 3, 0) + terminal.wrap(f"B: {b}", width, 3, 0)
 
 
 def _aligned(cells: tuple[str, ...], columns: list[int], style: str = "") -> Text:
@@ -217,6 +217,6 @@ def sayer(console: Console):
 
     def say(line: str) -> None:
         text = Text.assemble(("rlsteps", "bold"), " ", line)
-        fit.print_lines(console, fit.wrap(text, console.width, 8, 0) if console.is_terminal else [text])
+        terminal.print_lines(console, terminal.wrap(text, console.width, 8, 0) if console.is_terminal else [text])
 
     return say

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rlsteps.contract.detect import detect, exists
+from rlsteps.contract.detectors import detect, exists
 from rlsteps.contract.input_problem import InputProblem
 from rlsteps.contract.weight_files import weight_damage
 

@@ -36,9 +36,9 @@ from rlsteps.engine.megatron.format import save_megatron_checkpoint
 from rlsteps.tiny import preferences
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.evaluate import evaluate_world
+from rlsteps.tiny.hyperparameters import BUILD_THREADS, POLICY_SIZE, PROMPTS, REWARD_BACKBONE_SIZE, RM, SFT
 from rlsteps.tiny.layout import TINY_WORLD_VERSION, TinyWorld, load_tiny_world, tiny_world_dir, tiny_world_paths
 from rlsteps.tiny.models import build_random_causal_lm, reward_model_from_policy
-from rlsteps.tiny.recipe import BUILD_THREADS, POLICY_SIZE, PROMPTS, REWARD_BACKBONE_SIZE, RM, SFT
 from rlsteps.tiny.tokenizer import save_tokenizer, train_tokenizer
 from rlsteps.tiny.training import Log, train_reward_model, train_sft
 

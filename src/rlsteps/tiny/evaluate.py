@@ -9,8 +9,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from rlsteps.tiny import preferences
 from rlsteps.tiny import task as tiny_task
+from rlsteps.tiny.hyperparameters import EVAL, RM
 from rlsteps.tiny.preferences import Pair
-from rlsteps.tiny.recipe import EVAL, RM
 from rlsteps.tiny.tokenizer import chat_prompt
 from rlsteps.tiny.training import reward_scores
 

@@ -15,7 +15,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from rlsteps.tiny.recipe import INIT_STD
+from rlsteps.tiny.hyperparameters import INIT_STD
 
 
 def build_random_causal_lm(

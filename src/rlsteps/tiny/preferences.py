@@ -276,7 +276,7 @@ PAIR_KINDS = {
     "padded": PairKind(padded_negative, 2, degenerate_second=True),
     "repeated": PairKind(repeated_negative, 4, degenerate_second=True),
 }
-# What the reward model learns first (rlsteps.tiny.recipe.RM["noun_first_steps"]): the check of the answer's noun
+# What the reward model learns first (hyperparameters.RM["noun_first_steps"]): the check of the answer's noun
 # against the prompt's, while nothing else has shaped its features. Learnt beside everything else from the start, it
 # was learnt within 600 steps from some seeds and not from others.
 NOUN_FIRST = {"wrong noun": PAIR_KINDS["wrong noun"]}

@@ -8,7 +8,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rlsteps.tiny.recipe import TOKENIZER_VOCAB
+from rlsteps.tiny.hyperparameters import TOKENIZER_VOCAB
 
 PAD, EOS = "<|pad|>", "<|end|>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}

@@ -13,8 +13,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from rlsteps.engine.rewards.text import reward_input_text
 from rlsteps.tiny import task as tiny_task
+from rlsteps.tiny.hyperparameters import RM, SFT
 from rlsteps.tiny.preferences import NOUN_FIRST, preference_pairs, tie_pairs
-from rlsteps.tiny.recipe import RM, SFT
 from rlsteps.tiny.tokenizer import chat_prompt
 
 Log = Callable[[str], None]

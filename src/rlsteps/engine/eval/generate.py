@@ -22,7 +22,7 @@ from rlsteps.contract.prompts import Prompt
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.device import resolve_device
 from rlsteps.engine.distributed import World
-from rlsteps.engine.generation.choice import backend_name, build_backend, engine_checkpoint
+from rlsteps.engine.generation.backend_choice import backend_name, build_backend, engine_checkpoint
 from rlsteps.engine.generation.rollouts import Sampler
 from rlsteps.engine.generation.sizing import check_rollout_fits, rollout_shape
 from rlsteps.engine.policy.model import load_policy

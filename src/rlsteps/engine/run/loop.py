@@ -33,7 +33,12 @@ from rlsteps.engine.distributed import (
     join,
     reduce_max,
 )
-from rlsteps.engine.generation.choice import backend_name, build_backend, engine_checkpoint, processes_on_this_node
+from rlsteps.engine.generation.backend_choice import (
+    backend_name,
+    build_backend,
+    engine_checkpoint,
+    processes_on_this_node,
+)
 from rlsteps.engine.generation.rollouts import Sampler
 from rlsteps.engine.generation.sizing import check_rollout_fits, rollout_shape
 from rlsteps.engine.inputs.data import RunPrompts, load_run_prompts, steps_per_epoch
