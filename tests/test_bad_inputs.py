@@ -412,11 +412,12 @@ def test_an_unreachable_reward_server_stops_the_run_with_exit_1_naming_the_url(b
     assert "Traceback" not in shown, shown
     [cause, error] = [line for line in shown.splitlines() if "rewards unavailable" in line]  # the log, the error
     assert f"reward server at {url} unavailable after 2 attempts" in cause and "Connection refused" in cause, cause
-    assert cause.endswith("; check the reward server at rm.url: is it up, and reachable from here?"), cause
+    assert "; check the reward server at rm.url: is it up, and reachable from here? (fix: " in cause, cause
     [job] = (work / ".rlsteps" / "jobs").iterdir()  # every real run writes its job directory
     *_, last_error, fix = result.stderr.rstrip("\n").splitlines()
     assert last_error == error and error.startswith("error: rl/rs failed with exit code 1: rewards unavailable"), shown
-    assert fix == f"fix: see the log above and {job}", shown
+    start = f"fix: start the reward server at {url} (or set rm.url to one that answers), then rerun `rlsteps run "
+    assert fix.startswith(start) and fix.endswith("`: no checkpoint yet: a rerun starts from step 0"), shown
     assert [line for line in shown.splitlines() if line.startswith("error:")] == [error]
     assert (job / "job.yaml").is_file() and (job / "exit_code").read_text().strip() == "1"
 

@@ -141,6 +141,7 @@ def test_reward_model_required_unless_a_url_is_given(tmp_path):
     policy.mkdir()
     (policy / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     (policy / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")  # whole, and no tensor
+    (policy / "tokenizer.json").write_text("{}")  # a policy without one is refused first
     result = run_cli("run", "rs", "-c", "default", f"inputs.prompts={prompts}", f"inputs.policy={policy}", cwd=tmp_path)
     assert result.exit_code == 3 and "input 'reward_model' (reward_model_hf) is required" in result.stderr
 

@@ -75,9 +75,9 @@ def test_a_disk_without_room_for_a_checkpoint_stops_the_run_before_it_starts(tin
     done = rlsteps("run", "rs", "-c", "tiny", *STOPPABLE, f"output.dir={run}", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and done.stdout == ""
-    [line] = done.stderr.splitlines()
+    [line, fix] = done.stderr.splitlines()
     assert line.startswith(f"error: no space left on {run}/checkpoints (") and "a checkpoint needs 5.0 MB" in line
-    assert line.endswith(": free 4 MB or move output.dir to a disk with room")
+    assert fix == "fix: free 4 MB or move output.dir to a disk with room"
     assert not run.exists() and not (tmp_path / ".rlsteps" / "jobs").exists()
     assert time.monotonic() - started < 60
 
@@ -138,7 +138,7 @@ def test_a_disk_that_fills_during_a_run_stops_it_in_one_line_and_the_rerun_resum
     assert "Traceback" not in output and "Logging error" not in output, output[-3000:]
     [line] = error_lines(output)
     assert line.startswith(f"ERROR no space left on {run} (") and "the next checkpoint needs 4." in line, line
-    assert line.endswith(" MB or move output.dir to a disk with room"), line
+    assert line.endswith(" MB or move output.dir to a disk with room)"), line
     assert_nothing_half_written(run)
     assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [0, 1]
 
@@ -184,7 +184,7 @@ def test_a_checkpoint_write_that_meets_a_full_disk_leaves_no_partial_checkpoint(
 
     # no room for another like step_1
     monkeypatch.setattr("rlsteps.contract.disk.free_bytes", lambda directory: 10)
-    with pytest.raises(DiskFull, match=r"checkpoint needs .* MB\): free 1 MB or move output.dir"):
+    with pytest.raises(DiskFull, match=r"checkpoint needs .* MB\) \(fix: free 1 MB or move output.dir"):
         manager.save(2, None, None, {}, {**info, "optimizer_steps": 2}, write_policy=write_policy)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]
     assert free_bytes(tmp_path / "not" / "made") > 0  # the disk of the nearest folder that exists

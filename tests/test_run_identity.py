@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rlsteps.engine.run.run_identity import RUN_FILE, RunDirectoryInUse, changed_keys, claim_run_directory
+from rlsteps.contract.run_identity import RUN_FILE, RunDirectoryInUse, changed_keys, claim_run_directory
 
 CONFIG = {
     "algorithm": "grpo",

@@ -30,7 +30,11 @@ def test_the_cause_the_worker_left_is_the_line_and_its_fix_the_fix_line(tmp_path
 def test_the_exit_code_keeps_its_meaning(tmp_path, code, kind):
     (tmp_path / FAILURE_FILE).write_text("what went wrong\n")
     error = worker_failure("rl/rs", code, tmp_path, None)
-    assert type(error) is kind and error.exit_code == code and error.fix == f"see the log above and {tmp_path}"
+    assert type(error) is kind and error.exit_code == code
+    assert error.fix == (
+        f"read the worker's output in {tmp_path} and correct what it names, then rerun the same command: no "
+        "checkpoint yet: a rerun starts from step 0"
+    )
 
 
 def test_sigkill_is_named_as_likely_out_of_memory_with_the_highest_peak_logged(tmp_path):

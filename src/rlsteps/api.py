@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlsteps.contract.run_files import METRICS_FILE, read_metrics, run_directory
+from rlsteps.contract.run_files import METRICS_FILE, TRAIN_LOG, correct_it, read_metrics, run_directory, then_rerun
 from rlsteps.errors import RunFailed, UsageError
 
 REWARDS_MODULE = "rlsteps.api_rewards"  # where the callables given to run() are found by the worker's loader
@@ -90,11 +90,13 @@ def run(
     from rlsteps.engine.run.worker import run_here  # torch and the engine: only now
     from rlsteps.engine.run.worker_log import last_error
 
-    last_error.message = None
+    last_error.clear()
     code = run_here(job_dir / "config.yaml")
     run_dir = Path(run_directory(compiled.job.config, Path.cwd()))
     if code:
-        raise RunFailed(f"{step} failed with exit code {code}: {last_error.message or 'see the log above'}")
+        cause = last_error.message or f"the run ended without an error line (its log: {run_dir / TRAIN_LOG})"
+        fix = last_error.fix or then_rerun(correct_it(run_dir), run_dir, request.argv)
+        raise RunFailed(f"{step} failed with exit code {code}: {cause}", fix=fix)
     return Run(step=catalog.find(step).id, run_dir=run_dir, job_dir=job_dir)
 
 

@@ -17,6 +17,9 @@ class RlstepsError(Exception):
     def __str__(self) -> str:
         return f"{self.message} (fix: {self.fix})" if self.fix else self.message
 
+    def __reduce__(self):  # sent to another process (the main one's error to every process), the fix goes with it
+        return type(self), (self.message, self.fix)
+
 
 class UsageError(RlstepsError):
     """Bad command line, unknown step, unknown override key, invalid config: exit 2."""

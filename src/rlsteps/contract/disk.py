@@ -72,7 +72,7 @@ def disk_full(directory: Path, need: int | None = None, free: int | None = None,
         fix = f"free {short} MB or move output.dir to a disk with room"
     else:
         needed, fix = f", writing {what}" if what else "", "free space there or move output.dir to a disk with room"
-    return DiskFull(f"no space left on {directory} ({_mb(free)} MB free{needed}): {fix}")
+    return DiskFull(f"no space left on {directory} ({_mb(free)} MB free{needed})", fix=fix)
 
 
 def is_disk_full(error: BaseException | None) -> bool:

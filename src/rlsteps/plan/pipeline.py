@@ -336,10 +336,8 @@ def run_pipeline(catalog: Catalog, request: PipelineRequest, say: Callable[[str]
             promised = plan.request.promised if batch else ()
             submission = execute(catalog, plan.compiled.after(after, promised), say=say)
         except RunFailed as failed:
-            fix = (
-                "fix the cause and rerun the same command: finished stages are skipped and this one "
-                "resumes from its last checkpoint"
-            )
+            resume = "rerun the same command: finished stages are skipped and this one resumes from its last checkpoint"
+            fix = f"{failed.fix}; {resume}" if failed.fix else f"fix the cause and {resume}"  # the stage's next action
             if submitted:  # the earlier stages' jobs go on, and a rerun is refused until they end
                 fix = (
                     f"the jobs submitted for the earlier stages ({', '.join(submitted.values())}) go on: cancel them "

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rlsteps.artifacts.inputs import ResolvedInput, lookup
 from rlsteps.errors import ArtifactError
 
 PROMPT_KINDS = frozenset({"prompt_jsonl", "prompt_dataset"})
+# the files a Hugging Face tokenizer is read from: a policy folder with none of them has no tokenizer to load
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+    "sentencepiece.bpe.model",
+)  # fmt: skip
 NEMO_RL_DATASET_FIX = (
     "write the prompts as JSONL (Dataset.to_json(PATH, lines=True)) and pass that file, or run on the embedded engine"
 )
@@ -104,3 +110,26 @@ def _checked(item: ResolvedInput, measure: Measure | None, say: Callable[[str], 
     else:
         problem = prompt_file_problem(item.name, item.location, options=options)
     return item if problem is None else item.malformed(problem)
+
+
+def with_policy_tokenizer(inputs: list[ResolvedInput]) -> list[ResolvedInput]:
+    """The inputs, a Hugging Face policy folder that holds no tokenizer file marked malformed: the run renders and
+    measures its prompts with the policy's tokenizer before anything else, and would stop there (exit 3)."""
+    return [_tokenizer_checked(item) for item in inputs]
+
+
+def _tokenizer_checked(item: ResolvedInput) -> ResolvedInput:
+    from rlsteps.contract.input_check import InputProblem  # torch-free
+
+    if item.name != "policy" or item.status != "ok" or "checkpoint_hf" not in item.detected:
+        return item
+    folder = Path(item.location)
+    if not folder.is_dir() or any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return item
+    problem = InputProblem(
+        f"input 'policy': {item.ref} holds no tokenizer (none of {', '.join(TOKENIZER_FILES[:3])}, ...): the run "
+        "renders and measures its prompts with it",
+        fix=f"save the policy's tokenizer into it (tokenizer.save_pretrained), or point {item.key} at a checkpoint "
+        "that has one",
+    )
+    return item.malformed(problem)

@@ -30,8 +30,15 @@ from rlsteps.plan.compile import compile_job
 from rlsteps.plan.job_dir import create_job_dir, planned_job_dir, write_job_files
 from rlsteps.plan.output_form import output_form_problem
 from rlsteps.plan.profiles import resolve_profile
-from rlsteps.plan.prompt_check import checked_prompt_files, measure_of, refuse_bad_prompt_files
+from rlsteps.plan.prompt_check import (
+    checked_prompt_files,
+    measure_of,
+    refuse_bad_prompt_files,
+    with_policy_tokenizer,
+)
+from rlsteps.plan.reward_functions import reward_function_problem
 from rlsteps.plan.worker_exit import worker_failure
+from rlsteps.plan.worker_extras import missing_extra_problem
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,10 @@ def compile_request(catalog: Catalog, request: RunRequest, say: Callable[[str], 
     job = _with_store_references(step, job)
     launcher = get_launcher(job.executor)
     check_processes(launcher, job)
+    if _runs_here(launcher):  # its worker imports them here, with this Python and its path
+        cannot_load = reward_function_problem(job.config) or missing_extra_problem(job.config)
+        if cannot_load is not None:
+            raise cannot_load
     config = job.config
     for key in job.unset_keys:  # an unset input is "not set" in the dry run's table, not a path named ???
         config = with_value(config, key, None)
@@ -106,6 +117,8 @@ def compile_request(catalog: Catalog, request: RunRequest, say: Callable[[str], 
     reach = reach_of(launcher, job)
     step = input_step(catalog, step, job)
     inputs = check_inputs(catalog, step, config, dict(request.promised), built_before_run, reach)
+    if launcher.sees_local_files:  # a policy without a tokenizer: the run and its dry run alike
+        inputs = with_policy_tokenizer(inputs)
     if request.dry_run and launcher.sees_local_files:  # as execute, and measured as the run will measure them
         inputs = checked_prompt_files(inputs, measure_of(job.config, say), say)
     job = job.model_copy(update={"inputs_in_job": [i.as_dict() for i in inputs_in_job(catalog, inputs)]})
@@ -125,7 +138,8 @@ def compile_request(catalog: Catalog, request: RunRequest, say: Callable[[str], 
         inputs=inputs,
         needs=needs,
         refused=refused,
-        output_problem=output_form_problem(catalog, step, config, inputs, _runs_here(launcher))
+        output_problem=(run_directory_in_use(job) if launcher.sees_local_files else None)
+        or output_form_problem(catalog, step, config, inputs, _runs_here(launcher))
         or output_dir_problem(job, reach),
         promised=request.promised,
     )
@@ -211,8 +225,9 @@ def prepare(catalog: Catalog, compiled: Compiled, say: Callable[[str], None] = p
     world, an example model), the inputs confirmed, and the job directory written. (job directory, launch plan)."""
     job, launcher = compiled.job, compiled.launcher
     launcher.check(job)  # a refusal writes nothing
-    if launcher.sees_local_files:
-        _refuse_run_directory_in_use(job)  # before anything starts: one run per output.dir
+    in_use = run_directory_in_use(job) if launcher.sees_local_files else None
+    if in_use is not None:  # before anything starts: one run per output.dir
+        raise in_use
     reach = reach_of(launcher, job)
     output_problem = output_dir_problem(job, reach)
     if output_problem is not None:
@@ -252,7 +267,8 @@ def execute(catalog: Catalog, compiled: Compiled, say: Callable[[str], None] = p
         how = "interrupted" if stopped is Interrupted else "terminated"
         raise stopped(f"{job.step_id} was {how}", fix=f"rerun the same command: {rerun_starts(_local_run_dir(job))}")
     if submission.exit_code not in (None, 0):
-        raise worker_failure(job.step_id, submission.exit_code, submission.job_dir or job_dir, _local_run_dir(job))
+        where = submission.job_dir or job_dir
+        raise worker_failure(job.step_id, submission.exit_code, where, _local_run_dir(job), job.public_argv())
     return submission
 
 
@@ -268,7 +284,11 @@ def output_dir_problem(job: Job, reach: Reach) -> RlstepsError | None:
         return None
     policy = lookup(job.config, "inputs.policy")
     hint = first_checkpoint_bytes(Path(str(policy))) if policy else None
-    return problem_of(run_dir, next_checkpoint_bytes(run_dir / CHECKPOINTS_DIR, hint)) or _damaged_run(job, run_dir)
+    return (
+        problem_of(run_dir, next_checkpoint_bytes(run_dir / CHECKPOINTS_DIR, hint))
+        or _damaged_run(job, run_dir)
+        or _another_run(job, run_dir)
+    )
 
 
 def _damaged_run(job: Job, run_dir: Path) -> RlstepsError | None:
@@ -285,6 +305,30 @@ def _damaged_run(job: Job, run_dir: Path) -> RlstepsError | None:
     return RunFailed(problem, fix=fix)
 
 
+def _another_run(job: Job, run_dir: Path) -> RlstepsError | None:
+    """A run directory holding checkpoints of a run with another config: the worker would refuse to resume it (exit
+    2). The inputs the job resolves itself (a Hub id, a path not here) are left to the worker to compare."""
+    from rlsteps.contract.config import STEP_SCHEMAS  # torch-free
+    from rlsteps.contract.run_files import CHECKPOINTS_DIR, complete_checkpoints
+    from rlsteps.contract.run_identity import another_run_problem
+
+    schema = STEP_SCHEMAS.get(job.algorithm)
+    if schema is None or job.unset_keys or not complete_checkpoints(run_dir / CHECKPOINTS_DIR):
+        return None
+    try:
+        config = schema.model_validate(job.config).model_dump(mode="json")  # as the worker reads its config.yaml
+    except ValueError:  # a config only its worker reads whole: the worker's own claim decides
+        return None
+    return another_run_problem(run_dir, config, has_checkpoints=True, ignored=lambda key: _resolved_in_job(job, key))
+
+
+def _resolved_in_job(job: Job, key: str) -> bool:
+    """Whether the worker's value of a config key may differ from the compiled one: an input that is not a path
+    here (the worker puts a Hub id's snapshot in its place)."""
+    value = lookup(job.config, key) if key.startswith("inputs.") else None
+    return value is not None and not Path(str(value)).exists()
+
+
 def _local_run_dir(job: Job) -> Path | None:
     """output.dir on this machine (a relative one under the directory rlsteps runs in); None while unset."""
     run_dir = run_directory(job.config, Path.cwd())
@@ -295,14 +339,15 @@ def _under(path: Path, folder: str) -> bool:
     return path == Path(folder) or Path(folder) in path.parents
 
 
-def _refuse_run_directory_in_use(job: Job) -> None:
-    """A run directory whose lock a live run holds is refused now, in seconds, naming that run and how to stop it
-    (the worker's own claim of the lock is what counts; this is the early answer)."""
+def run_directory_in_use(job: Job) -> UsageError | None:
+    """A run directory whose lock a live run holds, refused in seconds, naming that run and how to stop it (the
+    worker's own claim of the lock is what counts; this is the early answer, the dry run's too)."""
     run_dir = _local_run_dir(job)
     found = holder(run_dir) if run_dir is not None else None
-    if found is not None:
-        problem = f"output.dir {job.config['output']['dir']} is in use by {found.describe()}: one run per output.dir"
-        raise UsageError(problem, fix=found.fix())
+    if found is None:
+        return None
+    problem = f"output.dir {job.config['output']['dir']} is in use by {found.describe()}: one run per output.dir"
+    return UsageError(problem, fix=found.fix())
 
 
 def _ensure_tiny_world(seed: int, say: Callable[[str], None]) -> None:

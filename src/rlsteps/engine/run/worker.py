@@ -93,9 +93,9 @@ def run_here(config_path: Path, log_level: str = "info") -> int:
 def _run_to_output(cfg: StepConfig, run_dir: Path, world: Any, job: dict, versions: dict, plot: Any) -> int:
     """Serve the rewards and train (or read the checkpoint to convert), then write the output and draw the plot."""
     from rlsteps.contract.config import ConvertConfig
+    from rlsteps.contract.run_identity import RunDirectoryInUse
     from rlsteps.engine.records.output import write_policy_output
     from rlsteps.engine.run import signals
-    from rlsteps.engine.run.run_identity import RunDirectoryInUse
 
     converting = isinstance(cfg, ConvertConfig)
     with contextlib.ExitStack() as servers:  # stopped before the output is written
@@ -114,7 +114,14 @@ def _run_to_output(cfg: StepConfig, run_dir: Path, world: Any, job: dict, versio
                 _convert(cfg) if converting else _train(cfg, run_dir, rewards, world, plot.cue if plot else None)
             )
         except RunStopped as stopped:
-            (log.error if world.is_main else log.debug)("%s", stopped)
+            if world.is_main:
+                from rlsteps.engine.run.failure_fix import failure_of
+                from rlsteps.engine.run.worker_log import log_failure
+
+                failure = failure_of(stopped, run_dir, job.get("argv"))
+                log_failure(log, failure.said, failure.fix)
+            else:
+                log.debug("%s", stopped)
             return 1
         except signals.CheckpointRequested as paused:
             (log.warning if world.is_main else log.debug)("%s", paused)
@@ -157,10 +164,14 @@ def _claim(run_dir: Path, config_path: Path) -> bool:
 def _refuse_world_size(cfg: StepConfig, world_size: int) -> None:
     """A world the step cannot be split over (the launchers refuse it before submitting; torchrun by hand may not)."""
     from rlsteps.contract.world_check import world_size_problems
+    from rlsteps.errors import RunFailed
 
     problems = world_size_problems(cfg.model_dump(mode="json"), world_size)
     if problems:
-        raise ValueError(f"this step cannot run on {world_size} processes: " + "; ".join(problems))
+        raise RunFailed(
+            f"this step cannot run on {world_size} processes: " + "; ".join(problems),
+            fix="change the config as each problem says, or start it on a number of processes that fits it",
+        )
 
 
 def _finished_output(cfg: StepConfig, run_dir: Path, versions: dict[str, str]) -> str | None:
@@ -202,9 +213,9 @@ def _check_megatron_output(cfg: StepConfig) -> None:
 def _start_rewards(cfg: RecipeConfig, run_dir: Path, servers: contextlib.ExitStack) -> Any:
     """Claim the run directory, then start the reward source (a local server loads while the worker goes on)."""
     from rlsteps.contract.run_files import CHECKPOINTS_DIR
+    from rlsteps.contract.run_identity import claim_run_directory
     from rlsteps.engine.checkpoints.resume import CheckpointManager
     from rlsteps.engine.rewards.combined import open_reward_source
-    from rlsteps.engine.run.run_identity import claim_run_directory
 
     has_checkpoints = CheckpointManager(run_dir / CHECKPOINTS_DIR).latest() is not None
     claim_run_directory(run_dir, cfg.model_dump(mode="json"), has_checkpoints)
@@ -251,7 +262,7 @@ def _measured_prompts(cfg: RecipeConfig) -> Any:
     """Every prompt the run reads, rendered with the policy's tokenizer and measured against max_prompt_tokens,
     before the policy loads (while its reward server starts): a bad line is exit 3 with its file:line in seconds.
     The prompts go on to the loop, which then does not read them again."""
-    from rlsteps.contract.input_check import InputProblem
+    from rlsteps.contract.input_check import PROMPT_FILE_FIX, InputProblem
     from rlsteps.contract.prompts import PromptFileError
     from rlsteps.engine.inputs.data import load_run_prompts
     from rlsteps.engine.policy.model import load_policy_tokenizer
@@ -259,11 +270,12 @@ def _measured_prompts(cfg: RecipeConfig) -> Any:
     try:
         tokenizer = load_policy_tokenizer(cfg.inputs.policy)
     except (ValueError, OSError) as error:
-        raise InputProblem(f"input 'policy': {error}") from None
+        fix = "save the policy's tokenizer into its folder, or point inputs.policy at a checkpoint that has one"
+        raise InputProblem(f"input 'policy': {error}", fix=fix) from None
     try:
         return load_run_prompts(cfg, tokenizer, say=log.info)  # a large file tells its progress
-    except PromptFileError as error:
-        raise InputProblem(str(error)) from None
+    except PromptFileError as error:  # with the fix the dry run gives it
+        raise InputProblem(str(error), fix=error.fix or PROMPT_FILE_FIX) from None
 
 
 def _convert(cfg: ConvertConfig) -> tuple[Any, Any, dict[str, int]]:
@@ -288,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     unable = preflight.problem()
     if unable:
         print(f"ERROR {unable}", file=sys.stderr)
+        _leave_cause(unable)
         sys.exit(1)
     from rlsteps.engine.run import signals
 
@@ -302,10 +315,23 @@ def main(argv: list[str] | None = None) -> None:
     end_process(code)
 
 
+def _leave_cause(line: str) -> None:
+    """A cause said before the logs are set up (this Python cannot run the engine), left for the CLI's error with
+    its fix, as record_failure leaves a logged one."""
+    from rlsteps.contract.run_files import EXIT_FILE_ENV, FAILURE_FILE, failure_text, split_fix
+
+    path = os.environ.get(EXIT_FILE_ENV)
+    if path and os.environ.get("RANK", "0") == "0":
+        with contextlib.suppress(OSError):
+            Path(path).with_name(FAILURE_FILE).write_text(failure_text(*split_fix(line)))
+
+
 def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
     from rlsteps.contract.input_check import EXIT_INPUT, InputProblem
     from rlsteps.contract.run_files import rerun_starts
     from rlsteps.engine.checkpoints.resume import CheckpointError
+    from rlsteps.engine.rewards.functions import RewardFunctionError
+    from rlsteps.engine.run.failure_fix import ExitCalled, say_failure, unforeseen
     from rlsteps.errors import RlstepsError
 
     try:
@@ -313,7 +339,7 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
         _leave_process_group()
         return code
     except InputProblem as problem:
-        log.error("%s", problem)
+        say_failure(log, problem, args.config)
         return EXIT_INPUT
     except signals.StoppedBySignal as stopped:
         log.warning("%s", stopped)
@@ -322,13 +348,13 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
         log.error("interrupted before the run could end its step: %s", rerun_starts(_run_dir_of(args.config)))
         return 130
     except SystemExit as exiting:  # code the run called (a user's module) ended it: never a success
-        log.error("%s", ended_early(exiting))
+        say_failure(log, ExitCalled(exiting), args.config)
         return 1
     except signals.Terminated:
         log.error("terminated (SIGTERM): servers stopped; %s", rerun_starts(_run_dir_of(args.config)))
         return signals.EXIT_TERMINATED
     except RlstepsError as error:  # output.dir unusable, a full disk: said with its exit code
-        log.error("%s", error)
+        say_failure(log, error, args.config)
         return error.exit_code
     except (
         ValueError,
@@ -336,12 +362,13 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
         ImportError,
         CheckpointError,
     ) as error:  # bad data, paths, a missing extra, a damaged checkpoint: say what, no traceback
-        log.error("%s", error)
-        return 1
+        say_failure(log, error, args.config)
+        return 2 if isinstance(error, RewardFunctionError) else 1  # a reward function named wrong: a config error
     except Exception as error:
         code = signals.unwinding_exit_code()
-        if code is None:
-            raise
+        if code is None:  # a failure no check foresaw: its traceback in the log, the log and the rerun on the fix line
+            say_failure(log, error, args.config, traceback=True, cause=unforeseen(error))
+            return 1
         # a signal cut a checkpoint's write or a cleanup short: what that raised is its consequence, not the cause
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         log.error(
@@ -350,16 +377,6 @@ def _run_to_an_exit_code(args: argparse.Namespace, signals: Any) -> int:
             first_line,
         )
         return code
-
-
-def ended_early(exiting: SystemExit) -> str:
-    """A SystemExit raised inside the run, in words: the call and the innermost frame it came from."""
-    from rlsteps.engine.call_site import raised_at
-
-    return (
-        f"sys.exit({exiting.code!r}) was called{raised_at(exiting)} before the run finished: the run failed, nothing "
-        "was output"
-    )
 
 
 def _run_dir_of(config_path: Path) -> Path | None:

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from rlsteps.contract.run_files import EXIT_FILE_ENV, FAILURE_FILE
+from rlsteps.contract.run_files import EXIT_FILE_ENV, FAILURE_FILE, failure_text, split_fix
 from rlsteps.engine.checkpoints.rewind import STEP_LOGGER  # the loop's one line per step: train.log only
 from rlsteps.engine.run import signals
 from rlsteps.secrets import MaskingFilter
@@ -90,28 +90,44 @@ def log_to(path: Path | None, level: str = "info", rank: int = 0) -> None:
 
 
 class LastError(logging.Handler):
-    """The last error the run logged: the cause `rlsteps run` names when the worker fails."""
+    """The last error the run logged, and its fix: the cause `rlsteps run` names when the worker fails, and the
+    next action on its fix line. The fix is the record's `fix` (log_failure gives it), else the " (fix: ...)" that
+    ends the line."""
 
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
         self.message: str | None = None
+        self.fix: str | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.message = record.getMessage().splitlines()[0] if record.getMessage() else None
+        text = record.getMessage()
+        first = text.splitlines()[0] if text else None
+        cause, fix = split_fix(first) if first else (None, None)
+        given = getattr(record, "fix", None)
+        self.message, self.fix = cause, given or fix
+
+    def clear(self) -> None:
+        self.message = self.fix = None
 
 
 last_error = LastError()
 
 
+def log_failure(logger: logging.Logger, cause: str, fix: str, traceback: bool = False) -> None:
+    """The error that ends the run, with its fix, on one line of the log (the traceback below it, when asked: in
+    train.log, where the fix line sends the user)."""
+    logger.error("%s (fix: %s)", cause, fix, extra={"fix": fix}, exc_info=traceback)
+
+
 def record_failure(code: int) -> None:
-    """A failed run's cause (its last error line) beside its exit-code file, for the CLI's one-line error."""
+    """A failed run's cause (its last error line) and its fix beside its exit-code file, for the CLI's error."""
     path = os.environ.get(EXIT_FILE_ENV)
     if code in (0, signals.EXIT_CHECKPOINTED) or not path or not last_error.message:
         return
     if os.environ.get("RANK", "0") != "0":
         return
     with contextlib.suppress(OSError):  # the job directory is gone: nobody is left to read it
-        Path(path).with_name(FAILURE_FILE).write_text(last_error.message + "\n")
+        Path(path).with_name(FAILURE_FILE).write_text(failure_text(last_error.message, last_error.fix))
 
 
 def record_exit_code(code: int) -> None:

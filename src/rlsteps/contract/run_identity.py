@@ -4,13 +4,15 @@ The first start of a run writes <run>/run.json with the run's identity: its conf
 between a run and its continuation (more steps, other logging and checkpoint settings, a moved server and its
 token, other threads). A later start into the same directory resumes only with the same identity; any other
 difference (a learning rate, a prompt file, an algorithm setting) would continue one run under another's name,
-so it is refused with the keys that differ and the fix.
+so it is refused with the keys that differ and the fix. `rlsteps run` and its dry run ask before the job starts; the
+worker's own claim is the one that counts. Standard library only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,28 +60,44 @@ def changed_keys(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 def claim_run_directory(run_dir: Path, config: dict[str, Any], has_checkpoints: bool) -> None:
     """Record the identity of a new run, or check that a run with checkpoints here is the one being continued."""
     path = run_dir / RUN_FILE
-    recorded = json.loads(path.read_text())["identity"] if path.is_file() else None
-    current = identity(config)
-    if recorded is not None and has_checkpoints:
-        changed = _differences(recorded, current)
-        if changed:
-            shown = ", ".join(f"{k} ({_value(recorded, k)} -> {_value(current, k)})" for k in changed[:6])
-            more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
-            raise RunDirectoryInUse(
-                f"{run_dir} holds checkpoints of a run with another config: {shown}{more}; resuming it would "
-                f"continue that run under this config. Pass output.dir=NEW_DIR for a new run, or move {run_dir} "
-                "away; rerun with the recorded config to resume it"
-            )
+    refused = another_run_problem(run_dir, config, has_checkpoints)
+    if refused is not None:
+        raise refused
+    if path.is_file() and has_checkpoints:
         return
     staging = path.with_name(f".{RUN_FILE}.{os.getpid()}")
     try:
-        staging.write_text(json.dumps({"identity": current}, indent=2, sort_keys=True, default=str) + "\n")
+        staging.write_text(json.dumps({"identity": identity(config)}, indent=2, sort_keys=True, default=str) + "\n")
         staging.replace(path)
     except OSError as error:
         staging.unlink(missing_ok=True)
         if error.errno in FULL_ERRNOS:
             raise disk_full(run_dir, what=RUN_FILE) from error
         raise
+
+
+def another_run_problem(
+    run_dir: Path, config: dict[str, Any], has_checkpoints: bool, ignored: Callable[[str], bool] = lambda key: False
+) -> RunDirectoryInUse | None:
+    """The refusal of a start whose run directory holds checkpoints of a run with another config; None when there
+    is none to resume or the recorded run is this one. ignored: keys whose difference cannot be judged here (the
+    submitting side leaves out the inputs the job resolves itself)."""
+    path = run_dir / RUN_FILE
+    recorded = json.loads(path.read_text())["identity"] if path.is_file() else None
+    if recorded is None or not has_checkpoints:
+        return None
+    current = identity(config)
+    changed = [key for key in _differences(recorded, current) if not ignored(key)]
+    if not changed:
+        return None
+    shown = ", ".join(f"{k} ({_value(recorded, k)} -> {_value(current, k)})" for k in changed[:6])
+    more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
+    return RunDirectoryInUse(
+        f"{run_dir} holds checkpoints of a run with another config: {shown}{more}; resuming it would continue that "
+        "run under this config",
+        fix=f"pass output.dir=NEW_DIR for a new run, or move {run_dir} away; rerun with the recorded config to "
+        "resume it",
+    )
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
