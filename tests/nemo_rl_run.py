@@ -50,8 +50,11 @@ PRELOADED = ("nemo_rl.algorithms.grpo", "nemo_rl.environments.nemo_gym", "nemo_r
 
 
 def for_steps(config: dict, steps: int) -> dict:
-    """The config as run here: grpo.max_num_steps cut to `steps`, a checkpoint at each step."""
+    """The config as run here: grpo.max_num_steps cut to `steps`, a checkpoint at each step, and past one step a
+    validation at the last where the config validates."""
     config["grpo"]["max_num_steps"] = min(config["grpo"]["max_num_steps"], steps)
+    if steps > 1 and config["grpo"].get("val_period"):
+        config["grpo"]["val_period"] = steps  # a validation after the last step's refit
     config["checkpointing"]["enabled"] = True
     config["checkpointing"]["save_period"] = 1
     return config

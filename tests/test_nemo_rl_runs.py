@@ -92,6 +92,9 @@ CASES = {  # name: (step, config, batch profile, overrides): what users compile,
         "policy.megatron_cfg.context_parallel_size=2", "policy.dynamic_batching.enabled=true",
         "policy.sequence_packing.enabled=false")),
 }  # fmt: skip
+# past the first step, one case a driver and policy backend: a second rollout after a refit, and (where the case has
+# validation prompts) a validation at step 2
+TWO_STEPS = {"tiny on two nodes": True, "rl/rlhf, megatron": True, "rl/reinforce on one node": False}
 ORACLE_DRIVER = {"examples/nemo_gym/run_grpo_nemo_gym.py": "nemo_gym", "examples/run_grpo.py": "grpo"}
 
 
@@ -100,7 +103,7 @@ def compile_case(step: str, config: str, profile: str, overrides: tuple[str, ...
     return compile_request(load_catalog(), request)
 
 
-def runnable(compiled, tiny_world, folder: Path) -> dict:
+def runnable(compiled, tiny_world, folder: Path, steps: int = 1) -> dict:
     """The compiled job's master config, moved under `folder` with the files the job's prepare stage would write
     there (the tiny world's policy and prompts, as NeMo-RL's rows) and the reward model at the tiny world's."""
     text = compiled.plan.files[MASTER_CONFIG_FILE]
@@ -125,7 +128,7 @@ def runnable(compiled, tiny_world, folder: Path) -> dict:
         "driver": ORACLE_DRIVER[nemo_rl_form(compiled.job.algorithm).driver],
         "nodes": settings["nodes"],
         "gpus_per_node": settings["gpus_per_node"],
-        "steps": 1,
+        "steps": steps,
     }
 
 
@@ -158,7 +161,13 @@ def outcomes(project, tiny_world):
             runs.append((f"{name}, fixed", compile_case(step, config, profile, fixed)))
         else:
             runs.append((name, compiled))
-    cases = [{"name": name, **runnable(c, tiny_world, project / f"run{n}")} for n, (name, c) in enumerate(runs)]
+    cases = [
+        {
+            "name": name,
+            **runnable(c, tiny_world, project / f"run{n}", 2 if name.removesuffix(", fixed") in TWO_STEPS else 1),
+        }
+        for n, (name, c) in enumerate(runs)
+    ]
     cases.append(control(cases[0], project / "control", CONTROL, _batch_of_512))
     by_name = {case["name"]: case for case in cases}
     lora = by_name["rl/reinforce, LoRA"]
@@ -257,7 +266,9 @@ def test_nemo_rl_runs_a_step_of_what_rlsteps_compiles_or_rlsteps_refuses_it_with
     name = f"{case}, fixed" if case in refused else case
     result = results[name]
     assert result["ok"], describe(result)
-    assert result["steps"] == 1 and Path(result["checkpoint"]).is_dir()
+    assert result["steps"] == (2 if case in TWO_STEPS else 1) and Path(result["checkpoint"]).is_dir()
+    if TWO_STEPS.get(case):
+        assert "Starting validation at step 2" in result["log"], result["log"][-3000:]
     if case in refused:
         error = refused[case]
         assert EXPECTED_REFUSALS[case] in error.message, error.message

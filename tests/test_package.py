@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -133,6 +134,30 @@ def test_installed_alone_it_lists_shows_and_dry_runs_every_shipped_config_and_th
     assert shown["pipeline show tiny"] == (share / "examples" / "pipelines" / "tiny.yaml").read_text()
     assert str(share / "profiles" / "slurm.yaml") in " ".join(shown[" ".join(README_COMMANDS[2])].split())
     assert not (cwd / ".rlsteps").exists()  # dry runs write nothing
+
+
+def test_installed_alone_every_documented_command_works(installed, outside, tiny_world):
+    """Every command of README.md and docs/ (test_docs's, a run as its dry run), by the installed wheel from a folder
+    outside the checkout with no profile file of its own: it exits as the page says."""
+    from test_docs import DOCUMENTED, RUNS, parse
+
+    cwd = Path(outside["PWD"])
+    shutil.copytree(REPO / "examples", cwd / "examples")  # as test_docs: a page runs an example pipeline by its path
+    by_environment: dict[tuple, list[tuple[str, list[str], int]]] = {}
+    for page, command in DOCUMENTED:
+        env, argv, expected = parse(command)
+        if any(tuple(argv[: len(run)]) == run for run in RUNS) and not {"--dry-run", "-d"} & set(argv):
+            argv = [*argv, "--dry-run"]
+        by_environment.setdefault(tuple(sorted(env.items())), []).append((f"{page}: {command}", argv, expected))
+    online = {k: v for k, v in outside.items() if k != "HF_HUB_OFFLINE"}  # as a user reads the page
+    wrong = []
+    for env, cases in by_environment.items():
+        results = run_installed(installed, [argv for _, argv, _ in cases], cwd, online | dict(env))
+        for (where, _, expected), result in zip(cases, results, strict=True):
+            if result["exit"] != expected:
+                wrong.append(f"{where}: exit {result['exit']}, not {expected}\n{result['err'][-1500:]}")
+    assert wrong == [], "\n".join(wrong)
+    assert sum(len(cases) for cases in by_environment.values()) == len(DOCUMENTED) >= 15
 
 
 def test_installed_alone_an_unknown_pipeline_or_profile_names_the_shipped_ones(installed, outside):
