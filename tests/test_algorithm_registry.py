@@ -86,3 +86,20 @@ def test_an_unregistered_algorithm_is_named_with_those_that_are():
         UnsupportedAlgorithm, match="no algorithm 'dpo' is registered; rlsteps runs rs, reinforce, grpo"
     ):
         algorithms.algorithm("dpo")
+
+
+def test_a_fourth_algorithm_without_maths_is_refused_by_name_by_the_engine(fourth_registered):
+    from rlsteps.engine.algorithms import RECIPES, recipe_class
+
+    assert set(RECIPES) == {"rs", "reinforce", "grpo"}
+    with pytest.raises(UnsupportedAlgorithm, match=r"'ppo' is registered with rlsteps.engine.algorithms.ppo:PPO, wh"):
+        recipe_class("ppo")
+
+
+def test_a_fourth_algorithm_without_a_schema_is_refused_by_name_by_the_compile(fourth_registered):
+    from rlsteps.errors import UsageError
+    from rlsteps.plan.compile import _validate
+
+    step = SimpleNamespace(id="rl/ppo", algorithm="ppo")  # a manifest's step naming it
+    with pytest.raises(UsageError, match=r"rl/ppo: no config schema for algorithm 'ppo'"):
+        _validate(step, {"algorithm": "ppo"})

@@ -243,12 +243,12 @@ def _prepare_torch(cfg: StepConfig) -> None:
 def _train(
     cfg: RecipeConfig, run_dir: Path, rewards: Any, world: Any, at_last_record: Any
 ) -> tuple[Any, Any, dict[str, int]]:
-    from rlsteps.engine.algorithms import RECIPES
+    from rlsteps.engine.algorithms import recipe_class
     from rlsteps.engine.run.loop import train
 
     run_prompts = _measured_prompts(cfg)  # a bad prompt stops the run in seconds, and the server with it
     say = log.info if world.is_main else log.debug
-    recipe = RECIPES[cfg.algorithm](cfg)
+    recipe = recipe_class(cfg.algorithm)(cfg)
     result = train(
         cfg, recipe, rewards, run_dir, say=say, run_prompts=run_prompts, world=world, at_last_record=at_last_record
     )
