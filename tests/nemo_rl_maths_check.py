@@ -18,6 +18,10 @@ CALLS: a list of {"fn": NAME, ...}; RESULTS: one entry per call, in order. Every
   [{"loss": float, "grad": [b, S]}] (grad: d loss / d next_token_logprobs). A micro-batch gives next-token tensors
   [b, S] (logprobs, prev, generation, reference, token_mask) and advantages [b]; NeMo-RL's data dict holds them
   at [b, S + 1] (position 0 is the first prompt token, which predicts nothing), so a zero column is put in front.
+- loss_from_logits: the same loss from a micro-batch's logits [b, S + 1, V] and input_ids [b, S + 1], as NeMo-RL's
+  DTensor worker computes it: apply_temperature_scaling (its forward's), then the LossPostProcessor's
+  prepare_loss_input with the TrainingSamplingParams (top-k/top-p, log_softmax, the targets gathered) and
+  ClippedPGLossFn -> [{"loss": float, "grad": [b, S + 1, V]}] (grad: d loss / d logits)
 """
 
 import contextlib
@@ -28,6 +32,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import upstream  # noqa: E402
+
+
+@contextlib.contextmanager
+def on_the_cpu(torch):
+    """Tensor.cuda() answered with the tensor itself, here on a CPU: the one CUDA call of NeMo-RL's non-parallel
+    log-prob path (get_next_token_logprobs_from_logits)."""
+    original = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original
 
 
 def main() -> int:
@@ -46,7 +62,9 @@ def main() -> int:
         from nemo_rl.algorithms.advantage_estimator import GRPOAdvantageEstimator
         from nemo_rl.algorithms.logits_sampling_utils import TrainingSamplingParams, apply_top_k_top_p
         from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
+        from nemo_rl.algorithms.loss.utils import prepare_loss_input
         from nemo_rl.algorithms.utils import calculate_baseline_and_std_per_prompt, calculate_kl
+        from nemo_rl.distributed.batched_data_dict import BatchedDataDict
         from nemo_rl.models.automodel.train import apply_temperature_scaling
 
         def tensor(values) -> torch.Tensor:
@@ -94,6 +112,36 @@ def main() -> int:
                 out.append({"loss": value.item(), "grad": logprobs.grad.tolist()})
             return out
 
+        def loss_from_logits(call):  # the DTensor worker's LossPostProcessor on one micro-batch's logits
+            loss_fn = ClippedPGLossFn(ClippedPGLossConfig(**call["config"]))
+            params = TrainingSamplingParams(top_k=call["top_k"] or None, top_p=call["top_p"], temperature=call["t"])
+            out = []
+            for micro in call["micro_batches"]:
+                logits = tensor(micro["logits"]).requires_grad_(True)
+                data = BatchedDataDict(
+                    {
+                        "input_ids": torch.tensor(micro["input_ids"]),
+                        "advantages": tensor(micro["advantages"])[:, None].expand(-1, logits.shape[1]),
+                        "prev_logprobs": shifted(micro["prev"]),
+                        "generation_logprobs": shifted(micro["prev"]),
+                        "reference_policy_logprobs": shifted(micro["reference"]),
+                        "token_mask": shifted(micro["token_mask"]),
+                        "sample_mask": tensor(micro["sample_mask"]),
+                    }
+                )
+                scaled = apply_temperature_scaling(logits.clone(), params)
+                with on_the_cpu(torch):  # its non-parallel path moves the targets with input_ids.cuda()
+                    loss_input, data = prepare_loss_input(scaled, data, loss_fn, sampling_params=params)
+                value, _metrics = loss_fn(
+                    data=data,
+                    global_valid_seqs=tensor(call["global_valid_seqs"]),
+                    global_valid_toks=tensor(call["global_valid_toks"]),
+                    **loss_input,
+                )
+                value.backward()
+                out.append({"loss": value.item(), "grad": logits.grad.tolist()})
+            return out
+
         def sampled(call):  # as NeMo-RL's DTensor worker scores a token: temperature, then top-k/top-p, log_softmax
             params = TrainingSamplingParams(top_k=call["top_k"] or None, top_p=call["top_p"], temperature=call["t"])
             logits = tensor(call["logits"]).requires_grad_(True)
@@ -104,7 +152,14 @@ def main() -> int:
             (picked * tensor(call["weights"])).sum().backward()
             return {"logprobs": picked.tolist(), "grad": logits.grad.tolist()}
 
-        functions = {"baseline": baseline, "advantages": advantages, "kl": kl, "loss": loss, "sampled": sampled}
+        functions = {
+            "baseline": baseline,
+            "advantages": advantages,
+            "kl": kl,
+            "loss": loss,
+            "loss_from_logits": loss_from_logits,
+            "sampled": sampled,
+        }
         results = [functions[call["fn"]](call) for call in calls]
     json.dump(results, sys.stdout)
     return 0

@@ -13,6 +13,7 @@ prompt part and right padding. The differences docs list (the std floor, the lea
 samples only, the KL folded into REINFORCE's reward) are asserted as differences, with the numbers on both sides.
 """
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -461,6 +462,7 @@ class _Accelerator:
 
     num_processes = 1
     sync_gradients = True
+    is_main_process = True
 
     def reduce(self, tensor, reduction="sum"):
         return tensor
@@ -469,6 +471,9 @@ class _Accelerator:
         return tensor
 
     gather_for_metrics = gather
+
+    def autocast(self):
+        return contextlib.nullcontext()
 
 
 def trl_trainer(args, logprobs: torch.Tensor, accumulation: int = 1):

@@ -579,9 +579,38 @@ def test_a_folder_without_world_json_at_the_target_is_reported(tmp_path):
 
 
 def world_digests(root: Path) -> dict[str, str]:
-    # torch DCP's .metadata records the folder and a fresh save id on every save; the tensors are in *.distcp
+    # torch DCP's .metadata records the folder and a fresh save id on every save; the tensors are in *.distcp.
+    # world.json and README.md are compared apart (world_record): they hold the reward model's figures
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in {"world.json", "README.md", ".metadata"})
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+# What a reward model trained for fewer steps changes in world.json: its step count, final loss and figures, and the
+# build's duration; README.md says the same figures in its last block
+REWARD_MODEL_RECORDS = ("recipe.reward_model.steps", "final_loss.reward_model", "build_seconds")
+
+
+def world_record(root: Path) -> tuple[dict, str]:
+    """world.json without what the reward model's training length changes, and README.md's text before its figures."""
+    record = json.loads((root / "world.json").read_text())
+    for dotted in REWARD_MODEL_RECORDS:
+        *parents, leaf = dotted.split(".")
+        holder = record
+        for key in parents:
+            holder = holder[key]
+        del holder[leaf]
+    record["quality"] = {k: v for k, v in record["quality"].items() if not k.startswith("rm_")}
+    readme = (root / "README.md").read_text()
+    return record, readme[: readme.index("```json")]
+
+
+def tensor_layout(path: Path) -> dict[str, tuple]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as weights:
+        return {
+            name: (weights.get_slice(name).get_dtype(), weights.get_slice(name).get_shape()) for name in weights.keys()
+        }
 
 
 @pytest.mark.slow
@@ -591,13 +620,20 @@ def test_a_fresh_build_is_bit_identical_to_the_shared_one_but_for_a_shorter_rewa
     """A build in a new home against the tests' shared world, built before it: the same tokenizer, SFT policy (both
     forms) and prompts, byte for byte. Its reward model trains 20 steps instead of RM["steps"] (the full build takes
     about 3 minutes of one core, the reward model most of it); it is trained last, from its own draws, so everything
-    else is as the full build writes it. In CI the shared world is built by tests/prepare_oracles.sh in a process of
-    its own, outside the tests' offline environment (HF_HUB_OFFLINE): the bytes do not depend on it."""
-    monkeypatch.setitem(recipe.RM, "steps", 20)
+    else is as the full build writes it: the reward model's config and tokenizer files byte for byte, its weights the
+    same tensors (names, shapes, dtypes) with other values, and world.json and README.md the same but for the
+    reward model's step count, loss and figures and the build's duration (the policy's figures included). In CI the
+    shared world is built by tests/prepare_oracles.sh in a process of its own, outside the tests' offline environment
+    (HF_HUB_OFFLINE): the bytes do not depend on it."""
+    steps = 20
+    monkeypatch.setitem(recipe.RM, "steps", steps)
     fresh = ensure_tiny_world(seed=0, home=tmp_path, log=lambda message: None)
     assert fresh.root != tiny_world.root
     digests, shared = world_digests(fresh.root), world_digests(tiny_world.root)
     assert "policy/model.safetensors" in digests and "policy_megatron/iter_0000000/__0_0.distcp" in digests
-    reward_model_weights = "reward_model/model.safetensors"
-    assert digests.pop(reward_model_weights) != shared.pop(reward_model_weights)
+    weights = "reward_model/model.safetensors"
+    assert tensor_layout(fresh.root / weights) == tensor_layout(tiny_world.root / weights)
+    assert digests.pop(weights) != shared.pop(weights)  # the shorter training: other values
     assert digests == shared
+    assert json.loads((fresh.root / "world.json").read_text())["recipe"]["reward_model"]["steps"] == steps
+    assert world_record(fresh.root) == world_record(tiny_world.root)

@@ -54,9 +54,10 @@ def _rlhf(cfg: dict[str, Any]) -> list[str]:
         )
     if cfg["grpo"]["dynamic_sampling"]:
         notes.append(
-            "grpo.dynamic_sampling: rlsteps trains the step on the groups whose rewards differ (fewer rows); NeMo-RL's "
-            "use_dynamic_sampling samples more prompts until the batch is full (up to its "
-            "dynamic_sampling_max_gen_batches)"
+            "grpo.dynamic_sampling: rlsteps trains the step on the groups whose rewards differ (fewer rows, the "
+            "next step taking the next prompts); NeMo-RL's use_dynamic_sampling samples more prompts until the batch "
+            "is full, keeping the groups whose rewards differ across its generation batches (the surplus dropped), "
+            "and stops the run with an error past grpo.dynamic_sampling_max_gen_batches (10 unless set)"
         )
     if cfg["judge"]["length_penalty"]:
         notes.append("judge.length_penalty: NeMo-Gym's group_answer_length_penalty_coeff (zero-centred in the group)")
