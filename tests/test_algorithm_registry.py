@@ -103,3 +103,11 @@ def test_a_fourth_algorithm_without_a_schema_is_refused_by_name_by_the_compile(f
     step = SimpleNamespace(id="rl/ppo", algorithm="ppo")  # a manifest's step naming it
     with pytest.raises(UsageError, match=r"rl/ppo: no config schema for algorithm 'ppo'"):
         _validate(step, {"algorithm": "ppo"})
+
+
+def test_a_fourth_algorithm_has_no_notes_on_how_nemo_rl_runs_it(fourth_registered):
+    from rlsteps.nemo_rl.semantics import differences
+
+    with pytest.raises(UnsupportedAlgorithm, match="no notes on how NeMo-RL runs algorithm 'ppo'"):
+        differences({"algorithm": "ppo", "train": {"max_epochs": 1}, "validation": {"reward_functions": {}},
+                     "checkpoint": {"keep_last": 1, "keep_top_k": 1}})  # fmt: skip

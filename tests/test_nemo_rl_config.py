@@ -145,6 +145,17 @@ def test_overlong_filtering_and_dynamic_sampling_print_both_meanings():
     assert "samples more prompts until the batch is full" in text
 
 
+def test_a_kl_under_top_k_or_top_p_prints_which_log_probs_each_engine_reads():
+    """NeMo-RL's KL reads the policy's unfiltered log-probs (prepare_loss_input); rlsteps's the filtered ones."""
+    note = "with top-k/top-p: NeMo-RL's KL reads the policy's log-probs at the temperature without the filters"
+    assert note not in master_config_yaml(master("rl/rlhf", *RLHF_INPUTS, "grpo.kl_beta=0.05"))
+    assert note not in master_config_yaml(
+        master("rl/rlhf", *RLHF_INPUTS, "rollout.sampling.top_p=0.9", "grpo.kl_beta=0")
+    )
+    filtered = master_config_yaml(master("rl/rlhf", *RLHF_INPUTS, "rollout.sampling.top_p=0.9", "grpo.kl_beta=0.05"))
+    assert f"#  - grpo.kl_beta {note}" in filtered
+
+
 def test_train_lora_compiles_into_nemo_rls_lora_cfg_on_its_dtensor_v2_worker():
     lora = ("train.lora.enabled=true", "train.lora.dim=16", "train.lora.alpha=64", "train.lora.dropout=0.05")
     named = master("rl/rlhf", *RLHF_INPUTS, *lora, "train.lora.target_modules=[q_proj,v_proj]").config

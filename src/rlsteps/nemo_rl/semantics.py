@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlsteps.contract.algorithms import UnsupportedAlgorithm
+
 NO_END = 1_000_000  # "no limit" for NeMo-RL's integer limits (its own default for grpo.max_num_steps)
 
 
 def differences(cfg: dict[str, Any]) -> list[str]:
     """The differences of the recipe's own keys for this validated rl/rlhf (grpo) or rl/reinforce config (the schedule's
     and LoRA's are said by schedule.notes and lora.lora_notes)."""
-    recipe = _rlhf(cfg) if cfg["algorithm"] == "grpo" else _reinforce(cfg)
-    return _common(cfg) + recipe
+    if cfg["algorithm"] not in RECIPE_NOTES:
+        raise UnsupportedAlgorithm(f"no notes on how NeMo-RL runs algorithm '{cfg['algorithm']}': add them")
+    return _common(cfg) + RECIPE_NOTES[cfg["algorithm"]](cfg) + _kl_under_filters(cfg)
 
 
 def _common(cfg: dict[str, Any]) -> list[str]:
@@ -75,3 +78,23 @@ def _reinforce(cfg: dict[str, Any]) -> list[str]:
         "chat_template do not apply",
         "prompts: rl/reinforce on NeMo-RL takes single-turn prompts (NeMo-RL's math_hf_data_processor)",
     ]
+
+
+KL_KEYS = {"grpo": "grpo.kl_beta", "reinforce": "reinforce.initial_policy_kl_penalty"}
+
+
+def _kl_under_filters(cfg: dict[str, Any]) -> list[str]:
+    """NeMo-RL's KL reads the policy's log-probs at the temperature without top-k/top-p; rlsteps's the filtered ones."""
+    sampling = cfg["rollout"]["sampling"]
+    key = KL_KEYS[cfg["algorithm"]]
+    section, _, name = key.partition(".")
+    if not cfg[section][name] or (not sampling.get("top_k") and sampling.get("top_p", 1.0) >= 1.0):
+        return []
+    return [
+        f"{key} with top-k/top-p: NeMo-RL's KL reads the policy's log-probs at the temperature without the filters "
+        "(prepare_loss_input's unfiltered log-probs), against the reference's at the temperature; rlsteps's reads "
+        "the filtered ones the ratio uses, which are higher by the log of the mass the filters keep"
+    ]
+
+
+RECIPE_NOTES = {"grpo": _rlhf, "reinforce": _reinforce}  # each algorithm NeMo-RL runs (contract.algorithms)
