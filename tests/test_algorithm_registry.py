@@ -69,7 +69,7 @@ def test_a_fourth_algorithm_on_nemo_rl_without_key_pairs_is_refused(monkeypatch)
 
 
 def test_a_fourth_algorithm_is_refused_by_name_by_the_nemo_rl_job(fourth_registered, tmp_path):
-    from rlsteps.engine.nemo_rl.data import write_rows
+    from rlsteps.engine.nemo_rl_stages.data import write_rows
     from rlsteps.launch.ray_job import driver_words
 
     job = SimpleNamespace(config={"algorithm": "ppo", "nemo_rl_job": {"python": "python", "driver": None}})

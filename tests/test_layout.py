@@ -254,8 +254,8 @@ def test_readme_and_ci_run_the_same_test_command():
 # The engine's top level holds only the vocabulary its rooms share; everything else lives in a room (docs/layout.md).
 ENGINE_VOCABULARY = {"__init__", "batch", "distributed", "device", "call_site"}
 ENGINE_ROOMS = {
-    "run", "inputs", "checkpoints", "records", "algorithms", "policy", "generation", "rewards", "megatron", "nemo_rl",
-    "eval",
+    "run", "inputs", "checkpoints", "records", "algorithms", "policy", "generation", "rewards", "megatron",
+    "nemo_rl_stages", "eval",
 }  # fmt: skip
 ENGINE_ROOM_NAMES = {f"rlsteps.engine.{room}" for room in ENGINE_ROOMS}
 

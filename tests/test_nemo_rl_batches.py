@@ -1,4 +1,4 @@
-"""The split NeMo-RL's first step asserts on (engine/nemo_rl/batches.py), on hand-computed examples, and its repair:
+"""The split NeMo-RL's first step asserts on (nemo_rl/batches.py), on hand-computed examples, and its repair:
 every fix it suggests passes (NeMo-RL's own code runs the fixed configs in tests/test_nemo_rl_runs.py)."""
 
 import itertools

@@ -17,7 +17,7 @@ import upstream
 from rlsteps.catalog import load_catalog
 from rlsteps.contract.algorithms import nemo_rl_form
 from rlsteps.contract.nemo_rl_job import MASTER_CONFIG_FILE
-from rlsteps.engine.nemo_rl.data import write_rows
+from rlsteps.engine.nemo_rl_stages.data import write_rows
 from rlsteps.engine.rewards.combined import RewardTerm
 from rlsteps.errors import UsageError
 from rlsteps.plan.runner import RunRequest, compile_request

@@ -19,8 +19,8 @@ from rlsteps.contract.config import STEP_SCHEMAS
 from rlsteps.contract.input_check import InputProblem
 from rlsteps.contract.nemo_rl_job import optimizer_steps_per_step
 from rlsteps.contract.prompts import PromptFileError
-from rlsteps.engine.nemo_rl import stages
-from rlsteps.engine.nemo_rl.data import write_rows
+from rlsteps.engine.nemo_rl_stages import stages
+from rlsteps.engine.nemo_rl_stages.data import write_rows
 from rlsteps.engine.policy.model import load_policy
 from rlsteps.plan.compile import compile_job
 
@@ -241,7 +241,7 @@ def test_the_stage_command_exits_3_for_a_missing_input_and_0_when_prepared(tiny_
     job_dir.mkdir()
     cfg = config_of("reinforce", tmp_path / "run")
     (job_dir / "config.yaml").write_text(json.dumps(cfg.model_dump(mode="json")))
-    command = [sys.executable, "-m", "rlsteps.engine.nemo_rl", "prepare", str(job_dir / "config.yaml")]
+    command = [sys.executable, "-m", "rlsteps.engine.nemo_rl_stages", "prepare", str(job_dir / "config.yaml")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "converted to HF" in done.stderr

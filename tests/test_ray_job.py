@@ -18,7 +18,7 @@ import required
 from rlsteps.catalog import load_catalog
 from rlsteps.cli.app import main
 from rlsteps.contract.nemo_rl_job import NODE_SCRIPT_FILE
-from rlsteps.engine.nemo_rl.ray_nodes import stop_stale
+from rlsteps.engine.nemo_rl_stages.ray_nodes import stop_stale
 from rlsteps.errors import UsageError
 from rlsteps.launch import ray_job, slurm
 from rlsteps.plan.runner import RunRequest, compile_request
@@ -62,7 +62,7 @@ case " $* " in *" --block "*) sleep 600 & trap 'kill $!; exit 0' TERM; wait;; es
 """
 FAKE_PYTHON = r"""#!/bin/bash
 # the node's python, stood in for in rlsteps's prepare, await-ray and finish stages; anything else is the real one
-if [ "${1:-} ${2:-}" = "-m rlsteps.engine.nemo_rl" ]; then
+if [ "${1:-} ${2:-}" = "-m rlsteps.engine.nemo_rl_stages" ]; then
     case "$3" in
         prepare|finish) exit 0 ;;
         await-ray)  # the head's address published, as the real stage does once Ray's head answers

@@ -229,7 +229,7 @@ class TinyWorldConfig(Section):
 
 
 class NemoRlJobConfig(Section):
-    """engine=nemo_rl: how the job runs NeMo-RL inside its container (rlsteps.engine.nemo_rl)."""
+    """engine=nemo_rl: how the job runs NeMo-RL inside its container (rlsteps.engine.nemo_rl_stages)."""
 
     workdir: str = "/opt/nemo-rl"  # NeMo-RL's checkout in its container: the driver and converters run there
     python: str = "uv run python"  # what runs NeMo-RL's scripts, split like a shell would

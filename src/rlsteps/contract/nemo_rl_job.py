@@ -1,6 +1,6 @@
-"""What the compile of a NeMo-RL job (rlsteps.nemo_rl) and the stages it runs (rlsteps.engine.nemo_rl) agree on: where
-the job keeps its files (all under <run dir>/nemo_rl, on the filesystem every node sees), and how many optimizer steps
-NeMo-RL makes a GRPO step."""
+"""What the compile of a NeMo-RL job (rlsteps.nemo_rl) and the stages it runs (rlsteps.engine.nemo_rl_stages) agree
+on: where the job keeps its files (all under <run dir>/nemo_rl, on the filesystem every node sees), and how many
+optimizer steps NeMo-RL makes a GRPO step."""
 
 from __future__ import annotations
 

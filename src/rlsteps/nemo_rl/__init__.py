@@ -13,7 +13,7 @@ the dry run prints its result). A peer of plan/: it compiles for another engine,
   judge's max_model_len against the longest request it is sent; memory (over memory_terms): the memory each GPU
   holds, estimated from the policy's config.json, against the profile's gpu_memory_gib.
 
-What the job runs around NeMo-RL's driver (its stages) is the engine's: rlsteps.engine.nemo_rl.
+What the job runs around NeMo-RL's driver (its stages) is the engine's: rlsteps.engine.nemo_rl_stages.
 
 The version followed is NeMo-RL v0.7.0 (tag commit 81aa43d) and the NeMo-Gym commit it pins (d67ad66); the tests
 judge what the compile writes with their own code.

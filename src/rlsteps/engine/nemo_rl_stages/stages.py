@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from rlsteps.contract.nemo_rl_job import NemoRlPaths, optimizer_steps_per_step
-from rlsteps.engine.nemo_rl.data import write_rows
+from rlsteps.engine.nemo_rl_stages.data import write_rows
 
 log = logging.getLogger("rlsteps")
 STEP_DIR = re.compile(r"step_(\d+)")  # NeMo-RL's finished checkpoints; tmp_step_N is one still being written

@@ -1,9 +1,10 @@
 """The NeMo-RL job's own stages, run by its node script (rlsteps.launch.ray_job):
 
-    python -m rlsteps.engine.nemo_rl prepare JOB_DIR/config.yaml
-    python -m rlsteps.engine.nemo_rl finish JOB_DIR/config.yaml
-    python -m rlsteps.engine.nemo_rl await-ray --address HOST:PORT --nodes N --publish FILE --timeout S
-    python -m rlsteps.engine.nemo_rl stop-stale-ray --root RUN_DIR/nemo_rl/ray --state RUN_DIR/nemo_rl/ray/ATTEMPT
+    python -m rlsteps.engine.nemo_rl_stages prepare JOB_DIR/config.yaml
+    python -m rlsteps.engine.nemo_rl_stages finish JOB_DIR/config.yaml
+    python -m rlsteps.engine.nemo_rl_stages await-ray --address HOST:PORT --nodes N --publish FILE --timeout S
+    python -m rlsteps.engine.nemo_rl_stages stop-stale-ray --root RUN_DIR/nemo_rl/ray \
+        --state RUN_DIR/nemo_rl/ray/ATTEMPT
 
 Exit codes as the worker's: 0 done, 3 an input is missing or unusable, 1 anything else, each with one line that
 says why. Only the standard library is imported before the stage runs.
@@ -20,7 +21,9 @@ log = logging.getLogger("rlsteps")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m rlsteps.engine.nemo_rl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rlsteps.engine.nemo_rl_stages", description=__doc__.splitlines()[0]
+    )
     stages = parser.add_subparsers(dest="stage", required=True)
     for name, what in (("prepare", "the inputs in NeMo-RL's forms"), ("finish", "NeMo-RL's checkpoint as the output")):
         stages.add_parser(name, help=what).add_argument("config", type=Path, help="the job's compiled config.yaml")
@@ -37,12 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> None:
     if args.stage == "await-ray":
-        from rlsteps.engine.nemo_rl.ray_nodes import await_ray
+        from rlsteps.engine.nemo_rl_stages.ray_nodes import await_ray
 
         await_ray(args.address, args.nodes, args.publish, args.timeout)
         return
     if args.stage == "stop-stale-ray":
-        from rlsteps.engine.nemo_rl.ray_nodes import stop_stale
+        from rlsteps.engine.nemo_rl_stages.ray_nodes import stop_stale
 
         stop_stale(args.root, args.state)
         return
@@ -52,7 +55,7 @@ def run(args: argparse.Namespace) -> None:
     if unable:
         raise RuntimeError(unable)
     from rlsteps.contract.worker_args import load_config
-    from rlsteps.engine.nemo_rl import stages
+    from rlsteps.engine.nemo_rl_stages import stages
     from rlsteps.engine.records.output import job_record
 
     cfg = load_config(args.config)
