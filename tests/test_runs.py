@@ -219,7 +219,8 @@ def test_inputs_only_the_policys_tokenizer_can_judge_fail_the_job_before_it_load
     shutil.copytree(tiny_world.policy, policy, ignore=shutil.ignore_patterns("tokenizer*", "chat_template*"))
     runs = tmp_path / ".rlsteps" / "runs"
     done = rlsteps("run", "rs", "-c", "tiny", f"inputs.policy={policy}", f"output.dir={runs}/a", *FAST, cwd=tmp_path)
-    assert done.returncode == 3 and f"input 'policy': cannot load the tokenizer of {policy}" in done.stderr
+    assert done.returncode == 3 and f"input 'policy': {policy} holds no tokenizer" in done.stderr  # before the job
+    assert not (runs / "a").exists()
     long = tmp_path / "long.jsonl"
     long.write_text('{"prompt": "Describe the cat in many words."}\n')
     too_long = ["data.max_prompt_tokens=4", f"output.dir={runs}/b", f"inputs.prompts={long}"]

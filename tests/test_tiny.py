@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from rlsteps.tiny import build, evaluate, preferences, recipe, training
+from rlsteps.tiny import build, evaluate, hyperparameters, preferences, training
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.build import ensure_tiny_world, load_tiny_world
 from rlsteps.tiny.layout import TINY_WORLD_VERSION, rlsteps_home, tiny_world_dir
@@ -401,8 +401,9 @@ def test_pair_losses_on_hand_computed_margins():
     assert training.reward_gap("Describe the cat.", "The cat is kind and lovely.", "The cat is kind.") == 0.5
     # a wrong noun: the mention lost (1.0) and a fault (RM["fault_worth"]); "It" names no noun and has no fault
     gap = training.reward_gap("Describe the cat.", "The cat is kind.", "The dog is kind.")
-    assert gap == 1.0 + recipe.RM["fault_worth"]
-    assert training.reward_gap("Describe the cat.", "It is kind.", "The dog is kind.") == recipe.RM["fault_worth"]
+    assert gap == 1.0 + hyperparameters.RM["fault_worth"]
+    fault_worth = hyperparameters.RM["fault_worth"]
+    assert training.reward_gap("Describe the cat.", "It is kind.", "The dog is kind.") == fault_worth
 
 
 @pytest.mark.learned_reward_model
@@ -488,7 +489,7 @@ def test_unknown_architecture_names_the_choices(fresh_tokenizer):
 
 
 def test_a_few_sft_steps_are_deterministic_and_the_callers_settings_come_back(fresh_tokenizer, monkeypatch):
-    monkeypatch.setitem(recipe.SFT, "steps", 3)
+    monkeypatch.setitem(hyperparameters.SFT, "steps", 3)
     threads, rng_state = torch.get_num_threads(), torch.get_rng_state()
 
     def train_once():
@@ -626,7 +627,7 @@ def test_a_fresh_build_is_bit_identical_to_the_shared_one_but_for_a_shorter_rewa
     shared world is built by tests/prepare_oracles.sh in a process of its own, outside the tests' offline environment
     (HF_HUB_OFFLINE): the bytes do not depend on it."""
     steps = 20
-    monkeypatch.setitem(recipe.RM, "steps", steps)
+    monkeypatch.setitem(hyperparameters.RM, "steps", steps)
     fresh = ensure_tiny_world(seed=0, home=tmp_path, log=lambda message: None)
     assert fresh.root != tiny_world.root
     digests, shared = world_digests(fresh.root), world_digests(tiny_world.root)

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sys
+import time
 
 import pytest
 
@@ -63,6 +64,9 @@ def test_a_wandb_run_in_offline_mode_is_written_under_the_run_folder(tmp_path, c
     (offline,) = (tmp_path / "wandb").glob("offline-run-*")
     assert f"wandb: offline run in {offline} (wandb sync it later)" in caplog.text
     (records,) = offline.glob("run-*.wandb")
+    deadline = time.monotonic() + 60  # wandb's own service process writes the file: on a loaded machine, after finish()
+    while b"train/reward" not in records.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.5)
     data = records.read_bytes()
     assert b"train/reward" in data and b"rlsteps-test" in data and tmp_path.name.encode() in data
 
