@@ -31,13 +31,14 @@ TINY_RUN = ["-c", "tiny", "validation.interval=0", *FAST]
 
 
 def _cluster_problem() -> str | None:
+    """None where a node answers: idle, in use, or planned for a job that waits (the state between two jobs)."""
     if shutil.which("sinfo") is None:
         return "sinfo is not on PATH"
     try:
         shown = subprocess.run(["sinfo", "--noheader", "--format=%T"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"sinfo failed: {error}"
-    if shown.returncode != 0 or not {"idle", "mixed", "allocated"} & set(shown.stdout.split()):
+    if shown.returncode != 0 or not {"idle", "mixed", "allocated", "planned", "completing"} & set(shown.stdout.split()):
         return f"no node is up ({(shown.stderr or shown.stdout).strip() or 'no answer'})"
     return None
 

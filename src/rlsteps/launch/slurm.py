@@ -198,7 +198,7 @@ class SlurmLauncher:
         _require("scancel")
         _run_checked(["scancel", record.job_id], f"scancel could not cancel Slurm job {record.job_id}")
         deadline = time.monotonic() + (kill_wait_s() or KILL_WAIT_DEFAULT_S) + CANCEL_MARGIN_S
-        while not self._over(record) and time.monotonic() < deadline:
+        while (not self._over(record) or _completing(record.job_id)) and time.monotonic() < deadline:
             time.sleep(0.5)
 
     def _over(self, record: JobRecord) -> bool:
@@ -299,6 +299,15 @@ def query(job_id: str) -> SlurmJobInfo | None:
     name, state_text, exit_text = rows[0][:3]
     exit_code = re.fullmatch(r"(\d+):(\d+)", exit_text)
     return SlurmJobInfo(job_id, name, state_text.split()[0], *_ints(exit_code), None, "sacct")
+
+
+def _completing(job_id: str) -> bool:
+    """Whether some part of the job is still COMPLETING: its state already says CANCELLED while Slurm signals its
+    steps and waits for their processes to end (a heterogeneous job's components each)."""
+    if shutil.which("squeue") is None:
+        return False
+    shown = _slurm_command(["squeue", "--noheader", "--jobs", job_id, "--states", "COMPLETING", "--format=%i"])
+    return shown.returncode == 0 and bool(shown.stdout.strip())
 
 
 def _is_ours(info: SlurmJobInfo, record: JobRecord) -> bool:
