@@ -148,3 +148,14 @@ class RewardTerms:
 
 REWARD_MODEL_ONLY = {"reward_model": RewardEntry(source="reward_model")}
 JUDGE_ONLY = {"judge": RewardEntry(source="judge")}
+
+
+def reward_function_import_fix(module: str) -> str:
+    """The fix for a reward function whose module does not import: the dry run's and the failed run's words."""
+    return f"make {module} importable where the run starts (its folder on PYTHONPATH, or its package installed)"
+
+
+def reward_function_name_fix(attribute: str, module: str, origin: str | None = None) -> str:
+    """The fix for a reward function its module does not define (origin: the module's file, where it is known)."""
+    where = f" ({origin})" if origin else ""
+    return f"define {attribute} in {module}{where}, or name a function it defines"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlsteps.contract.algorithms import UnsupportedAlgorithm
+from rlsteps.dotted import get
 
 NO_END = 1_000_000  # "no limit" for NeMo-RL's integer limits (its own default for grpo.max_num_steps)
 
@@ -87,8 +88,7 @@ def _kl_under_filters(cfg: dict[str, Any]) -> list[str]:
     """NeMo-RL's KL reads the policy's log-probs at the temperature without top-k/top-p; rlsteps's the filtered ones."""
     sampling = cfg["rollout"]["sampling"]
     key = KL_KEYS[cfg["algorithm"]]
-    section, _, name = key.partition(".")
-    if not cfg[section][name] or (not sampling.get("top_k") and sampling.get("top_p", 1.0) >= 1.0):
+    if not get(cfg, key) or (not sampling.get("top_k") and sampling.get("top_p", 1.0) >= 1.0):
         return []
     return [
         f"{key} with top-k/top-p: NeMo-RL's KL reads the policy's log-probs at the temperature without the filters "

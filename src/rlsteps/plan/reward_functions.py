@@ -17,10 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rlsteps.contract.reward_config import reward_function_import_fix, reward_function_name_fix
 from rlsteps.errors import UsageError
-
-IMPORT_FIX = "make {module} importable where the run starts (its folder on PYTHONPATH, or its package installed)"
-NAME_FIX = "define {attribute} in {module} ({origin}), or name a function it defines"
 
 
 def reward_function_problem(config: dict[str, Any]) -> UsageError | None:
@@ -55,14 +53,14 @@ def _spec_problem(spec: str) -> UsageError | None:
     if missing is not None:
         return UsageError(
             f"reward function {spec!r}: cannot import {module}: No module named {missing!r}",
-            fix=IMPORT_FIX.format(module=module),
+            fix=reward_function_import_fix(module),
         )
     names = _top_level_names(found)
     if names is None or "." in attribute or attribute in names:
         return None
     return UsageError(
         f"reward function {spec!r}: {module} has no callable {attribute!r}",
-        fix=NAME_FIX.format(attribute=attribute, module=module, origin=found.origin),
+        fix=reward_function_name_fix(attribute, module, found.origin),
     )
 
 

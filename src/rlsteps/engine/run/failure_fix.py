@@ -12,6 +12,7 @@ import logging
 import re
 from pathlib import Path
 
+from rlsteps.contract.reward_config import reward_function_import_fix, reward_function_name_fix
 from rlsteps.contract.run_files import correct_it, split_fix, then_rerun
 
 API_REWARDS_MODULE = "rlsteps.api_rewards"  # rlsteps.run's callables (rlsteps.api.REWARDS_MODULE)
@@ -133,9 +134,9 @@ def _reward_function_load_action(cause: str) -> str | None:
         return None
     module, attribute = found["module"], found["attribute"]
     if ": cannot import " in cause:
-        return f"make {module} importable where the run starts (its folder on PYTHONPATH, or its package installed)"
+        return reward_function_import_fix(module)
     if " has no callable " in cause:
-        return f"define {attribute} in {module}, or name a function it defines"
+        return reward_function_name_fix(attribute, module)
     return None
 
 
