@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import sys
-import time
 
 import pytest
 
@@ -64,10 +63,7 @@ def test_a_wandb_run_in_offline_mode_is_written_under_the_run_folder(tmp_path, c
     (offline,) = (tmp_path / "wandb").glob("offline-run-*")
     assert f"wandb: offline run in {offline} (wandb sync it later)" in caplog.text
     (records,) = offline.glob("run-*.wandb")
-    deadline = time.monotonic() + 60  # wandb's own service process writes the file: on a loaded machine, after finish()
-    while b"train/reward" not in records.read_bytes() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    data = records.read_bytes()
+    data = wandb_file_bytes(records)
     assert b"train/reward" in data and b"rlsteps-test" in data and tmp_path.name.encode() in data
 
 
@@ -127,11 +123,21 @@ def interrupted_and_resumed(logging_config: LoggingConfig, run_dir) -> None:
     write_steps(logging_config, run_dir, SECOND, 2)
 
 
+def wandb_file_bytes(path) -> bytes:
+    """A W&B run file once W&B's service process has written all of it: run.finish() returns before the service's
+    writer has flushed (on a loaded machine the file can still be its header alone); teardown waits for it, as the
+    exit of a process that used W&B does."""
+    import wandb
+
+    wandb.teardown()
+    return path.read_bytes()
+
+
 def wandb_records(path):
     """The records of a W&B run file (a LevelDB-style log of protobuf records after a 7-byte header)."""
     from wandb.proto import wandb_internal_pb2
 
-    data, block = path.read_bytes(), 32768
+    data, block = wandb_file_bytes(path), 32768
     assert data[:4] == b":W&B"
     position, pending = 7, b""
     while position + 7 <= len(data):
