@@ -77,6 +77,10 @@ class RolloutConfig(Section):
     # rows per batch of the built-in sampler; None: sized to the device (engine.generation.sizing); vLLM batches itself
     generation_batch_size: PositiveInt | None = None
     logprob_micro_batch_size: PositiveInt = 8
+    # how many optimizer steps older than the policy being trained a rollout may be: 0 samples on-policy (each step
+    # draws its rollouts with the weights it trains); k > 0 samples beside training, the importance weights
+    # correcting for the lag (engine=nemo_rl: NeMo-RL's grpo.async_grpo)
+    max_age_steps: NonNegativeInt = 0
     sampling: SamplingConfig = SamplingConfig()
     vllm: VllmConfig = VllmConfig()
 
@@ -261,6 +265,17 @@ class RecipeConfig(RewardTerms, Section):
     output: OutputConfig
     logging: LoggingConfig = LoggingConfig()
     tiny_world: TinyWorldConfig | None = None
+
+    @model_validator(mode="after")
+    def _asynchronous_on_nemo_rl(self) -> RecipeConfig:
+        age = self.rollout.max_age_steps
+        if age and self.engine != "nemo_rl":
+            fix = "rollout.max_age_steps=0" + (", or engine=nemo_rl" if self.algorithm != "rs" else "")
+            raise ValueError(
+                f"rollout.max_age_steps={age}: rollouts drawn beside training run on NeMo-RL's asynchronous GRPO "
+                f"(engine=nemo_rl, rl/rlhf and rl/reinforce); the embedded engine samples on-policy (fix: {fix})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _rewards_in_use(self) -> RecipeConfig:

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from rlsteps.contract.algorithms import UnsupportedAlgorithm, nemo_rl_form
 from rlsteps.contract.nemo_rl_job import NemoRlPaths
 from rlsteps.dotted import get, leaves, put
+from rlsteps.nemo_rl.asynchronous import asynchronous_notes, compile_asynchronous, separate_generation
 from rlsteps.nemo_rl.environments import (
     NemoRlConfigError,
     assignments,
@@ -62,7 +63,8 @@ def compile_master_config(cfg: dict[str, Any], cluster: Cluster, run_dir: PurePo
         if cfg.get("run"):
             notes.append("run.* (the embedded engine's device and dtype) does not apply: policy.precision is NeMo-RL's")
     else:
-        master, notes = from_recipe(cfg), differences(cfg) + schedule_notes(cfg) + lora_notes(cfg)
+        master = from_recipe(cfg)
+        notes = differences(cfg) + schedule_notes(cfg) + lora_notes(cfg) + asynchronous_notes(cfg)
     passed = cfg.get("nemo_rl") or {}
     if passed:  # before the job's own keys, so the paths, the judge and the GPU split take them into account
         given = ", ".join(sorted(leaves(passed)))
@@ -112,6 +114,7 @@ def from_recipe(cfg: dict[str, Any]) -> dict[str, Any]:
         _checkpointing,
         _policy,
         compile_lora,
+        compile_asynchronous,
         _logger,
         _reward_scaling,
         _judge if rlhf else _reinforce,
@@ -283,6 +286,7 @@ def _finalize(master: dict[str, Any], cfg: dict[str, Any], cluster: Cluster, pat
             master["grpo"]["max_val_samples"] = None  # NeMo-RL's NeMo-Gym driver refuses any other value
             notes.append("grpo.max_val_samples: null (NeMo-RL's NeMo-Gym driver validates on the whole file)")
     notes += place(master, cluster)
+    notes += separate_generation(master, cfg)
     notes += check_vllm_keywords(master)
     notes += check_judge_context(master)
     check_policy(master)

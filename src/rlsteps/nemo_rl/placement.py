@@ -44,8 +44,7 @@ def place(master: dict[str, Any], cluster: Cluster) -> list[str]:
     else:
         master["cluster"].update(num_nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node)
         notes = []
-    _check_groups(master)
-    _check_policy_split(master, policy_gpus(master))
+    check_policy_gpus(master)
     return notes
 
 
@@ -93,15 +92,22 @@ def _judge_replicas_that_fit(master: dict[str, Any], cluster: Cluster) -> int | 
     return min(fits, key=lambda n: (abs(n - asked), -n)) if fits else None
 
 
-def policy_gpus(master: dict[str, Any]) -> int:
-    """The GPUs NeMo-RL's policy trains on, as its setup counts them (less a one-node reward model's, and less
-    generation's own GPUs where it is not colocated)."""
+def policy_nodes(master: dict[str, Any]) -> tuple[int, int]:
+    """(nodes, GPUs per node) NeMo-RL's grpo.setup leaves the policy and its generation: less the reward model's
+    GPUs on one node, its whole nodes on several."""
     nodes, per_node = master["cluster"]["num_nodes"], master["cluster"]["gpus_per_node"]
     rm = get(master, "env.reward_model.resources") if "reward_model" in _env_names(master) else None
     if rm and nodes == 1:
         per_node -= rm["gpus_per_node"]
     elif rm:
         nodes -= rm["num_nodes"]
+    return nodes, per_node
+
+
+def policy_gpus(master: dict[str, Any]) -> int:
+    """The GPUs NeMo-RL's policy trains on, as its setup counts them (less a one-node reward model's, and less
+    generation's own GPUs where it is not colocated)."""
+    nodes, per_node = policy_nodes(master)
     generation = master["policy"]["generation"]["colocated"]
     if not generation["enabled"]:
         resources = generation["resources"]
@@ -172,6 +178,13 @@ def model_parallel(master: dict[str, Any]) -> int:
             * megatron["context_parallel_size"]
         )
     return policy["dtensor_cfg"]["tensor_parallel_size"] * policy["dtensor_cfg"]["context_parallel_size"]
+
+
+def check_policy_gpus(master: dict[str, Any]) -> None:
+    """The policy's GPUs as placed (after generation or a server took some): its model-parallel groups and the
+    first step's split of rows over its data-parallel ranks."""
+    _check_groups(master)
+    _check_policy_split(master, policy_gpus(master))
 
 
 def _check_groups(master: dict[str, Any]) -> None:

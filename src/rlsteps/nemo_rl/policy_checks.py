@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlsteps.nemo_rl.asynchronous import own_generation_gpus
 from rlsteps.nemo_rl.environments import NemoRlConfigError
 
 ASYNC_ENGINE = "policy.generation.vllm_cfg.async_engine"
 IMPORTANCE = "loss_fn.use_importance_sampling_correction"
-COLOCATED = "policy.generation.colocated"
 
 
 def check_policy(master: dict[str, Any]) -> None:
@@ -96,27 +96,10 @@ def _asynchronous(master: dict[str, Any]) -> None:
     if not master["loss_fn"].get("use_importance_sampling_correction"):
         found.append(("Importance sampling correction must be enabled for async GRPO", {IMPORTANCE: True}))
     if generation["colocated"]["enabled"]:
-        found.append(("Colocated inference is not supported for async GRPO", _own_generation_gpus(master)))
+        found.append(("Colocated inference is not supported for async GRPO", own_generation_gpus(master)))
     if found:
         changes = {key: value for _, change in found for key, value in change.items()}
         said = "; ".join(f"'{words}'" for words, _ in found)
         raise NemoRlConfigError(
             f"grpo.async_grpo.enabled: NeMo-RL's asynchronous GRPO stops with {said}", changes=changes
         )
-
-
-def _own_generation_gpus(master: dict[str, Any]) -> dict[str, Any]:
-    """vLLM on GPUs of its own, as NeMo-RL's grpo.setup takes them from the policy's cluster: half of one node's
-    GPUs beside training, or half of the nodes (whole nodes, gpus_per_node equal to the cluster's) on several."""
-    nodes, per_node = master["cluster"]["num_nodes"], master["cluster"]["gpus_per_node"]
-    vllm = master["policy"]["generation"]["vllm_cfg"]
-    engine = int(vllm.get("tensor_parallel_size") or 1) * int(vllm.get("pipeline_parallel_size") or 1)
-    if nodes == 1:
-        gpus = max(engine, per_node // 2 // engine * engine)
-        resources = {"gpus_per_node": gpus, "num_nodes": 1}
-    else:
-        resources = {"gpus_per_node": per_node, "num_nodes": nodes // 2}
-    return {
-        f"{COLOCATED}.enabled": False,
-        **{f"{COLOCATED}.resources.{key}": value for key, value in resources.items()},
-    }

@@ -22,9 +22,13 @@ def differences(cfg: dict[str, Any]) -> list[str]:
     return _common(cfg) + RECIPE_NOTES[cfg["algorithm"]](cfg) + _kl_under_filters(cfg)
 
 
+def _where_generation(cfg: dict[str, Any]) -> str:
+    return "beside training, on GPUs of its own" if cfg["rollout"].get("max_age_steps") else "colocated with training"
+
+
 def _common(cfg: dict[str, Any]) -> list[str]:
     notes = [
-        "rollouts: NeMo-RL generates with vLLM colocated with training; rollout.backend does not apply",
+        f"rollouts: NeMo-RL generates with vLLM {_where_generation(cfg)}; rollout.backend does not apply",
         "train.max_steps_without_update: NeMo-RL has no such guard; a run that never updates runs to its end",
     ]
     if cfg["train"]["max_epochs"] is None:
