@@ -44,6 +44,28 @@ def _state(value: str) -> Text:
     return Text(value, style=STATE_STYLES.get(value, ""))
 
 
+def _address(view) -> dict | None:
+    """A shared server's address file (`rlsteps serve ... -b`) while its job runs; None for a run, or a server not
+    answering yet."""
+    from rlsteps.launch.base import JobState
+    from rlsteps.launch.shared_server import served
+
+    return served(view.record) if view.status.state is JobState.RUNNING else None
+
+
+def _serving(view) -> str | None:
+    """Where a shared server answers, and the key a run names it with."""
+    from rlsteps.launch.server_alloc import URL_KEYS
+
+    found = _address(view)
+    return f"{found['url']} on {found['node']}: {URL_KEYS[found['serves']]}=job:{view.record.job_id}" if found else None
+
+
+def _as_dict(view) -> dict:
+    found = _address(view)
+    return view.as_dict() | ({"address": found["url"], "node": found["node"]} if found else {})
+
+
 STATES_HELP = (
     "Only jobs in this state: pending, running, succeeded, failed, cancelled, unknown; done (succeeded), active "
     "(pending or running), ended (succeeded, failed or cancelled). Repeat for several."
@@ -73,7 +95,7 @@ def list_jobs(
     selection = JobSelection.parse(steps or (), states or (), launchers or (), since, last)
     views = find(selection=selection)
     if as_json:
-        out.print_json(json.dumps([v.as_dict() for v in views]))
+        out.print_json(json.dumps([_as_dict(v) for v in views]))
         return
     if not views:
         where = "under ./.rlsteps/jobs or any profile's job_dir"
@@ -97,10 +119,12 @@ def job_lines(views, width: int) -> list[Text]:
         )
         details = f"{v.record.launcher} {v.record.job_id}, {v.record.step}, submitted {_when(v.record.submitted)}"
         details += f": {v.status.detail}" if v.status.detail else ""
+        details += f"; serving at {serving}" if (serving := _serving(v)) else ""
         lines += terminal.wrap(Text(details, style="dim"), width, 4)
     return lines
 
 
+@jobs_app.command("show", help="The same as status.")
 @jobs_app.command("status")
 def show_status(
     job: str = typer.Argument(..., help=JOB_ARGUMENT), as_json: bool = typer.Option(False, "--json", help="Print JSON.")
@@ -111,7 +135,7 @@ def show_status(
     record = find_job(job)
     view = JobView(record, job_status(record))
     if as_json:
-        out.print_json(json.dumps(view.as_dict()))
+        out.print_json(json.dumps(_as_dict(view)))
         return
     rows = [
         ("job", view.name),
@@ -122,6 +146,7 @@ def show_status(
         ("job dir", record.job_dir),
         ("state", _state(view.status.state.value)),
         ("detail", view.status.detail),
+        *([("serving", serving)] if (serving := _serving(view)) else []),
     ]
     terminal.print_lines(out, terminal.key_values(rows, out.width))
 

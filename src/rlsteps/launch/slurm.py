@@ -83,7 +83,7 @@ class SlurmLauncher:
         server_notes, worker_config = [], None
         if profile.server:
             server_files, server_notes, worker_config = slurm_hetjob.plan_parts(
-                job, profile, where, _squash_options(job, profile)
+                job, profile, where, squash_options(job, profile)
             )
             files = {SCRIPT_FILE: server_files.pop(SCRIPT_FILE), **server_files}
         if nemo_rl:
@@ -102,7 +102,7 @@ class SlurmLauncher:
             notes.append(where.container.describe())
             if where.container.action == "import":
                 files[containers.SQUASH_SCRIPT] = containers.squash_script(
-                    where.container, _squash_options(job, profile), job.name
+                    where.container, squash_options(job, profile), job.name
                 )
             if where.container.warning:
                 notes.append(f"warning: {where.container.warning}")
@@ -348,7 +348,7 @@ def _filesystem(path: Path) -> Path:
     return folder
 
 
-def _squash_options(job: Job, profile: SlurmProfile) -> list[str]:
+def squash_options(job: Job, profile: SlurmProfile) -> list[str]:
     """The squash srun asks for what the job's partition requires: a time limit, and GPUs where it has them."""
     wanted = (
         ("partition", profile.partition_for(job.mode)),

@@ -4,8 +4,9 @@
 The script runs on the server group's first node. It starts the server (`srun --het-group=0`, its output in a log of
 its own in the job dir, one per try of the job), fills the worker's URL variable (server_alloc.URL_ENV) from the
 first node of SLURM_JOB_NODELIST_HET_GROUP_0 (its NodeAddr, as slurmctld reaches it), and waits aloud for the
-server's health URL: a line at least every WAIT_SAY_S seconds with what it waits for and the time left. Then it runs
-the actor (`srun --het-group=1`, the same task as a one-group job) and waits for whichever side ends first:
+server's health URL (slurm_server: a line at least every WAIT_SAY_S seconds with what it waits for and the time
+left). Then it runs the actor (`srun --het-group=1`, the same task as a one-group job) and waits for whichever side
+ends first:
 
   - the run: its exit code is the job's (a checkpoint before the time limit requeues the job as in a one-group
     job, and a requeue restarts both groups); the server is stopped with the script, and Slurm ends every step of
@@ -24,7 +25,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from rlsteps.launch import code, containers, server_alloc
+from rlsteps.launch import code, containers, server_alloc, slurm_server
 from rlsteps.launch.base import comment_safe
 from rlsteps.launch.job import Job
 from rlsteps.launch.server_alloc import ServerAllocation
@@ -32,7 +33,6 @@ from rlsteps.launch.slurm_script import (
     CHECKPOINTED_FILE,
     SCRIPT_FILE,
     SRUN_END,
-    Expansion,
     Placement,
     SlurmProfile,
     directive_lines,
@@ -45,18 +45,9 @@ from rlsteps.launch.slurm_script import (
 
 SERVER_LOG = "server-{attempt}.log"  # in the job dir, one per try of the job
 SQUASH_SERVER_SCRIPT = "squash_server.sh"
-WAIT_SAY_S = 30
-POLL_S = 5
 JOB_WIDE = {"job-name", "output", "open-mode", "chdir", "export", "dependency", "kill-on-invalid-dep", "requeue"}
 EVERY_GROUP = {"account", "partition", "time"}
 RUN_NODES = "SLURM_JOB_NUM_NODES_HET_GROUP_1"
-
-# The server's command starts with USR1 ignored (an ignored signal stays ignored across exec): the run's checkpoint
-# signal (`--signal` before the time limit, `scancel --signal=USR1 JOB+1`) reaches every step of a heterogeneous
-# job on Slurm, and would end a server that has no use for it.
-IGNORING_USR1 = ["/bin/sh", "-c", 'trap "" USR1; exec "$@"', "sh"]
-# One HTTP GET through bash's /dev/tcp: $0 host, $1 port, $2 path; prints the answer (status line first).
-HTTP_GET = 'exec 3<>"/dev/tcp/$0/$1" && printf "GET %s HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n" "$2" "$0" >&3 && cat <&3'
 
 
 def server_container(profile: SlurmProfile, where: Placement, force: bool) -> containers.ContainerPlan | None:
@@ -99,7 +90,7 @@ def hetjob_script(job: Job, profile: SlurmProfile, where: Placement, container: 
         *environment_lines(job, profile),
         'attempt="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"  # this try of the job: a server log of its own',
         *_server_lines(job, profile, where, container),
-        *_wait_lines(server),
+        *slurm_server.wait_lines(server),
         *_run_lines(job, profile, where),
     ]
     return "\n".join(lines)
@@ -131,54 +122,25 @@ def _server_lines(job: Job, profile: SlurmProfile, where: Placement, container: 
     assert server is not None
     log = shlex.quote(str(where.job_dir)) + "/" + SERVER_LOG.format(attempt='"$attempt"')
     command = server_alloc.command(job, server, server.python or where.python)
+    srun = server_srun(server, command, profile, where, container, ["--het-group=0"])
+    return slurm_server.start_lines(server, srun, "SLURM_JOB_NODELIST_HET_GROUP_0", log, " (group 0)")
+
+
+def server_srun(
+    server: ServerAllocation,
+    command: list[str],
+    profile: SlurmProfile,
+    where: Placement,
+    container: Any,
+    group: list[str],
+) -> list[str]:
+    """The srun that starts a server's command on its nodes, in its image, with USR1 ignored and (kind rlsteps) the
+    job's own rlsteps first on the path. group: srun's options naming the job's group of nodes it runs on."""
     if server.kind == "rlsteps" and where.wheel:
         command = code.on_path(str(where.wheel), command)
-    command = [*IGNORING_USR1, *command]
     pyxis = containers.pyxis_options(container, profile.container_mounts, where.workdir) if container else []
-    srun = ["srun", "--het-group=0", f"--nodes={server.nodes}", "--ntasks-per-node=1", *SRUN_END, *pyxis, *command]
-    url = f"http://$server_host:{server.listen_port}{server.url_suffix}"
-    return [
-        f"server_log={log}",
-        'server_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_0" | head -n 1)',
-        'server_host=$(scontrol show node "$server_node" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2)',
-        'server_host="${server_host:-$server_node}"',
-        f'export {server.url_env}="{url}"',
-        f'echo "rlsteps: starting {server.describe()} on $server_node (group 0); its log: $server_log"',
-        f'{shell_join(srun)} > "$server_log" 2>&1 &',
-        "server_pid=$!",
-        "trap 'kill \"$server_pid\" 2>/dev/null || true' EXIT  # the server ends with the script, whatever ends it",
-        "",
-    ]
-
-
-def _wait_lines(server: ServerAllocation) -> list[str]:
-    """Poll the server's health URL until it answers 200; say what it waits for at least every WAIT_SAY_S seconds;
-    stop the job if the server ends first or is not answering within its ready_timeout_s."""
-    get = shell_join(["timeout", "10", "bash", "-c", HTTP_GET, Expansion('"$server_host"'), str(server.listen_port)])
-    health = f"http://$server_host:{server.listen_port}{server.health_path}"
-    return [
-        f"server_get() {{ {get} \"$1\" 2>/dev/null; }}  # GET a path of the server's (bash's /dev/tcp)",
-        f"deadline=$((SECONDS + {server.ready_timeout_s})); said=-{WAIT_SAY_S}",
-        f'until [[ "$(server_get {shlex.quote(server.health_path)})" == "HTTP/"?.?" 200"* ]]; do',
-        '    if ! kill -0 "$server_pid" 2>/dev/null; then',
-        '        code=0; wait "$server_pid" || code=$?',
-        f'        echo "rlsteps: {server.describe()} ended (exit $code) before it answered: see $server_log"',
-        "        exit 1",
-        "    fi",
-        '    if [ "$SECONDS" -ge "$deadline" ]; then',
-        f'        echo "rlsteps: {server.describe()} did not answer {health} within {server.ready_timeout_s}s: '
-        'see $server_log"',
-        "        exit 1",
-        "    fi",
-        f"    if [ $((SECONDS - said)) -ge {WAIT_SAY_S} ]; then",
-        f'        echo "rlsteps: waiting for {server.describe()} to answer {health} ($((deadline - SECONDS))s left)"',
-        "        said=$SECONDS",
-        "    fi",
-        f"    sleep {POLL_S}",
-        "done",
-        f'echo "rlsteps: {server.describe()} answers at ${server.url_env}"',
-        "",
-    ]
+    nodes = [f"--nodes={server.nodes}", "--ntasks-per-node=1"]
+    return ["srun", *group, *nodes, *SRUN_END, *pyxis, *slurm_server.IGNORING_USR1, *command]
 
 
 def _run_lines(job: Job, profile: SlurmProfile, where: Placement) -> list[str]:

@@ -37,6 +37,7 @@ from rlsteps.plan.prompt_check import (
     with_policy_tokenizer,
 )
 from rlsteps.plan.reward_functions import reward_function_problem
+from rlsteps.plan.server_urls import with_shared_servers
 from rlsteps.plan.worker_exit import worker_failure
 from rlsteps.plan.worker_extras import missing_extra_problem
 
@@ -103,7 +104,7 @@ def compile_request(catalog: Catalog, request: RunRequest, say: Callable[[str], 
         depends_on=list(request.after),
         allow_unset=request.dry_run,
     )
-    job = _with_store_references(step, job)
+    job = with_shared_servers(_with_store_references(step, job))  # rm.url=job:ID, judge.url=job:ID
     launcher = get_launcher(job.executor)
     check_processes(launcher, job)
     if _runs_here(launcher):  # its worker imports them here, with this Python and its path
