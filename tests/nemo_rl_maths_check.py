@@ -21,7 +21,14 @@ CALLS: a list of {"fn": NAME, ...}; RESULTS: one entry per call, in order. Every
 - loss_from_logits: the same loss from a micro-batch's logits [b, S + 1, V] and input_ids [b, S + 1], as NeMo-RL's
   DTensor worker computes it: apply_temperature_scaling (its forward's), then the LossPostProcessor's
   prepare_loss_input with the TrainingSamplingParams (top-k/top-p, log_softmax, the targets gathered) and
-  ClippedPGLossFn -> [{"loss": float, "grad": [b, S + 1, V]}] (grad: d loss / d logits)
+  ClippedPGLossFn -> [{"loss": float, "grad": [b, S + 1, V]}] (grad: d loss / d logits). Under top-k/top-p its
+  non-parallel path hands apply_top_k_top_p the slice logits[:, :-1], which that function's view() refuses for more
+  than one row (contiguous only at one row a micro-batch): the slice is made contiguous first (contiguous_filter_input).
+- dynamic_sampling: nemo_rl.algorithms.grpo.dynamic_sampling called as grpo_train calls it, once per generation
+  batch ({"ids": [B], "std": [B]} each: a row id and its group's reward std) with the batch cache and the count of
+  generation batches, until a batch is complete -> {"ids": the row ids that train, "batches": generation batches,
+  "discarded": dynamic_sampling_num_discarded_valid_samples} or, past dynamic_sampling_max_gen_batches,
+  {"error": ValueError's message, "batches": ...}
 """
 
 import contextlib
@@ -32,6 +39,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import upstream  # noqa: E402
+
+
+@contextlib.contextmanager
+def contiguous_filter_input(model_utils):
+    """nemo_rl.distributed.model_utils.apply_top_k_top_p given a contiguous copy of its logits (the same values and
+    gradient), as its view() needs."""
+    original = model_utils.apply_top_k_top_p
+    model_utils.apply_top_k_top_p = lambda logits, **kwargs: original(logits.contiguous(), **kwargs)
+    try:
+        yield
+    finally:
+        model_utils.apply_top_k_top_p = original
 
 
 @contextlib.contextmanager
@@ -64,6 +83,7 @@ def main() -> int:
         from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
         from nemo_rl.algorithms.loss.utils import prepare_loss_input
         from nemo_rl.algorithms.utils import calculate_baseline_and_std_per_prompt, calculate_kl
+        from nemo_rl.distributed import model_utils
         from nemo_rl.distributed.batched_data_dict import BatchedDataDict
         from nemo_rl.models.automodel.train import apply_temperature_scaling
 
@@ -130,7 +150,7 @@ def main() -> int:
                     }
                 )
                 scaled = apply_temperature_scaling(logits.clone(), params)
-                with on_the_cpu(torch):  # its non-parallel path moves the targets with input_ids.cuda()
+                with on_the_cpu(torch), contiguous_filter_input(model_utils):  # input_ids.cuda(): the targets
                     loss_input, data = prepare_loss_input(scaled, data, loss_fn, sampling_params=params)
                 value, _metrics = loss_fn(
                     data=data,
@@ -141,6 +161,27 @@ def main() -> int:
                 value.backward()
                 out.append({"loss": value.item(), "grad": logits.grad.tolist()})
             return out
+
+        def dynamic_sampling(call):  # grpo_train's loop around it: a cache and a count of generation batches
+            from nemo_rl.algorithms.grpo import dynamic_sampling as their_dynamic_sampling
+
+            config = types.SimpleNamespace(grpo={"use_dynamic_sampling": True, **call["grpo"]})
+            timer = types.SimpleNamespace(time=lambda name: contextlib.nullcontext())
+            cache = None
+            for count, generated in enumerate(call["generation_batches"], start=1):
+                ids = torch.tensor(generated["ids"])
+                batch = BatchedDataDict({"ids": ids, "total_reward": torch.zeros(len(ids))})
+                std = tensor(generated["std"])
+                try:
+                    batch, complete, cache, metrics = their_dynamic_sampling(
+                        batch, std, torch.zeros(len(ids)), count, config, timer, cache
+                    )
+                except ValueError as error:
+                    return {"error": str(error), "batches": count}
+                if complete:
+                    discarded = metrics["dynamic_sampling_num_discarded_valid_samples"]
+                    return {"ids": batch["ids"].tolist(), "batches": count, "discarded": discarded}
+            return {"incomplete": True, "batches": len(call["generation_batches"])}
 
         def sampled(call):  # as NeMo-RL's DTensor worker scores a token: temperature, then top-k/top-p, log_softmax
             params = TrainingSamplingParams(top_k=call["top_k"] or None, top_p=call["top_p"], temperature=call["t"])
@@ -159,6 +200,7 @@ def main() -> int:
             "loss": loss,
             "loss_from_logits": loss_from_logits,
             "sampled": sampled,
+            "dynamic_sampling": dynamic_sampling,
         }
         results = [functions[call["fn"]](call) for call in calls]
     json.dump(results, sys.stdout)

@@ -351,6 +351,7 @@ class GRPOSection(Section):
     eps_high: NonNegativeFloat = 0.2
     kl_beta: NonNegativeFloat = 0.01
     dynamic_sampling: bool = False
+    dynamic_sampling_max_gen_batches: PositiveInt = 10  # a step's generation batches past which dynamic sampling stops
     overlong_filtering: bool = False
 
 

@@ -54,6 +54,7 @@ GRPO_ONLY = (  # rl/rlhf's GRPO and judge settings
     ("grpo.eps_low", "loss_fn.ratio_clip_min"),
     ("grpo.eps_high", "loss_fn.ratio_clip_max"),
     ("grpo.dynamic_sampling", "grpo.use_dynamic_sampling"),
+    ("grpo.dynamic_sampling_max_gen_batches", "grpo.dynamic_sampling_max_gen_batches"),
     ("grpo.overlong_filtering", "grpo.overlong_filtering"),
     ("judge.temperature", f"{GENRM}.genrm_responses_create_params.temperature"),
     ("judge.top_p", f"{GENRM}.genrm_responses_create_params.top_p"),

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from rlsteps.contract.algorithms import UnsupportedAlgorithm
-from rlsteps.dotted import get
 
 NO_END = 1_000_000  # "no limit" for NeMo-RL's integer limits (its own default for grpo.max_num_steps)
 
@@ -19,7 +18,7 @@ def differences(cfg: dict[str, Any]) -> list[str]:
     and LoRA's are said by schedule.notes and lora.lora_notes)."""
     if cfg["algorithm"] not in RECIPE_NOTES:
         raise UnsupportedAlgorithm(f"no notes on how NeMo-RL runs algorithm '{cfg['algorithm']}': add them")
-    return _common(cfg) + RECIPE_NOTES[cfg["algorithm"]](cfg) + _kl_under_filters(cfg)
+    return _common(cfg) + RECIPE_NOTES[cfg["algorithm"]](cfg)
 
 
 def _where_generation(cfg: dict[str, Any]) -> str:
@@ -62,10 +61,9 @@ def _rlhf(cfg: dict[str, Any]) -> list[str]:
         )
     if cfg["grpo"]["dynamic_sampling"]:
         notes.append(
-            "grpo.dynamic_sampling: rlsteps trains the step on the groups whose rewards differ (fewer rows, the "
-            "next step taking the next prompts); NeMo-RL's use_dynamic_sampling samples more prompts until the batch "
-            "is full, keeping the groups whose rewards differ across its generation batches (the surplus dropped), "
-            "and stops the run with an error past grpo.dynamic_sampling_max_gen_batches (10 unless set)"
+            "grpo.dynamic_sampling: both engines sample more prompts until the batch is full of groups whose rewards "
+            "differ; rlsteps compares the rewards of a group's rows that count (scored, and ended under "
+            "grpo.overlong_filtering), NeMo-RL those of all its rows"
         )
     if cfg["judge"]["length_penalty"]:
         notes.append("judge.length_penalty: NeMo-Gym's group_answer_length_penalty_coeff (zero-centred in the group)")
@@ -82,22 +80,6 @@ def _reinforce(cfg: dict[str, Any]) -> list[str]:
         "rm.*: NeMo-RL serves inputs.reward_model itself (env.reward_model, Bradley-Terry); rm.url, token and "
         "chat_template do not apply",
         "prompts: rl/reinforce on NeMo-RL takes single-turn prompts (NeMo-RL's math_hf_data_processor)",
-    ]
-
-
-KL_KEYS = {"grpo": "grpo.kl_beta", "reinforce": "reinforce.initial_policy_kl_penalty"}
-
-
-def _kl_under_filters(cfg: dict[str, Any]) -> list[str]:
-    """NeMo-RL's KL reads the policy's log-probs at the temperature without top-k/top-p; rlsteps's the filtered ones."""
-    sampling = cfg["rollout"]["sampling"]
-    key = KL_KEYS[cfg["algorithm"]]
-    if not get(cfg, key) or (not sampling.get("top_k") and sampling.get("top_p", 1.0) >= 1.0):
-        return []
-    return [
-        f"{key} with top-k/top-p: NeMo-RL's KL reads the policy's log-probs at the temperature without the filters "
-        "(prepare_loss_input's unfiltered log-probs), against the reference's at the temperature; rlsteps's reads "
-        "the filtered ones the ratio uses, which are higher by the log of the mass the filters keep"
     ]
 
 

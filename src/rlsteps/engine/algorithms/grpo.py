@@ -6,6 +6,9 @@
     L_t   = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)) + beta * k3_t
     loss  = sum_t L_t * mask_t / normaliser    (token mean over the whole global batch)
 
+Under top-k/top-p the ratio reads the sampled (filtered) distribution's log-probs and k3 the policy's under the
+temperature alone, as the reference's are (NeMo-RL's ClippedPGLossFn: curr_logprobs and curr_logprobs_unfiltered).
+
 The std floor (1e-3) keeps a group whose rewards differ only by noise from being blown up to
 unit-scale advantages (NeMo-RL issue #1518); a zero-variance group gets zero advantage.
 """
@@ -23,7 +26,7 @@ from rlsteps.engine.algorithms.groups import (
     leave_one_out_std,
     number_of_groups,
 )
-from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
+from rlsteps.engine.algorithms.recipe import ROW_MASK, UNFILTERED_LOGPROBS, Recipe, loss_mask, rollout_stats
 
 
 def group_advantages(
@@ -94,11 +97,14 @@ def clipped_policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_beta: float = 0.0,
     importance_weights: torch.Tensor | None = None,
+    kl_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate (times the truncated importance weight w_t, when given) plus beta * k3 KL, summed
     over masked tokens and divided by `normaliser`.
 
-    logprobs, old_logprobs, ref_logprobs, mask, importance_weights: [b, T-1]; advantages: [b].
+    logprobs, old_logprobs, ref_logprobs, mask, importance_weights: [b, T-1]; advantages: [b]. kl_logprobs [b, T-1]:
+    the policy's log-probs the KL reads, of the same forward as logprobs (under top-k/top-p, those under the
+    temperature alone); None: logprobs.
     """
     if kl_beta and ref_logprobs is None:
         raise ValueError("kl_beta > 0 needs ref_logprobs: compute the reference policy's log-probs or set kl_beta=0")
@@ -111,9 +117,10 @@ def clipped_policy_loss(
         token_loss = token_loss * importance_weights
     # k3 weighted by exp(logp - sg(logp)): 1 in value, and in the gradient the score-function term of E_pi[k3] (the
     # tokens were sampled from the policy), as NeMo-RL's ClippedPGLossFn and TRL's on-policy KL correction have it
-    score_weights = torch.exp(logprobs - logprobs.detach())
+    kl_logprobs = logprobs if kl_logprobs is None else kl_logprobs
+    score_weights = torch.exp(kl_logprobs - kl_logprobs.detach())
     kl = (
-        k3_kl(logprobs, ref_logprobs.detach(), weights=score_weights)
+        k3_kl(kl_logprobs, ref_logprobs.detach(), weights=score_weights)
         if ref_logprobs is not None
         else torch.zeros_like(logprobs)
     )
@@ -166,9 +173,24 @@ class GRPO(Recipe):
     def reference_of_every_row(self) -> bool:
         return self.needs_reference and not self.cfg.grpo.dynamic_sampling  # it drops groups before asking
 
+    def _counted(self, batch, scores) -> torch.Tensor:
+        """[B] bool: the rows that count in the baseline, the std and the loss."""
+        return scores.valid & batch.is_end if self.cfg.grpo.overlong_filtering else scores.valid.clone()
+
+    def dropped_groups(self, batch, scores):
+        """With grpo.dynamic_sampling, the groups whose counted rewards do not differ (zero advantage everywhere)."""
+        if not self.cfg.grpo.dynamic_sampling:
+            return None
+        group, _ = batch.group_index()
+        flat = zero_variance_groups(scores.rewards, group, self._counted(batch, scores))  # [B]
+        return flat[:: self.cfg.rollout.num_rollouts_per_prompt].tolist()
+
+    def max_generation_batches(self) -> int:
+        return self.cfg.grpo.dynamic_sampling_max_gen_batches
+
     def prepare(self, batch, scores, policy_logprobs, reference_logprobs):
         g = self.cfg.grpo
-        valid = scores.valid & batch.is_end if g.overlong_filtering else scores.valid.clone()  # [B] rows that count
+        valid = self._counted(batch, scores)  # [B] rows that count
         group, _ = batch.group_index()
         advantages = group_advantages(
             scores.rewards,
@@ -218,4 +240,5 @@ class GRPO(Recipe):
             ref_logprobs=batch.extras.get("ref_logprobs"),
             kl_beta=g.kl_beta,
             importance_weights=self.importance_weights(logprobs, batch),
+            kl_logprobs=batch.extras.get(UNFILTERED_LOGPROBS),
         )

@@ -11,12 +11,17 @@ them: the recipe's loss takes them from there, detached, and prepare runs no pas
 (several optimizer steps: the weights move after the first) prepare computes them in a no-grad pass of their own.
 The update's forward runs in train mode, the separate pass in eval mode: the same numbers for the policies trained
 here (no dropout); a model with dropout would see it in its old log-probs too, where its ratio stays exactly 1.
+
+Under top-k/top-p the policy has two sets of log-probs, as in NeMo-RL: those of the sampled (filtered) distribution,
+which the policy gradient, the ratio and the importance weights read, and those under the temperature alone, which a
+KL to the reference reads (the reference's are under the temperature alone). Where the recipe's KL needs them
+(`kl_reads_unfiltered`), the same forward gives both: a prepare pass asks the LogprobFn for them, and the update puts
+the forward's in the micro-batch's extras under UNFILTERED_LOGPROBS (NeMo-RL's data["curr_logprobs_unfiltered"]).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -28,8 +33,15 @@ from rlsteps.engine.policy.sampled_distribution import SampledDistribution
 if TYPE_CHECKING:  # for annotations only: the math needs no reward client
     from rlsteps.engine.rewards.scores import Scores
 
-LogprobFn = Callable[[RolloutBatch], torch.Tensor]  # batch -> [B, T-1] fp32, no grad
 ROW_MASK = "row_mask"  # extras key: [B] float, 0 = the row stays out of the loss
+UNFILTERED_LOGPROBS = "unfiltered_logprobs"  # extras key: [B, T-1], the policy's under the temperature alone
+
+
+class LogprobFn(Protocol):
+    def __call__(self, batch: RolloutBatch, unfiltered: bool = False) -> torch.Tensor:
+        """[B, T-1] fp32, no grad, under the sampled distribution; unfiltered: [2, B, T-1], those and the log-probs
+        under the temperature alone, of the same passes."""
+        ...
 
 
 def loss_mask(batch: RolloutBatch) -> torch.Tensor:  # [B, T-1]
@@ -72,6 +84,21 @@ class Recipe:
         gradient's ratio, KL and importance weights are only right under it); rejection sampling's NLL overrides it."""
         return SampledDistribution.of(self.cfg.rollout.sampling)
 
+    def kl_reads_unfiltered(self) -> bool:
+        """Whether the recipe's KL to the reference needs the policy's log-probs under the temperature alone, apart
+        from the sampled distribution's: a KL to the reference under top-k/top-p (the set is the same without them)."""
+        return self.needs_reference and self.loss_distribution().filtered
+
+    def policy_and_kl_logprobs(
+        self, batch: RolloutBatch, policy_logprobs: LogprobFn
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's log-probs [B, T-1] before the update, of one pass: the sampled distribution's and the KL's."""
+        if not self.kl_reads_unfiltered():
+            logprobs = policy_logprobs(batch)
+            return logprobs, logprobs
+        both = policy_logprobs(batch, unfiltered=True)
+        return both[0], both[1]
+
     def logprobs_from_update(self) -> bool:
         """Whether the policy's log-probs before the update are the update's own forward, detached (no pass of the
         policy in prepare): when every row of the step fits one global batch (one optimizer step, so the forward
@@ -94,6 +121,15 @@ class Recipe:
         """Whether a micro-batch's loss reads every row of each prompt group in it (a baseline made in the loss):
         micro-batches must then hold whole groups. Per-token losses read their own rows only."""
         return False
+
+    def dropped_groups(self, batch: RolloutBatch, scores: Scores) -> list[bool] | None:
+        """Dynamic sampling: for each prompt group of a generation batch (rows in prompt order, each group's adjacent),
+        whether it is dropped and another drawn in its place (algorithms.dynamic_sampling). None: every group trains."""
+        return None
+
+    def max_generation_batches(self) -> int:
+        """The bound on a step's generation batches where groups are dropped (dropped_groups)."""
+        return 1
 
     def prepare(
         self, batch: RolloutBatch, scores: Scores, policy_logprobs: LogprobFn, reference_logprobs: LogprobFn | None

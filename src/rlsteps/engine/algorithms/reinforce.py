@@ -11,6 +11,9 @@ Fixes over NeMo-Aligner:
   [1, 1, 1, 0] it gives the last sample 8/2 = 4; the mean of its ended peers is 8/3.
 - The advantage is broadcast per sequence as [b, 1], which is right for any micro-batch size
   (NeMo-Aligner's [mbs] against [mbs, S-1] broadcast is right only for mbs = 1).
+
+Under top-k/top-p, logp in kl_t is the policy's under the temperature alone, as the reference's is (NeMo-RL's KL
+reads curr_logprobs_unfiltered); the policy gradient's logp is the sampled (filtered) distribution's.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 
 from rlsteps.contract.config import ReinforceConfig
 from rlsteps.engine.algorithms.groups import leave_one_out_mean
-from rlsteps.engine.algorithms.recipe import ROW_MASK, Recipe, loss_mask, rollout_stats
+from rlsteps.engine.algorithms.recipe import ROW_MASK, UNFILTERED_LOGPROBS, Recipe, loss_mask, rollout_stats
 from rlsteps.engine.batch import RolloutBatch
 
 
@@ -106,8 +109,8 @@ class ReinforceRLOO(Recipe):
         if self.logprobs_from_update():  # the loss makes the advantages from the update's forward
             batch.extras["rewards"] = scores.rewards.float()
             return batch, stats
-        logp = policy_logprobs(batch)  # [B, T-1]
-        advantages, kl, rewards_with_kl = self._advantages(batch, scores.rewards, logp)
+        logp, kl_logp = self.policy_and_kl_logprobs(batch, policy_logprobs)  # [B, T-1] each
+        advantages, kl, rewards_with_kl = self._advantages(batch, scores.rewards, kl_logp)
         batch.extras["advantages"] = advantages
         del batch.extras["ref_logprobs"]  # the loss needs no more than the advantages
         more = _advantage_stats(advantages, kl, rewards_with_kl)
@@ -116,7 +119,8 @@ class ReinforceRLOO(Recipe):
     def _advantages(
         self, batch: RolloutBatch, rewards: torch.Tensor, logprobs: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The rows' advantages, KL and KL-penalised rewards [B] from the policy's log-probs [B, T-1] (no gradient)."""
+        """The rows' advantages, KL and KL-penalised rewards [B] from the policy's log-probs [B, T-1] the KL reads (no
+        gradient)."""
         r = self.cfg.reinforce
         mask = batch.response_mask().to(logprobs.device)
         kl = sequence_kl(logprobs, batch.extras["ref_logprobs"].to(logprobs.device), mask, r.use_absolute_kl)  # [B]
@@ -127,13 +131,15 @@ class ReinforceRLOO(Recipe):
         return advantages, kl, rewards_with_kl
 
     def update_stats(self, batch, trainer_logprobs):
-        more = _advantage_stats(*self._advantages(batch, batch.extras["rewards"], trainer_logprobs))
+        kl_logprobs = batch.extras.get(UNFILTERED_LOGPROBS, trainer_logprobs)
+        more = _advantage_stats(*self._advantages(batch, batch.extras["rewards"], kl_logprobs))
         return {**more, **super().update_stats(batch, trainer_logprobs)}
 
     def loss(self, logprobs, batch, normaliser):
         advantages = batch.extras.get("advantages")
         if advantages is None:  # one optimizer step: the micro-batch's whole groups, from this forward
-            advantages, _, _ = self._advantages(batch, batch.extras["rewards"], logprobs.detach())
+            kl_logprobs = batch.extras.get(UNFILTERED_LOGPROBS, logprobs).detach()
+            advantages, _, _ = self._advantages(batch, batch.extras["rewards"], kl_logprobs)
         return reinforce_loss(
             logprobs, advantages, loss_mask(batch), normaliser, self.importance_weights(logprobs, batch)
         )

@@ -15,6 +15,10 @@ Heads this cannot reproduce (a bias, logits changed after the head, not an nn.Li
 The rows can be passed packed (packed_token_logprobs: several sequences end to end in a row, rlsteps.engine.policy.
 packing) and the log-probs come back in the same layout; reads_packed_sequences probes once per model that its
 forward keeps packed sequences apart.
+
+Under a top-k/top-p distribution a KL to the reference reads the policy's log-probs under the temperature alone
+(rlsteps.engine.policy.sampled_distribution): `unfiltered=True` returns both sets of the one forward, stacked
+[2, ...] (the sampled distribution's first), the second from the same rows of logits the filter reads.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ def token_logprobs(
     positions: torch.Tensor | None = None,
     vocab_chunk: int = VOCAB_CHUNK,
     distribution: SampledDistribution | None = None,
+    unfiltered: bool = False,
 ) -> torch.Tensor:
     """log p(token t+1 | tokens <= t) for right-padded rows: [B, T] -> [B, T-1] fp32.
 
@@ -79,14 +84,16 @@ def token_logprobs(
     non-padding entry. Entries not wanted, and predictions of padding, are 0. Differentiable with respect to the
     model's parameters; equals logits.float().log_softmax(-1) gathered at the targets, in value and gradient.
     distribution: the sampled distribution to score under (temperature, top-k, top-p); None: the model's own.
+    unfiltered: [2, B, T-1], those and the log-probs under the distribution's temperature alone, of one forward.
     """
     if vocab_chunk < 1:
         raise ValueError(f"vocab_chunk must be a positive number of vocabulary rows, got {vocab_chunk}")
     wanted = _wanted_entries(attention_mask, positions)  # [B, T-1] bool
     targets = tokens[:, 1:][wanted]  # [N]
     inputs = forward_inputs(model, tokens, attention_mask, position_ids_from_mask(attention_mask))
-    picked = wanted_logprobs(model, inputs, wanted, targets, vocab_chunk, distribution)
-    return torch.zeros(wanted.shape, dtype=torch.float32, device=picked.device).masked_scatter(wanted, picked)
+    picked = wanted_logprobs(model, inputs, wanted, targets, vocab_chunk, distribution, unfiltered)  # [(2,) N]
+    out = torch.zeros((*picked.shape[:-1], *wanted.shape), dtype=torch.float32, device=picked.device)
+    return out.masked_scatter(wanted, picked)
 
 
 def wanted_logprobs(
@@ -96,17 +103,22 @@ def wanted_logprobs(
     targets: torch.Tensor,
     vocab_chunk: int = VOCAB_CHUNK,
     distribution: SampledDistribution | None = None,
+    unfiltered: bool = False,
 ) -> torch.Tensor:
     """The log-probs [N] fp32 of the `wanted` entries [B, T-1] of the forward on `inputs` (forward_inputs), whose
     predicted tokens are `targets` [N]: through the chunked head where it reproduces the logits, else the full ones.
     Under a distribution with top-k or top-p, each wanted position's whole row of logits is needed (the filter reads
-    it): the head scores FILTER_CHUNK positions at a time, recomputed in backward."""
+    it): the head scores FILTER_CHUNK positions at a time, recomputed in backward. unfiltered: [2, N], those and the
+    log-probs under the temperature alone (the same set where nothing is filtered)."""
     distribution = None if distribution is None or distribution.is_raw else distribution
+    pair = unfiltered and distribution is not None and distribution.filtered  # two different sets
     reason = full_logits_reason(model)
     if reason is None:
-        return _chunked_path(model, inputs, wanted, targets, vocab_chunk, distribution)
-    _warn_once(model, reason)
-    return _full_path(model, inputs, wanted, targets, distribution)
+        picked = _chunked_path(model, inputs, wanted, targets, vocab_chunk, distribution, pair)
+    else:
+        _warn_once(model, reason)
+        picked = _full_path(model, inputs, wanted, targets, distribution, pair)
+    return torch.stack([picked, picked]) if unfiltered and not pair else picked
 
 
 def batched_token_logprobs(
@@ -115,24 +127,30 @@ def batched_token_logprobs(
     micro_batch_size: int,
     bin_tokens: int | None = None,
     distribution: SampledDistribution | None = None,
+    unfiltered: bool = False,
 ) -> torch.Tensor:
     """token_logprobs of the response positions over micro-batches without gradients, at the batch's full width.
 
     [B, T-1] fp32, 0 outside `batch.response_mask()`: old, new and reference log-probs computed this way share one
     layout, so they subtract cleanly, and prompt positions (which no algorithm scores) cost nothing. bin_tokens:
-    sequence packing, micro_batch_size rows of bin_tokens tokens a pass (packed_token_logprobs).
+    sequence packing, micro_batch_size rows of bin_tokens tokens a pass (packed_token_logprobs). unfiltered:
+    [2, B, T-1], those and the log-probs under the distribution's temperature alone (token_logprobs).
     """
     device = next(model.parameters()).device
-    out = torch.zeros(len(batch), batch.tokens.shape[1] - 1)
+    out = torch.zeros(*((2,) if unfiltered else ()), len(batch), batch.tokens.shape[1] - 1)
     with torch.no_grad(), eval_mode(model):
         for rows in batch.micro_batch_rows(micro_batch_size, bin_tokens=bin_tokens):
             micro = batch.select(rows).to(device)
             if bin_tokens is None:
                 mask, wanted = micro.attention_mask(), micro.response_mask()
-                logprobs = token_logprobs(model, micro.tokens, mask, positions=wanted, distribution=distribution)
+                logprobs = token_logprobs(
+                    model, micro.tokens, mask, positions=wanted, distribution=distribution, unfiltered=unfiltered
+                )
             else:
-                logprobs = packed_token_logprobs(model, micro, bin_tokens, distribution=distribution)
-            out[rows, : logprobs.shape[1]] = logprobs.cpu()
+                logprobs = packed_token_logprobs(
+                    model, micro, bin_tokens, distribution=distribution, unfiltered=unfiltered
+                )
+            out[..., rows, : logprobs.shape[-1]] = logprobs.cpu()
     return out.to(batch.tokens.device)
 
 
@@ -142,17 +160,18 @@ def packed_token_logprobs(
     capacity: int,
     vocab_chunk: int = VOCAB_CHUNK,
     distribution: SampledDistribution | None = None,
+    unfiltered: bool = False,
 ) -> torch.Tensor:
     """token_logprobs of the batch's response positions, its rows packed into bins of `capacity` tokens: [B, T-1]
-    fp32, 0 outside the response mask; the padded pass's to rounding, in value and gradient, for a model that reads
-    packed sequences (reads_packed_sequences)."""
+    fp32 ([2, B, T-1] with unfiltered), 0 outside the response mask; the padded pass's to rounding, in value and
+    gradient, for a model that reads packed sequences (reads_packed_sequences)."""
     packed = pack_batch(batch, capacity)
     inputs = forward_inputs(model, packed.tokens, None, packed.position_ids)
     targets = packed.tokens[:, 1:][packed.wanted]
-    picked = wanted_logprobs(model, inputs, packed.wanted, targets, vocab_chunk, distribution)
-    rows, width = len(batch), batch.tokens.shape[1] - 1
-    flat = torch.zeros(rows * width, dtype=picked.dtype, device=picked.device)
-    return flat.index_put((packed.source,), picked).view(rows, width)
+    picked = wanted_logprobs(model, inputs, packed.wanted, targets, vocab_chunk, distribution, unfiltered)
+    lead, rows, width = picked.shape[:-1], len(batch), batch.tokens.shape[1] - 1
+    flat = torch.zeros((*lead, rows * width), dtype=picked.dtype, device=picked.device)
+    return flat.index_copy(-1, packed.source, picked).view(*lead, rows, width)
 
 
 def reads_packed_sequences(model: nn.Module, device: torch.device, autocast=nullcontext) -> bool:
@@ -336,8 +355,10 @@ def _chunked_path(
     targets: torch.Tensor,
     vocab_chunk: int,
     distribution: SampledDistribution | None = None,
+    unfiltered: bool = False,
 ) -> torch.Tensor:
-    """The wanted entries' log-probs [N] from the root forward, its output embedding scoring only the targets."""
+    """The wanted entries' log-probs [N] ([2, N] unfiltered, under a filtered distribution) from the root forward, its
+    output embedding scoring only the targets."""
     head = model.get_output_embeddings()
     rows, width = wanted.shape[0], wanted.shape[1] + 1
 
@@ -349,13 +370,13 @@ def _chunked_path(
             )
         picked = hidden[:, :-1][wanted]  # [N, H]
         if distribution is not None and distribution.filtered:
-            return filtered_head_logprobs(picked, head.weight, targets, distribution)
+            return filtered_head_logprobs(picked, head.weight, targets, distribution, unfiltered)
         scaled = picked if distribution is None else distribution.scaled(picked)  # h / T: logits / T
         return linear_head_logprobs(scaled, head.weight, targets, vocab_chunk)
 
     with _forward_replaced(head, score_targets):
         picked = model(**inputs).logits  # what score_targets returned, passed through the root's hooks
-    if picked.shape != targets.shape:
+    if picked.shape != ((2,) if unfiltered else ()) + tuple(targets.shape):
         raise RuntimeError(
             f"{type(model).__name__} reshaped its output embedding's output to {list(picked.shape)}; "
             "its log-probs cannot be chunked"
@@ -369,33 +390,42 @@ def _full_path(
     wanted: torch.Tensor,
     targets: torch.Tensor,
     distribution: SampledDistribution | None = None,
+    unfiltered: bool = False,
 ) -> torch.Tensor:
-    """The wanted entries' log-probs [N] from the model's full logits [B, T, V], normalised at those entries only."""
+    """The wanted entries' log-probs [N] ([2, N] unfiltered) from the model's full logits [B, T, V], normalised at
+    those entries only."""
     logits = model(**inputs).logits[:, :-1][wanted].float()  # [N, V]
     if distribution is not None:
-        return distribution.logprobs(logits, targets)
+        return distribution.logprobs(logits, targets, unfiltered)
     return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
 
 
 def filtered_head_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, distribution: SampledDistribution
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    distribution: SampledDistribution,
+    unfiltered: bool = False,
 ) -> torch.Tensor:
     """log p(target) under a filtered distribution from hidden states [N, H] and the head's weight [V, H]: the logits
     of FILTER_CHUNK positions at a time (fp32, the matmul in hidden's or autocast's dtype), each chunk recomputed in
-    backward rather than saved, so the memory stays O(FILTER_CHUNK * V)."""
+    backward rather than saved, so the memory stays O(FILTER_CHUNK * V). unfiltered: [2, N], those and the log-probs
+    under the temperature alone, from the same chunks of logits."""
     device_type = hidden.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
 
     def score(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type, enabled=False):
-            return distribution.logprobs((h.to(dtype) @ w.to(dtype).T).float(), t)
+            return distribution.logprobs((h.to(dtype) @ w.to(dtype).T).float(), t, unfiltered)
 
     parts = [
         checkpoint(score, hidden[start : start + FILTER_CHUNK], weight, targets[start : start + FILTER_CHUNK],
                    use_reentrant=False)
         for start in range(0, len(targets), FILTER_CHUNK)
     ]  # fmt: skip
-    return torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
+    if not parts:
+        return hidden.new_zeros(*((2,) if unfiltered else ()), 0, dtype=torch.float32)
+    return torch.cat(parts, dim=-1)
 
 
 @contextmanager

@@ -4,9 +4,12 @@ an importance weight is only right under the distribution that drew the tokens; 
 log-probs are not it.
 
 As NeMo-RL v0.7.0 scores them (nemo_rl/algorithms/logits_sampling_utils.py, TrainingSamplingParams): the policy's
-log-probs, old and new, under temperature and filters, the filtered tokens getting no gradient; the reference
-policy's under the temperature alone (its own top-k/top-p set would differ from the policy's). The sampler records
-its tokens' log-probs under the same distribution (rlsteps.engine.generation.sampling; vLLM's processed_logprobs).
+log-probs, old and new, under temperature and filters, the filtered tokens getting no gradient (the ratio, the
+importance weights, the sampler comparison); the reference policy's under the temperature alone (its own top-k/top-p
+set would differ from the policy's). A KL to the reference compares like with like: it reads the policy's log-probs
+under the temperature alone too (NeMo-RL's curr_logprobs_unfiltered, prepare_loss_input), from the same logits, so
+`logprobs(..., unfiltered=True)` gives both sets of one forward. The sampler records its tokens' log-probs under the
+sampled distribution (rlsteps.engine.generation.sampling; vLLM's processed_logprobs).
 
 One difference, on purpose: a token the filter would drop is kept when it is the one scored. Recomputed logits can
 differ from the sampler's in the last bits (another batch shape, another kernel), and a sampled token at the edge of
@@ -53,13 +56,23 @@ class SampledDistribution:
         """Logits, or the hidden states a linear head turns into them, divided by the temperature."""
         return values if self.temperature == 1.0 else values / self.temperature
 
-    def logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def logprobs(self, logits: torch.Tensor, targets: torch.Tensor, unfiltered: bool = False) -> torch.Tensor:
         """log p(target) under this distribution: [N, V] logits, [N] targets -> [N] fp32 (fp64 stays fp64).
-        Differentiable: the filtered-out tokens get no gradient, the kept ones the renormalised softmax's."""
+        Differentiable: the filtered-out tokens get no gradient, the kept ones the renormalised softmax's.
+        unfiltered: [2, N], these and the log-probs under the temperature alone (the KL's), from the same logits."""
         scaled = self.scaled(logits.to(torch.promote_types(logits.dtype, torch.float32)))
-        if self.filtered:
-            with torch.no_grad():
-                dropped = torch.isinf(top_p_filter(top_k_filter(scaled, self.top_k), self.top_p))  # [N, V]
-                dropped[torch.arange(len(targets), device=targets.device), targets] = False  # the scored token stays
-            scaled = scaled.masked_fill(dropped, -torch.inf)
-        return scaled.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+        sampled = _picked(self._filtered(scaled, targets) if self.filtered else scaled, targets)
+        if not unfiltered:
+            return sampled
+        return torch.stack([sampled, _picked(scaled, targets) if self.filtered else sampled])
+
+    def _filtered(self, scaled: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Scaled logits [N, V] with the tokens top-k and top-p drop at -inf, each row's target kept."""
+        with torch.no_grad():
+            dropped = torch.isinf(top_p_filter(top_k_filter(scaled, self.top_k), self.top_p))  # [N, V]
+            dropped[torch.arange(len(targets), device=targets.device), targets] = False  # the scored token stays
+        return scaled.masked_fill(dropped, -torch.inf)
+
+
+def _picked(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # [N, V], [N] -> [N]
+    return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)

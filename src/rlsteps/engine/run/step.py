@@ -15,12 +15,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 
 from rlsteps.contract.config import RecipeConfig
 from rlsteps.contract.prompts import Prompt
+from rlsteps.engine.algorithms.dynamic_sampling import DynamicSamplingExhausted
 from rlsteps.engine.algorithms.recipe import Recipe, rollout_stats
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.checkpoints.resume import (
@@ -37,7 +38,7 @@ from rlsteps.engine.distributed import (
     reduce_sum,
     row_weighted_mean,
 )
-from rlsteps.engine.generation.rollouts import Sampler
+from rlsteps.engine.generation.rollouts import Sampler, step_seed
 from rlsteps.engine.inputs.data import prompt_indices
 from rlsteps.engine.policy.logprobs import batched_token_logprobs, reads_packed_sequences
 from rlsteps.engine.policy.lora import adapters_off, has_adapters
@@ -60,6 +61,7 @@ from rlsteps.engine.records.throughput import (
 )
 from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionFailed
 from rlsteps.engine.rewards.scores import RewardSource, Scores
+from rlsteps.engine.run.refill import Drawn, Scored, dropped_groups, refilled
 from rlsteps.engine.run.update import PolicyUpdate, UpdateResult, longest_row
 from rlsteps.engine.run.validation import validate
 
@@ -115,34 +117,10 @@ class StepRun:
     def step(self, prompts: list[Prompt]) -> dict[str, float]:
         c, cfg = self.counters, self.cfg
         started = time.perf_counter()
-        indices, c.epoch = prompt_indices(cfg.seed, c.consumed_samples, cfg.rollout.prompts_per_step, len(prompts))
-        mine = self.world.mine(len(indices))  # this process's prompt groups
-        with self.timers("rollout"), self._sampling():
-            batch = self.sampler.rollouts(
-                self.model,
-                [prompts[indices[j]] for j in mine],
-                cfg.rollout.num_rollouts_per_prompt,
-                seed=(cfg.seed, c.step),
-                prompt_positions=mine,
-            )
-        reference = self._reference()
-        early = (
-            reference is not None
-            and self.recipe.reference_of_every_row()
-            and overlaps_reference(self.cfg.run.overlap_reference, self.device)
-        )
-        with self.timers("reward"):  # and beside the scoring, if it is to be (early), the reference's log-probs
-            scored, ref_logprobs = self._score_or_stop(
-                batch,
-                len(indices),
-                cfg.rollout.num_rollouts_per_prompt,
-                c.step + 1,
-                beside=self._timed("reference", lambda: reference(batch)) if early else None,
-            )
-        if early:
-            reference = _computed_for(batch, ref_logprobs, reference)
+        drawn = self._drawn(prompts)
+        batch, scored = drawn.batch, drawn.scored
         with self.timers("prepare"):
-            train_batch, stats = self.recipe.prepare(batch, scored.mine, self._logprobs(self.model), reference)
+            train_batch, stats = self.recipe.prepare(batch, scored.mine, self._logprobs(self.model), drawn.reference)
             stats = {**row_weighted_mean(self.world, stats, len(batch)), **scored.rollout_stats}
         with self.timers("train"):
             result = self.update(train_batch)
@@ -153,12 +131,12 @@ class StepRun:
         self.skipped_updates += result.skipped
         self._count_update(result.optimizer_steps > 0)
         c.step += 1
-        c.consumed_samples += cfg.rollout.prompts_per_step
+        c.consumed_samples += cfg.rollout.prompts_per_step * drawn.generation_batches
         stats.update(result.stats)
         stats.update(scored.whole.metrics)  # the reward source's
         seconds = self.timers.pop()
         stats.update(seconds)
-        stats.update(self._throughput(batch, train_batch, result, seconds))
+        stats.update(self._throughput(drawn.generated_tokens, train_batch, result, seconds))
         stats.update(
             {
                 "train/lr": self.update.scheduler.get_last_lr()[0],
@@ -183,12 +161,65 @@ class StepRun:
             yield
         self.sampler.release()
 
+    def _generation_batch(self, prompts: list[Prompt], k: int) -> Drawn:
+        """The step's k-th generation batch (k > 0: dynamic sampling's refills): the prompts after k batches of the
+        step's, this process's share of their rollouts, every row's scores and the reference's log-prob function
+        (its values for these rows computed while the rewards are scored, where that is to be)."""
+        c, cfg = self.counters, self.cfg
+        per_prompt, count = cfg.rollout.num_rollouts_per_prompt, cfg.rollout.prompts_per_step
+        indices, c.epoch = prompt_indices(cfg.seed, c.consumed_samples + k * count, count, len(prompts))
+        mine = self.world.mine(len(indices))  # this process's prompt groups
+        seed = (cfg.seed, c.step) if k == 0 else (step_seed(cfg.seed, c.step), k)
+        with self.timers("rollout"), self._sampling():
+            batch = self.sampler.rollouts(
+                self.model, [prompts[indices[j]] for j in mine], per_prompt, seed=seed, prompt_positions=mine
+            )
+        reference = self._reference()
+        early = (
+            reference is not None
+            and self.recipe.reference_of_every_row()
+            and overlaps_reference(self.cfg.run.overlap_reference, self.device)
+        )
+        with self.timers("reward"):  # and beside the scoring, if it is to be (early), the reference's log-probs
+            scored, ref_logprobs = self._score_or_stop(
+                batch,
+                len(indices),
+                per_prompt,
+                c.step + 1,
+                beside=self._timed("reference", lambda: reference(batch)) if early else None,
+            )
+        if early:
+            reference = _computed_for(batch, ref_logprobs, reference)
+        return Drawn(batch, scored, reference, float(batch.response_lengths.sum()))
+
+    def _drawn(self, prompts: list[Prompt]) -> Drawn:
+        """The step's rollouts: its generation batch, or where the recipe drops groups (dynamic sampling) as many as
+        fill the step with groups it keeps."""
+        first = self._generation_batch(prompts, 0)
+        dropped = dropped_groups(self.recipe, first, self.world)
+        if dropped is None:
+            return first
+
+        def draw(k: int) -> tuple[Drawn, list[bool]]:
+            drawn = self._generation_batch(prompts, k)
+            return drawn, dropped_groups(self.recipe, drawn, self.world)
+
+        try:
+            drawn = refilled(first, dropped, draw, self.cfg.rollout, self.recipe.max_generation_batches(), self.world)
+        except DynamicSamplingExhausted as short:  # every process alike: the verdicts are the same everywhere
+            self._stop(str(short), short.fix)
+        log.info(
+            "step %d: dynamic sampling took %d generation batches", self.counters.step + 1, drawn.generation_batches
+        )
+        drawn.reference = self._reference()
+        return drawn
+
     def _throughput(
-        self, batch: RolloutBatch, trained: RolloutBatch, result: UpdateResult, seconds: dict[str, float]
+        self, generated_tokens: float, trained: RolloutBatch, result: UpdateResult, seconds: dict[str, float]
     ) -> dict[str, float]:
         """Tokens per second of generation and training (all processes), the train phase's model FLOPs
         utilisation (when the device's peak is known) and this step's peak memory (the largest process's)."""
-        generated = reduce_sum(self.world, float(batch.response_lengths.sum()))
+        generated = reduce_sum(self.world, generated_tokens)
         train_seconds = max(seconds.get("timers/train", 0.0), 1e-9)
         perf = {
             "perf/generation_tokens_per_s": generated / max(seconds.get("timers/rollout", 0.0), 1e-9),
@@ -243,7 +274,7 @@ class StepRun:
 
     def _score_or_stop(
         self, batch: RolloutBatch, prompts: int, per_prompt: int, step: int, beside: Callable[[], T] | None = None
-    ) -> tuple[_Scored, T | None]:
+    ) -> tuple[Scored, T | None]:
         """The main process scores every process's rollouts; each gets its own rows' scores back. A reward source
         that stays down stops every process, after a checkpoint: never train on missing rewards.
 
@@ -257,7 +288,7 @@ class StepRun:
             signs = rollout_signs(whole)
             if self.watch is not None:
                 self.watch.rollouts(step, whole, signs)
-            outcome = _Scored(outcome, {**rollout_stats(whole, outcome), **signs})
+            outcome = Scored(outcome, {**rollout_stats(whole, outcome), **signs})
         outcome = from_main(self.world, outcome)
         if isinstance(outcome, str):
             self._stop_without_rewards(f"at step {self.counters.step + 1}", outcome)
@@ -288,13 +319,13 @@ class StepRun:
 
     def _logprobs(self, model: torch.nn.Module | None, base: bool = False, reference: bool = False):
         """The log-prob function of `model` (base: of the base model, the policy's adapters switched off), under the
-        distribution the rollouts were drawn from (the reference's: its temperature alone)."""
+        distribution the rollouts were drawn from (the reference's: its temperature alone); a recipe.LogprobFn."""
         if model is None:
             return None
         sampled = SampledDistribution.of(self.cfg.rollout.sampling)
         distribution = sampled.without_filters() if reference else sampled
 
-        def logprobs(batch: RolloutBatch) -> torch.Tensor:
+        def logprobs(batch: RolloutBatch, unfiltered: bool = False) -> torch.Tensor:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(gathered(model, self.device))
                 autocast = lambda: self.precision.autocast(self.device)  # noqa: E731
@@ -304,7 +335,7 @@ class StepRun:
                 packing = self.cfg.train.sequence_packing and reads_packed_sequences(model, self.device, autocast)
                 bin_tokens = longest_row(self.cfg) if packing else None
                 micro_batch = self.cfg.rollout.logprob_micro_batch_size
-                return batched_token_logprobs(model, batch, micro_batch, bin_tokens, distribution)
+                return batched_token_logprobs(model, batch, micro_batch, bin_tokens, distribution, unfiltered)
 
         return logprobs
 
@@ -321,11 +352,18 @@ class StepRun:
         """Validation of the policy as it is now (validation.py), its metrics on every process."""
         return validate(self, prompts)
 
-    def _stop_without_rewards(self, when: str, failure: str) -> None:
+    def _stop_without_rewards(self, when: str, failure: str) -> NoReturn:
         """Every process: a checkpoint (when there is a step to keep), then RunStopped."""
+        self._stop(f"rewards unavailable {when}: {failure}")
+
+    def _stop(self, cause: str, fix: str | None = None) -> NoReturn:
+        """Every process: a checkpoint (when there is a step to keep), then RunStopped (carrying `fix`, if given)."""
         where = self.save({}) if self.counters.step > 0 else None
         kept = f"; the last checkpoint {where} is intact and a rerun resumes from it" if where else ""
-        raise RunStopped(f"rewards unavailable {when}: {failure}{kept}")
+        stopped = RunStopped(f"{cause}{kept}")
+        if fix:
+            stopped.fix = fix
+        raise stopped
 
     def save(self, step_metrics: dict[str, float]) -> Path:
         """A checkpoint of every process's shards (each process calls it)."""
@@ -344,13 +382,6 @@ class StepRun:
             write_state=lambda folder: write_train_state(update.model, update.optimizer, folder),
             world=self.world,
         )
-
-
-@dataclass
-class _Scored:
-    whole: Scores  # every row of the step, in prompt order
-    rollout_stats: dict[str, float]  # over the whole step
-    mine: Scores | None = None  # this process's rows
 
 
 def overlaps_reference(choice: bool | str, device: torch.device) -> bool:

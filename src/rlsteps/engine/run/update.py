@@ -13,6 +13,10 @@ When the recipe takes the policy's log-probs before the update from the update i
 (Recipe.logprobs_from_update: a single optimizer step), the forward of each micro-batch is also that pass: the
 recipe's loss reads its own log-probs, detached, and after the micro-batches the recipe turns them, gathered at
 the batch's width, into the statistics prepare would have given (weighted by each process's rows).
+
+Where the recipe's KL reads the policy's log-probs under the temperature alone (Recipe.kl_reads_unfiltered: a KL
+penalty under top-k/top-p), the same forward gives them with the sampled distribution's, into the micro-batch's
+extras (recipe.UNFILTERED_LOGPROBS): no second pass.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 from torch import nn
 
 from rlsteps.contract.config import RecipeConfig, TrainConfig
-from rlsteps.engine.algorithms.recipe import Recipe
+from rlsteps.engine.algorithms.recipe import UNFILTERED_LOGPROBS, Recipe
 from rlsteps.engine.batch import RolloutBatch
 from rlsteps.engine.distributed import (
     SINGLE,
@@ -104,10 +108,11 @@ class PolicyUpdate:
             normaliser = reduce_sum(world, self.recipe.loss_normaliser(chunk) if len(chunk) else 0.0)
             if normaliser == 0:
                 continue  # nothing to learn from (e.g. no sample ended): skip rather than step on zero grads
-            logprobs = torch.zeros(len(chunk), chunk.tokens.shape[1] - 1) if from_update else None
+            sets = (2,) if self.recipe.kl_reads_unfiltered() else ()
+            logprobs = torch.zeros(*sets, len(chunk), chunk.tokens.shape[1] - 1) if from_update else None
             tokens.merge(self._accumulate(chunk, normaliser, stats, logprobs))
             if logprobs is not None and len(chunk):
-                prepared = self.recipe.update_stats(chunk, logprobs)
+                prepared = self.recipe.update_stats(chunk, self._sampled(logprobs, chunk))
             grad_norm = optimizer_step(self.model, self.optimizer, self.scheduler, t.max_grad_norm)
             stats.end_optimizer_step(grad_norm)
             made += math.isfinite(grad_norm)
@@ -121,8 +126,8 @@ class PolicyUpdate:
     def _accumulate(
         self, chunk: RolloutBatch, normaliser: float, stats: StepStats, logprobs_out: torch.Tensor | None = None
     ) -> TokenCount:
-        """Gradients of one global batch's share on this process; the tokens it ran. logprobs_out [rows, T-1]: when
-        given, filled with the forward's log-probs (detached, on the CPU)."""
+        """Gradients of one global batch's share on this process; the tokens it ran. logprobs_out [(2,) rows, T-1]:
+        when given, filled with the forward's log-probs (detached, on the CPU; both sets where the KL reads two)."""
         plan = micro_batch_plan(chunk, self.train, self.recipe, self.packing) if len(chunk) else []
         count = int(reduce_max(self.world, len(plan)))
         tokens = TokenCount()
@@ -133,8 +138,8 @@ class PolicyUpdate:
                 with self.precision.autocast(self.device):  # log-probs of the response positions only
                     logprobs = self._logprobs(micro)
                 if logprobs_out is not None:
-                    logprobs_out[plan[i], : logprobs.shape[1]] = logprobs.detach().cpu()
-                loss, micro_stats = self.recipe.loss(logprobs, micro, normaliser)
+                    logprobs_out[..., plan[i], : logprobs.shape[-1]] = logprobs.detach().cpu()
+                loss, micro_stats = self.recipe.loss(self._sampled(logprobs, micro), micro, normaliser)
                 stats.add(micro_stats, weight=micro_stats.get("tokens", 0) / normaliser)
                 tokens.add(micro)
             else:
@@ -143,11 +148,23 @@ class PolicyUpdate:
         return tokens
 
     def _logprobs(self, micro: RolloutBatch) -> torch.Tensor:
-        distribution = self.recipe.loss_distribution()
+        """[b, T-1] under the loss's distribution; [2, b, T-1] with the KL's under the temperature alone."""
+        distribution, unfiltered = self.recipe.loss_distribution(), self.recipe.kl_reads_unfiltered()
         if self.packing:
-            return packed_token_logprobs(self.forward, micro, longest_row(self.recipe.cfg), distribution=distribution)
+            longest = longest_row(self.recipe.cfg)
+            return packed_token_logprobs(self.forward, micro, longest, distribution=distribution, unfiltered=unfiltered)
         mask, wanted = micro.attention_mask(), micro.response_mask()
-        return token_logprobs(self.forward, micro.tokens, mask, positions=wanted, distribution=distribution)
+        return token_logprobs(
+            self.forward, micro.tokens, mask, positions=wanted, distribution=distribution, unfiltered=unfiltered
+        )
+
+    def _sampled(self, logprobs: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+        """The sampled distribution's log-probs of _logprobs' sets; the KL's, where there are two, go into the
+        batch's extras (recipe.UNFILTERED_LOGPROBS)."""
+        if not self.recipe.kl_reads_unfiltered():
+            return logprobs
+        batch.extras[UNFILTERED_LOGPROBS] = logprobs[1]
+        return logprobs[0]
 
     def _empty_pass(self) -> torch.Tensor:
         """A forward pass that adds nothing to the gradient: this process has no rows left in this step."""
