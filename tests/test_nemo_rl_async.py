@@ -1,14 +1,13 @@
 """rollout.max_age_steps on engine=nemo_rl: compiled to NeMo-RL's asynchronous GRPO with what its loop asserts
 (vLLM's async engine, the importance-sampling correction, generation on GPUs of its own, counted as NeMo-RL's setup
 counts them beside a reward model or a judge), each compiled config run by NeMo-RL v0.7.0's own asynchronous loop
-(tests/nemo_rl_run.py); the embedded engine refuses the key in one line with the fix."""
+(tests/nemo_rl_run.py). The embedded engine's own rollouts beside training: tests/test_rollouts_beside*.py."""
 
 import pytest
 import yaml
 
 import upstream
 from rlsteps.contract.nemo_rl_job import MASTER_CONFIG_FILE
-from rlsteps.errors import UsageError
 from test_nemo_rl_runs import (
     GPU_PROFILES,
     REINFORCE_INPUTS,
@@ -60,8 +59,10 @@ def test_rollouts_beside_training_compile_to_nemo_rl_s_asynchronous_grpo(project
     colocated = master["policy"]["generation"]["colocated"]
     assert colocated["enabled"] is False and colocated["resources"] == GENERATION[name]
     assert f"rollout.max_age_steps={age}: grpo.async_grpo.enabled=true" in text
-    assert "policy.generation.colocated.enabled: false, vLLM on 4 GPU(s) of the node of its own, the policy " \
+    assert (
+        "policy.generation.colocated.enabled: false, vLLM on 4 GPU(s) of the node of its own, the policy "
         "training on 4" in text
+    )
     assert "NeMo-RL generates with vLLM beside training, on GPUs of its own" in text
 
 
@@ -87,15 +88,3 @@ def test_nemo_rl_s_asynchronous_loop_takes_a_step_of_each(project, tiny_world):
         # NeMo-RL's asynchronous loop counts its steps in current_step only (its training_info keeps total_steps 0,
         # where the synchronous loop's says 1): the step ran in async_grpo_train
         assert result["steps"] == 0 and result["checkpoint"].endswith("step_1"), describe(result)
-
-
-@pytest.mark.parametrize(
-    ("step", "fix"),
-    [("rl/reinforce", "rollout.max_age_steps=0, or engine=nemo_rl"), ("rl/rs", "rollout.max_age_steps=0")],
-)
-def test_the_embedded_engine_refuses_rollouts_beside_training_with_the_fix(project, step, fix):
-    with pytest.raises(UsageError) as refused:
-        compile_case(step, "tiny", None, ("rollout.max_age_steps=2",))
-    said = str(refused.value)
-    assert "rollout.max_age_steps=2: rollouts drawn beside training run on NeMo-RL's asynchronous GRPO" in said
-    assert f"(fix: {fix})" in said

@@ -34,6 +34,18 @@ def test_sampler_gap_stats_name_the_metric_and_say_nothing_without_sampler_logpr
     assert sampler_gap_stats(TRAINER, None, MASK) == {}
 
 
+def test_with_the_cap_the_stats_add_the_importance_weights_mean_max_and_clipped_share():
+    # ratios p_trainer / p_sampler: 2 (capped at 1.5) and 1 on the response; the masked slot's e^9 counts for nothing
+    stats = sampler_gap_stats(TRAINER, SAMPLER, MASK, cap=1.5)
+    assert stats == {
+        "train/token_mult_prob_error": pytest.approx(1.5),
+        "train/importance_weight_mean": pytest.approx(1.25),  # (1.5 + 1) / 2
+        "train/importance_weight_max": pytest.approx(1.5),
+        "train/importance_weight_clipped": pytest.approx(0.5),  # one token of two cut by the cap
+    }
+    assert sampler_gap_stats(TRAINER, SAMPLER, MASK, cap=4.0)["train/importance_weight_clipped"] == 0.0
+
+
 def test_truncated_importance_weights_are_capped_ratios_without_gradient():
     trainer = TRAINER.clone().requires_grad_()
     weights = truncated_importance_weights(trainer, SAMPLER, cap=1.5)

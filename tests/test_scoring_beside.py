@@ -13,7 +13,7 @@ from rlsteps.contract.config import GRPOConfig, ReinforceConfig, RSConfig, RunCo
 from rlsteps.engine.algorithms.grpo import GRPO
 from rlsteps.engine.algorithms.reinforce import ReinforceRLOO
 from rlsteps.engine.algorithms.rs import RejectionSampling
-from rlsteps.engine.run.step import overlaps_reference, run_beside
+from rlsteps.engine.run.overlap import overlaps_reference, run_beside
 
 
 def config(schema, algorithm: str, **section):

@@ -245,6 +245,34 @@ class NemoRlJobConfig(Section):
     nodes_timeout_s: PositiveFloat = 900  # how long the head waits for every node to join Ray
 
 
+def _beside_training_problem(cfg: RecipeConfig) -> str | None:
+    """What of `cfg` the embedded engine's rollouts beside training cannot run, with the fix; None when it can."""
+    grpo = getattr(cfg, "grpo", None)
+    checks = (
+        (
+            cfg.algorithm == "rs",
+            "rejection sampling keeps the best rollouts of the policy now",
+            "rollout.max_age_steps=0",
+        ),
+        (
+            cfg.rollout.backend == "vllm",
+            "the embedded engine draws them with the built-in sampler, in a process of its own",
+            "rollout.backend=builtin, or engine=nemo_rl (NeMo-RL's asynchronous GRPO on vLLM)",
+        ),
+        (
+            not cfg.train.truncated_importance_sampling,
+            "a policy up to that many steps older drew them, which the importance weights correct for",
+            "train.truncated_importance_sampling=true",
+        ),
+        (
+            bool(grpo and grpo.dynamic_sampling),
+            "dynamic sampling refills a step with rollouts of the policy now (NeMo-RL's asynchronous loop refuses it)",
+            "grpo.dynamic_sampling=false",
+        ),
+    )
+    return next((f"{why} (fix: {fix})" for failed, why, fix in checks if failed), None)
+
+
 class RecipeConfig(RewardTerms, Section):
     algorithm: str
     # a rollout's reward: the weighted sum of these terms, each logged as reward/<name>; each recipe's schema gives
@@ -267,14 +295,14 @@ class RecipeConfig(RewardTerms, Section):
     tiny_world: TinyWorldConfig | None = None
 
     @model_validator(mode="after")
-    def _asynchronous_on_nemo_rl(self) -> RecipeConfig:
+    def _rollouts_beside_training(self) -> RecipeConfig:
+        """rollout.max_age_steps > 0 on the embedded engine (engine.generation.beside); NeMo-RL's asynchronous GRPO
+        is checked where it compiles (nemo_rl.asynchronous)."""
         age = self.rollout.max_age_steps
-        if age and self.engine != "nemo_rl":
-            fix = "rollout.max_age_steps=0" + (", or engine=nemo_rl" if self.algorithm != "rs" else "")
-            raise ValueError(
-                f"rollout.max_age_steps={age}: rollouts drawn beside training run on NeMo-RL's asynchronous GRPO "
-                f"(engine=nemo_rl, rl/rlhf and rl/reinforce); the embedded engine samples on-policy (fix: {fix})"
-            )
+        if age and self.engine == "embedded":
+            problem = _beside_training_problem(self)
+            if problem:
+                raise ValueError(f"rollout.max_age_steps={age} draws rollouts beside training; {problem}")
         return self
 
     @model_validator(mode="after")

@@ -29,7 +29,11 @@ def world_size_problems(config: dict[str, Any], world_size: int) -> list[str]:
         ]
     return [
         problem
-        for problem in (_prompts_problem(config, world_size), _batch_problem(config, world_size))
+        for problem in (
+            _prompts_problem(config, world_size),
+            _batch_problem(config, world_size),
+            _beside_training_problem(config, world_size),
+        )
         if problem is not None
     ]
 
@@ -57,6 +61,16 @@ def _batch_problem(config: dict[str, Any], world_size: int) -> str | None:
         f"train.global_batch_size={rows} is not a multiple of world size {world_size} x "
         f"train.micro_batch_size={micro} = {world_size * micro} (each process trains global_batch_size / "
         f"{world_size} rows per optimizer step, in micro batches of micro_batch_size): set " + " or ".join(fixes)
+    )
+
+
+def _beside_training_problem(config: dict[str, Any], world_size: int) -> str | None:
+    age = _integer(config, "rollout", "max_age_steps")
+    if age is None:
+        return None
+    return (
+        f"rollout.max_age_steps={age}: the embedded engine draws rollouts beside training for one process, not "
+        f"{world_size}: run it on a profile with one process, or set rollout.max_age_steps=0"
     )
 
 

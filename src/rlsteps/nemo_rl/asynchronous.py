@@ -37,7 +37,10 @@ def asynchronous_notes(cfg: dict[str, Any]) -> list[str]:
     notes = [
         f"{AGE}={age}: grpo.async_grpo.enabled=true, max_trajectory_age_steps={age} (NeMo-RL's asynchronous GRPO: "
         "vLLM's async engine generates beside training on GPUs of its own; the importance-sampling correction "
-        "weighs each trajectory by how far the trained policy has moved from the one that drew it)"
+        "weighs each trajectory by how far the trained policy has moved from the one that drew it)",
+        f"rollout ages: NeMo-RL trains on trajectories at most {age} step(s) old, as its replay buffer has them; the "
+        f"embedded engine's are exactly {age} once the first {age} step(s) are past (a fixed lag: a resume draws the "
+        "same rollouts again)",
     ]
     if not get(cfg, "train.truncated_importance_sampling"):
         notes.append(

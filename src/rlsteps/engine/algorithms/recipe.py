@@ -146,7 +146,8 @@ class Recipe:
                 trainer_logprobs, sampler.to(trainer_logprobs.device), train.importance_sampling_cap
             )
             batch.extras[IMPORTANCE_WEIGHTS] = weights
-        return sampler_gap_stats(trainer_logprobs, sampler, batch.response_mask().to(trainer_logprobs.device))
+        mask = batch.response_mask().to(trainer_logprobs.device)
+        return sampler_gap_stats(trainer_logprobs, sampler, mask, self._importance_cap())
 
     def importance_weights(self, logprobs: torch.Tensor, batch: RolloutBatch) -> torch.Tensor | None:
         """A micro-batch's truncated importance weights: those prepare set, or (log-probs from the update) the
@@ -163,7 +164,13 @@ class Recipe:
         (`logprobs_from_update`): trainer_logprobs [B, T-1], detached, of the batch's rows."""
         sampler = batch.gen_logprobs
         mask = batch.response_mask().to(trainer_logprobs.device)
-        return sampler_gap_stats(trainer_logprobs, None if sampler is None else sampler.to(mask.device), mask)
+        sampler = None if sampler is None else sampler.to(mask.device)
+        return sampler_gap_stats(trainer_logprobs, sampler, mask, self._importance_cap())
+
+    def _importance_cap(self) -> float | None:
+        """The importance weights' cap where the loss weighs its tokens by them (their figures are logged)."""
+        train = self.cfg.train
+        return train.importance_sampling_cap if train.truncated_importance_sampling else None
 
     def loss_normaliser(self, global_batch: RolloutBatch) -> float:
         """The loss tokens of one global batch (all its micro-batches): every micro-batch's loss divides by it."""

@@ -34,8 +34,29 @@ def truncated_importance_weights(trainer: torch.Tensor, sampler: torch.Tensor, c
     return (trainer.detach().float() - sampler.float()).exp().clamp(max=cap)
 
 
-def sampler_gap_stats(trainer: torch.Tensor, sampler: torch.Tensor | None, mask: torch.Tensor) -> dict[str, float]:
-    """The step's train/token_mult_prob_error (nothing when the rollouts carry no sampler log-probs)."""
+def sampler_gap_stats(
+    trainer: torch.Tensor, sampler: torch.Tensor | None, mask: torch.Tensor, cap: float | None = None
+) -> dict[str, float]:
+    """The step's train/token_mult_prob_error (nothing when the rollouts carry no sampler log-probs); with the
+    importance weights' cap, their figures too (importance_weight_stats)."""
     if sampler is None:
         return {}
-    return {"train/token_mult_prob_error": token_mult_prob_error(trainer, sampler, mask)}
+    stats = {"train/token_mult_prob_error": token_mult_prob_error(trainer, sampler, mask)}
+    return stats if cap is None else {**stats, **importance_weight_stats(trainer, sampler, mask, cap)}
+
+
+def importance_weight_stats(
+    trainer: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, cap: float
+) -> dict[str, float]:
+    """Over the masked tokens: the truncated weights' mean and largest value, and the share of tokens whose
+    p_trainer / p_sampler the cap cut (NeMo-RL logs the same three of its importance-sampling correction)."""
+    tokens = mask.sum()
+    if not tokens:
+        return {}
+    ratio = (trainer.float() - sampler.float()).exp()
+    inside = mask.bool()
+    return {
+        "train/importance_weight_mean": float((ratio.clamp(max=cap) * mask).sum() / tokens),
+        "train/importance_weight_max": float(ratio.clamp(max=cap)[inside].max()),
+        "train/importance_weight_clipped": float(((ratio > cap) & inside).sum() / tokens),
+    }

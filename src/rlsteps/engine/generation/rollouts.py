@@ -63,6 +63,15 @@ class Sampler:
         """The step's rollouts are done: the backend may give its memory to training until the next update."""
         self.backend.release()
 
+    def step_figures(self) -> dict[str, float]:
+        """Figures of the last step's rollouts that only the sampler knows (none here; see generation.beside)."""
+        return {}
+
+    def checkpoint_state(self, next_step: int) -> dict[str, Any]:
+        """What a checkpoint taken before step `next_step` must keep of the sampler to resume exactly (nothing: rows
+        are drawn from their seeds and the policy's weights alone; see generation.beside)."""
+        return {}
+
     def rollouts(
         self,
         model,

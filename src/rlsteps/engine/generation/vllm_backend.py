@@ -102,7 +102,7 @@ class VllmBackend:
         self._wake(tags=["weights"])
         with expected_reload_warnings_hidden(self.layers_without_weights):
             self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": _policy_weights(model), "is_checkpoint_format": True}
+                "reload_weights", kwargs={"weights_iterator": policy_weights(model), "is_checkpoint_format": True}
             )
         self.llm.apply_model(refresh_tied_output_layer)
         if self.device.type == "cpu":
@@ -156,7 +156,7 @@ def whole_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, tensor
 
 
-def _policy_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def policy_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """What vLLM is sent: the policy's parameters, or under LoRA the base's with the adapters merged in."""
     if has_adapters(model):
         return merged_parameters(model)

@@ -39,6 +39,7 @@ from rlsteps.engine.generation.backend_choice import (
     engine_checkpoint,
     processes_on_this_node,
 )
+from rlsteps.engine.generation.beside import BESIDE_STATE, InFlight, in_flight_from_state, rollouts_beside
 from rlsteps.engine.generation.rollouts import Sampler
 from rlsteps.engine.generation.sizing import check_rollout_fits, rollout_shape
 from rlsteps.engine.inputs.data import RunPrompts, load_run_prompts, steps_per_epoch
@@ -164,7 +165,7 @@ def _train(
     total_steps = planned_steps(cfg, len(prompts), say)
 
     optimizer, scheduler = _optimizer_and_schedule(cfg, recipe, model, total_steps)
-    counters = _resume(checkpoints, model, optimizer, scheduler, world, say)
+    counters, in_flight = _resume(checkpoints, model, optimizer, scheduler, world, say)
     # the records of what came after the checkpoint (a stopped run's later steps) go: they are made again
     rewind_records(run_dir, counters.step if checkpoints.latest() else None, records=world.is_main)
     backend = build_backend(sampler_name, cfg, model, tokenizer, device, precision.compute, engine_dir, say, cleanup)
@@ -173,6 +174,10 @@ def _train(
             "train.compile: the policy's forward compiles at the first update and once more when its shapes first "
             f"change, tens of seconds each (cached in {compile_cache()} for later runs)"
         )
+    sampler = Sampler(tokenizer, cfg.rollout, backend)
+    if cfg.rollout.max_age_steps:  # each step's rollouts drawn k steps ahead, in a process of their own
+        sampler = rollouts_beside(cfg, sampler, model, prompts, counters.step, device, in_flight)
+        cleanup.callback(sampler.close)
     run = StepRun(
         cfg,
         recipe,
@@ -181,7 +186,7 @@ def _train(
         tokenizer,
         reference,
         checkpoints,
-        Sampler(tokenizer, cfg.rollout, backend),
+        sampler,
         counters,
         device,
         PolicyUpdate(model, optimizer, scheduler, recipe, cfg.train, device, precision, world),
@@ -197,6 +202,7 @@ def _train(
         outputs.enter_context(signals.stops_at_step_end())  # SIGTERM/SIGINT: checkpoint at the step's end, stop
         while counters.step < total_steps:
             step_metrics = run.step(prompts)
+            step_metrics.update(sampler.step_figures())
             if val_prompts and cfg.validation.interval and counters.step % cfg.validation.interval == 0:
                 step_metrics.update(run.validate(val_prompts))
             metrics.log(counters.step, step_metrics)
@@ -227,11 +233,14 @@ def _train(
     return RunResult(counters=counters, model=_whole_on_main(run.model, cfg, world), tokenizer=tokenizer)
 
 
-def _resume(checkpoints, model, optimizer, scheduler, world: World, say: Callable[[str], None]) -> Counters:
-    """The counters to start from: the latest checkpoint's, its weights and optimizer state read in place."""
+def _resume(
+    checkpoints, model, optimizer, scheduler, world: World, say: Callable[[str], None]
+) -> tuple[Counters, dict[int, InFlight]]:
+    """The counters to start from, the latest checkpoint's, its weights and optimizer state read in place; and the
+    rollouts it holds that were drawn beside training and not yet trained on."""
     latest = checkpoints.latest()
     if latest is None:
-        return Counters()
+        return Counters(), {}
     loaded = checkpoints.load(latest)
     try:
         if loaded.policy_dir.name == STATE_DIR:
@@ -256,7 +265,7 @@ def _resume(checkpoints, model, optimizer, scheduler, world: World, say: Callabl
     on = f"; written by {written_by} process(es), read by {world.size}" if written_by != world.size else ""
     say(f"resuming from {latest} (step {counters.step}, {counters.consumed_samples} prompts consumed{on})")
     signals.checkpointed(counters.step)
-    return counters
+    return counters, in_flight_from_state(loaded.trainer_state.get(BESIDE_STATE))
 
 
 def _refuse_non_finite_step(run: StepRun, checkpoints: CheckpointManager, world: World) -> None:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import torch
 
@@ -61,6 +60,7 @@ from rlsteps.engine.records.throughput import (
 )
 from rlsteps.engine.rewards.functions import FunctionScorer, RewardFunctionFailed
 from rlsteps.engine.rewards.scores import RewardSource, Scores
+from rlsteps.engine.run.overlap import computed_for, overlaps_reference, run_beside
 from rlsteps.engine.run.refill import Drawn, Scored, dropped_groups, refilled
 from rlsteps.engine.run.update import PolicyUpdate, UpdateResult, longest_row
 from rlsteps.engine.run.validation import validate
@@ -189,7 +189,7 @@ class StepRun:
                 beside=self._timed("reference", lambda: reference(batch)) if early else None,
             )
         if early:
-            reference = _computed_for(batch, ref_logprobs, reference)
+            reference = computed_for(batch, ref_logprobs, reference)
         return Drawn(batch, scored, reference, float(batch.response_lengths.sum()))
 
     def _drawn(self, prompts: list[Prompt]) -> Drawn:
@@ -368,7 +368,12 @@ class StepRun:
     def save(self, step_metrics: dict[str, float]) -> Path:
         """A checkpoint of every process's shards (each process calls it)."""
         update = self.update
-        state = {"scheduler": update.scheduler.state_dict(), "rng": capture_rng_state(), "world_size": self.world.size}
+        state = {
+            "scheduler": update.scheduler.state_dict(),
+            "rng": capture_rng_state(),
+            "world_size": self.world.size,
+            **self.sampler.checkpoint_state(self.counters.step),
+        }
         info = {
             **self.counters.as_dict(),
             "metrics": {k: v for k, v in step_metrics.items() if isinstance(v, int | float)},
@@ -382,45 +387,6 @@ class StepRun:
             write_state=lambda folder: write_train_state(update.model, update.optimizer, folder),
             world=self.world,
         )
-
-
-def overlaps_reference(choice: bool | str, device: torch.device) -> bool:
-    """Whether the reference's log-probs are computed while the rewards are scored (run.overlap_reference); "auto"
-    overlaps where the policy runs on an accelerator. On a CPU the reference's forward already takes every core,
-    which the scoring needs too (a local server's forward, the client's threads and the GIL): a tiny world step took
-    0.285 s overlapped against 0.235 s one after the other (rl/reinforce; rl/rlhf 0.376 against 0.329 s)."""
-    return device.type != "cpu" if choice == "auto" else bool(choice)
-
-
-def run_beside(first: Callable[[], Any], second: Callable[[], T] | None) -> tuple[Any, T | None]:
-    """first() and second() at once: first in a thread of its own (it waits on servers: reward models, judges),
-    second on this one (it may use the device and the process group). Both results; either's exception is raised
-    here once both have ended. Without a second, first runs here alone."""
-    if second is None:
-        return first(), None
-    box: dict[str, Any] = {}
-
-    def run_first() -> None:
-        try:
-            box["value"] = first()
-        except BaseException as error:  # raised on the caller's thread below
-            box["error"] = error
-
-    thread = threading.Thread(target=run_first, name="rlsteps-scoring", daemon=True)
-    thread.start()
-    try:
-        second_result = second()
-    finally:
-        thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"], second_result
-
-
-def _computed_for(batch: RolloutBatch, values: torch.Tensor, compute: Callable[[RolloutBatch], torch.Tensor]):
-    """A log-prob function that answers `batch` itself with the values computed for it beforehand, and computes
-    any other batch."""
-    return lambda asked: values if asked is batch else compute(asked)
 
 
 def _rows_of(positions: list[int], per_prompt: int) -> list[int]:
