@@ -248,12 +248,15 @@ def judge_tiny_run(ctx: Context, done: subprocess.CompletedProcess, run: Path) -
 # the rows
 
 
-def tiny_step(step: str, dtype: str) -> Callable[[Context], str]:
+BESIDE = ("rollout.max_age_steps=1", "train.truncated_importance_sampling=true")  # rollouts a step ahead
+
+
+def tiny_step(step: str, dtype: str, extra: tuple[str, ...] = (), slug: str = "") -> Callable[[Context], str]:
     def run(ctx: Context) -> str:
-        cwd = ctx.work / f"{step.replace('/', '_')}-{dtype}"
+        cwd = ctx.work / f"{step.replace('/', '_')}-{dtype}{slug}"
         precision = ["run.dtype=bfloat16"] if dtype == "bf16" else []
         done = rlsteps(ctx, cwd.name, cwd, "run", step, "-c", "tiny", f"run.device={ctx.device}", *precision,
-                       *smoke_options(ctx))  # fmt: skip
+                       *extra, *smoke_options(ctx))  # fmt: skip
         return ", ".join(judge_tiny_run(ctx, done, run_folder(cwd, step)))
 
     return run
@@ -568,6 +571,8 @@ def decode_vs_hf(ctx: Context) -> str:
 CHECKS = [
     *(Check(f"tiny {step} {dtype}", tiny_step(step, dtype), cuda_only="bf16 on a CPU is emulated" if dtype == "bf16"
             else None) for step in ("rl/rs", "rl/reinforce", "rl/rlhf") for dtype in ("fp32", "bf16")),
+    # against the fp32 rl/reinforce row's step: the rollout process on the second GPU where there is one
+    Check("tiny rl/reinforce fp32, rollouts beside training", tiny_step("rl/reinforce", "fp32", BESIDE, "-beside")),
     Check("fsdp2 two processes (nccl)", fsdp2_two_processes, cuda_only="NCCL needs GPUs"),
     Check("compiled decode (CUDA graphs)", compiled_decode, cuda_only="CUDA graphs need a GPU"),
     Check("megatron GPTModel", megatron_gpt_model),
