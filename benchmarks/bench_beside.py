@@ -20,36 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
-from tiny_learning import MEASURED, figures
+import tiny_learning
 
 AGES = (0, 1)
 CORRECTED = "train.truncated_importance_sampling=true"
 
 
 def run_one(age: int, seed: int, overrides: list[str]) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-beside-") as folder:
-        command = [sys.executable, "-m", "rlsteps.cli", "run", "rl/reinforce", "-c", "tiny", f"seed={seed}"]
-        command += [*MEASURED, CORRECTED, f"rollout.max_age_steps={age}", *overrides]
-        started = time.perf_counter()
-        done = subprocess.run(command, cwd=folder, capture_output=True, text=True)
-        wall = time.perf_counter() - started
-        if done.returncode:
-            raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-3000:]}")
-        run = next((Path(folder) / ".rlsteps" / "runs").iterdir())
-        steps = [json.loads(line)["timers/step"] for line in (run / "metrics.jsonl").read_text().splitlines()[1:]]
-        return {
-            "age": age,
-            "seed": seed,
-            "wall_s": round(wall, 1),
-            "median_step_s": round(statistics.median(steps[1:]), 3),
-            **figures(run),
-        }
+    at_age = [CORRECTED, f"rollout.max_age_steps={age}", *overrides]
+    return {"age": age, **tiny_learning.run_one("rl/reinforce", seed, 0, at_age)}
 
 
 def summary(runs: list[dict]) -> dict:

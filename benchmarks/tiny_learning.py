@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,7 @@ def figures(run: Path) -> dict:
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     true = [(m["step"], m["val/true_reward"]) for m in metrics if "val/true_reward" in m]
+    steps = [m["timers/step"] for m in metrics if "timers/step" in m]
     last_step = max(m["step"] for m in metrics)
     train = [s for s in samples if s["split"] == "train"]
     first = [s for s in train if s["step"] <= QUARTER]
@@ -59,6 +61,8 @@ def figures(run: Path) -> dict:
         "true_reward_first": true[0][1],
         "true_reward_last": true[-1][1],
         "steps_s": round(sum(m.get("timers/step", 0.0) for m in metrics), 1),
+        # the first step left out: it waits for what starts with the run (a rollout process, a compile)
+        "median_step_s": round(statistics.median(steps[1:] or steps or [0.0]), 3),
         "wrong_noun": [share(first, wrong_noun), share(last, wrong_noun)],
         "wrong_of_named": [share(named(first), wrong_noun), share(named(last), wrong_noun)],
         "broken_word": [share(first, broken), share(last, broken)],

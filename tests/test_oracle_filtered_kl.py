@@ -23,8 +23,9 @@ from rlsteps.engine.generation.backend import SamplingParams
 from rlsteps.engine.generation.sampling import sample_next_token
 from rlsteps.engine.policy.logprobs import token_logprobs
 from rlsteps.engine.policy.sampled_distribution import SampledDistribution
-from test_oracle_maths import as_list, close, nemo_rl
+from test_oracle_maths import close, nemo_rl
 from test_oracle_temperature import FAR, PROMPT, ROWS, SPLIT, VOCAB, WIDTH, logits_of, tiny_policy
+from test_oracle_temperature import nemo_rl_call as oracle_call
 
 pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
 
@@ -106,24 +107,8 @@ def rlsteps_loss(r: dict, distribution: SampledDistribution, kl_unfiltered: bool
 
 
 def nemo_rl_call(r: dict, distribution: SampledDistribution) -> dict:
-    with torch.no_grad():
-        micro = [
-            {
-                "logits": as_list(logits_of(POLICY, r, part)),
-                "input_ids": r["tokens"][part].tolist(),
-                "prev": as_list(r["old"][part]),
-                "reference": as_list(r["reference"][part]),
-                "token_mask": as_list(r["response"][part]),
-                "advantages": as_list(r["advantages"][part]),
-                "sample_mask": [1.0] * len(r["tokens"][part]),
-            }
-            for part in PARTS
-        ]
-    config = {"ratio_clip_min": EPS_LOW, "ratio_clip_max": EPS_HIGH, "token_level_loss": True,
-              "reference_policy_kl_penalty": BETA}  # fmt: skip
-    return {"fn": "loss_from_logits", "config": config, "micro_batches": micro, "t": distribution.temperature,
-            "top_k": distribution.top_k, "top_p": distribution.top_p, "global_valid_seqs": float(ROWS),
-            "global_valid_toks": float(r["response"].sum())}  # fmt: skip
+    d = distribution
+    return oracle_call(r, d.temperature, BETA, top_k=d.top_k, top_p=d.top_p, policy=POLICY)
 
 
 @pytest.fixture(scope="module")

@@ -108,11 +108,16 @@ def logits_of(model: torch.nn.Module, r: dict, part: slice) -> torch.Tensor:
     return model(input_ids=r["tokens"][part], attention_mask=r["attention"][part], use_cache=False).logits
 
 
-def nemo_rl_call(r: dict, temperature: float, beta: float) -> dict:
+def nemo_rl_call(
+    r: dict, temperature: float, beta: float, top_k: int = 0, top_p: float = 1.0, policy: torch.nn.Module | None = None
+) -> dict:
+    """NeMo-RL's loss from the policy's logits on rows `r` (its DTensor worker's path, tests/nemo_rl_maths_check.py),
+    sampling filtered by top_k and top_p where given."""
+    policy = POLICY if policy is None else policy
     with torch.no_grad():
         micro = [
             {
-                "logits": as_list(logits_of(POLICY, r, part)),
+                "logits": as_list(logits_of(policy, r, part)),
                 "input_ids": r["tokens"][part].tolist(),
                 "prev": as_list(r["old"][part]),
                 "reference": as_list(r["reference"][part]),
@@ -124,8 +129,8 @@ def nemo_rl_call(r: dict, temperature: float, beta: float) -> dict:
         ]
     config = {"ratio_clip_min": EPS_LOW, "ratio_clip_max": EPS_HIGH, "token_level_loss": True,
               "reference_policy_kl_penalty": beta}  # fmt: skip
-    return {"fn": "loss_from_logits", "config": config, "micro_batches": micro, "t": temperature, "top_k": 0,
-            "top_p": 1.0, "global_valid_seqs": float(ROWS),
+    return {"fn": "loss_from_logits", "config": config, "micro_batches": micro, "t": temperature, "top_k": top_k,
+            "top_p": top_p, "global_valid_seqs": float(ROWS),
             "global_valid_toks": float(r["response"].sum())}  # fmt: skip
 
 
