@@ -24,7 +24,17 @@ from rlsteps.engine.generation.sampling import sample_next_token
 from rlsteps.engine.policy.logprobs import token_logprobs
 from rlsteps.engine.policy.sampled_distribution import SampledDistribution
 from test_oracle_maths import close, nemo_rl
-from test_oracle_temperature import FAR, PROMPT, ROWS, SPLIT, VOCAB, WIDTH, logits_of, tiny_policy
+from test_oracle_temperature import (
+    FAR,
+    PROMPT,
+    ROWS,
+    SPLIT,
+    VOCAB,
+    WIDTH,
+    same_gradients,
+    through_the_model,
+    tiny_policy,
+)
 from test_oracle_temperature import nemo_rl_call as oracle_call
 
 pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
@@ -117,18 +127,6 @@ def upstream_results() -> dict:
     return dict(zip(calls, nemo_rl(list(calls.values())), strict=True))
 
 
-def through_the_model(micro_results: list[dict], r: dict) -> list[torch.Tensor]:
-    """NeMo-RL's d loss / d logits, per micro-batch, carried back through the policy's weights."""
-    model = copy.deepcopy(POLICY)
-    for part, result in zip(PARTS, micro_results, strict=True):
-        logits_of(model, r, part).backward(torch.tensor(result["grad"]))
-    return [p.grad.clone() for p in model.parameters()]
-
-
-def same_gradients(ours: list[torch.Tensor], theirs: list[torch.Tensor], abs: float = 1e-6) -> bool:
-    return all(close(a, b, rel=1e-4, abs=abs) for a, b in zip(ours, theirs, strict=True))
-
-
 @pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: f"T{s[0]}-k{s[1]}-p{s[2]}")
 def test_the_kl_under_top_k_and_top_p_reads_the_unfiltered_logprobs_as_nemo_rls(upstream_results, settings):
     """ClippedPGLossFn on NeMo-RL's DTensor path with TrainingSamplingParams and a KL penalty of 0.05: the ratio from
@@ -139,7 +137,7 @@ def test_the_kl_under_top_k_and_top_p_reads_the_unfiltered_logprobs_as_nemo_rls(
     theirs = upstream_results[settings]
     losses, grads = rlsteps_loss(r, distribution)
     assert close(losses, [m["loss"] for m in theirs], rel=1e-5, abs=1e-6)
-    assert same_gradients(grads, through_the_model(theirs, r))
+    assert same_gradients(grads, through_the_model(theirs, r, POLICY))
     filtered_losses, filtered_grads = rlsteps_loss(r, distribution, kl_unfiltered=False)
     assert not close(filtered_losses, losses, rel=1e-3) and not same_gradients(filtered_grads, grads, abs=1e-4)
 

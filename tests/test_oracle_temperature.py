@@ -143,9 +143,9 @@ def upstream_results() -> dict:
     return dict(zip(calls, nemo_rl(list(calls.values())), strict=True))
 
 
-def through_the_model(micro_results: list[dict], r: dict) -> list[torch.Tensor]:
+def through_the_model(micro_results: list[dict], r: dict, policy: torch.nn.Module | None = None) -> list[torch.Tensor]:
     """NeMo-RL's d loss / d logits, per micro-batch, carried back through the policy's weights."""
-    model = copy.deepcopy(POLICY)
+    model = copy.deepcopy(POLICY if policy is None else policy)
     for part, result in zip(PARTS, micro_results, strict=True):
         logits_of(model, r, part).backward(torch.tensor(result["grad"]))
     return [p.grad.clone() for p in model.parameters()]
