@@ -2,29 +2,29 @@
 run on a CPU (tests/nemo_rl_run.py): vLLM's engine (nemo_rl_standin_vllm), the policy workers' forward and backward
 (nemo_rl_standin_policy), NeMo-Gym's server processes (nemo_rl_standin_gym), the GPU's own answers to torch.cuda's
 queries, and three steps that act on the machine (binding a process to a GPU's NUMA node, patching vLLM's installed
-files, building the workers' uv environments). Ray's processes and GPU bundles are tests/standin_ray.py's.
+files, building the workers' uv environments). Ray's processes and GPU bundles are tests/standin_ray.py's, or a real
+Ray's (tests/nemo_rl_real_ray.py), in whose every worker process these are installed.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from nemo_rl_standin_gym import gym_stand_ins
 from nemo_rl_standin_policy import policy_worker_class
-from nemo_rl_standin_vllm import VLLM, generation_workers
+from nemo_rl_standin_vllm import VLLM, async_generation_worker
 
 POLICY_WORKERS = {  # the modules NeMo-RL's Policy imports its workers from: (class name, backend)
     "nemo_rl.models.policy.workers.dtensor_policy_worker": ("DTensorPolicyWorker", "dtensor"),
     "nemo_rl.models.policy.workers.dtensor_policy_worker_v2": ("DTensorPolicyWorkerV2", "dtensor_v2"),
     "nemo_rl.models.policy.workers.megatron_policy_worker": ("MegatronPolicyWorker", "megatron"),
-}
-GENERATION_WORKERS = {  # the class names NeMo-RL's VllmGeneration imports, by module
-    "VllmGenerationWorker": "nemo_rl.models.generation.vllm.vllm_worker",
-    "VllmAsyncGenerationWorker": "nemo_rl.models.generation.vllm.vllm_worker_async",
 }
 H100 = types.SimpleNamespace(
     name="NVIDIA H100 80GB HBM3", major=9, minor=0, total_memory=80 * 1024**3, multi_processor_count=132
@@ -76,14 +76,100 @@ def automodel_absent() -> None:
     sys.modules["nemo_automodel.NeMoAutoModelForTokenClassification"] = None  # not a submodule either
 
 
-def install() -> None:
-    """The stand-ins in place (after standin_ray.install, with NeMo-RL importable; report_gpus follows per case)."""
-    import nemo_gym.cli
-    import nemo_gym.rollout_collection
-    import nemo_rl.distributed.numa_utils as numa
-    import nemo_rl.models.generation.vllm.vllm_worker as vllm_worker
-    import nemo_rl.utils.venvs as venvs
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs an action on a module once it is imported, or serves a stand-in module in its place: each stand-in is
+    installed in a process only where NeMo-RL's code there imports what it replaces (a real Ray worker imports no
+    more than its actor needs)."""
+
+    def __init__(self) -> None:
+        self.after: dict[str, Callable[[types.ModuleType], None]] = {}
+        self.instead: dict[str, Callable[[], types.ModuleType]] = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in self.instead:
+            return importlib.machinery.ModuleSpec(fullname, _Served(self.instead.pop(fullname)))
+        if fullname not in self.after:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None:
+            action, exec_module = self.after.pop(fullname), spec.loader.exec_module
+
+            def exec_then_act(module: types.ModuleType) -> None:
+                exec_module(module)
+                action(module)
+
+            spec.loader.exec_module = exec_then_act
+        return spec
+
+
+class _Served(importlib.abc.Loader):
+    def __init__(self, build: Callable[[], types.ModuleType]) -> None:
+        self.build = build
+
+    def create_module(self, spec):
+        return self.build()
+
+    def exec_module(self, module) -> None:
+        return None
+
+
+_HOOKS = _AfterImport()
+
+
+def after_import(name: str, action: Callable[[types.ModuleType], None]) -> None:
+    if name in sys.modules:
+        action(sys.modules[name])
+    else:
+        _HOOKS.after[name] = action
+
+
+def served_instead(name: str, build: Callable[[], types.ModuleType]) -> None:
+    if name in sys.modules:
+        sys.modules[name] = build()
+    else:
+        _HOOKS.instead[name] = build
+
+
+def policy_worker_module(module_name: str) -> Callable[[], types.ModuleType]:
+    def build() -> types.ModuleType:
+        import ray
+
+        class_name, backend = POLICY_WORKERS[module_name]
+        module = types.ModuleType(module_name)
+        setattr(module, class_name, ray.remote(type(class_name, (policy_worker_class(),), {"backend": backend})))
+        return module
+
+    return build
+
+
+def vllm_worker_stood_in(module: types.ModuleType) -> None:
+    """NeMo-RL's vLLM worker module: its patching of vLLM's installed files skipped, its worker on the stand-in
+    engine."""
     import ray
+
+    replace(module, "_apply_vllm_patches", lambda *args, **kwargs: None)
+    module.VllmGenerationWorker = ray.remote(module.VllmGenerationWorkerImpl)
+
+
+def async_vllm_worker_stood_in(module: types.ModuleType) -> None:
+    import ray
+
+    module.VllmAsyncGenerationWorker = ray.remote(async_generation_worker(module.VllmAsyncGenerationWorkerImpl))
+
+
+def gym_server_runner_stood_in(module: types.ModuleType) -> None:
+    module.RunHelper = gym_stand_ins()[0]
+
+
+def gym_rollouts_stood_in(module: types.ModuleType) -> None:
+    module.RolloutCollectionHelper = gym_stand_ins()[1]
+
+
+def install() -> None:
+    """The stand-ins in place (with NeMo-RL importable, over the in-process Ray or in a real Ray's worker; report_gpus
+    follows per case), each as NeMo-RL's code imports what it replaces."""
+    import nemo_rl.distributed.numa_utils as numa
+    import nemo_rl.utils.venvs as venvs
 
     import upstream
 
@@ -91,13 +177,12 @@ def install() -> None:
         vars(sys.modules.setdefault(module_name, upstream.inert_module(module_name))).update(names)
     automodel_absent()
     replace(numa, "bind_to_gpu_numa", lambda *args, **kwargs: None)
-    replace(vllm_worker, "_apply_vllm_patches", lambda *args, **kwargs: None)
     replace(venvs, "create_local_venv_on_each_node", lambda py_executable, venv_name: sys.executable)
-    worker = policy_worker_class()
-    for module_name, (class_name, backend) in POLICY_WORKERS.items():
-        module = types.ModuleType(module_name)
-        setattr(module, class_name, ray.remote(type(class_name, (worker,), {"backend": backend})))
-        sys.modules[module_name] = module
-    for class_name, cls in generation_workers().items():
-        setattr(sys.modules[GENERATION_WORKERS[class_name]], class_name, ray.remote(cls))
-    nemo_gym.cli.RunHelper, nemo_gym.rollout_collection.RolloutCollectionHelper = gym_stand_ins()
+    if _HOOKS not in sys.meta_path:
+        sys.meta_path.insert(0, _HOOKS)
+    for module_name in POLICY_WORKERS:
+        served_instead(module_name, policy_worker_module(module_name))
+    after_import("nemo_rl.models.generation.vllm.vllm_worker", vllm_worker_stood_in)
+    after_import("nemo_rl.models.generation.vllm.vllm_worker_async", async_vllm_worker_stood_in)
+    after_import("nemo_gym.cli", gym_server_runner_stood_in)
+    after_import("nemo_gym.rollout_collection", gym_rollouts_stood_in)

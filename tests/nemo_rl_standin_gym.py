@@ -2,14 +2,20 @@
 
 NeMo-RL's NemoGym actor runs as it is (its spin-up, the global config it hands Gym, the post-processing of Gym's
 results into message logs). RunHelper.start parses that config with Gym's own get_global_config_dict and looks up
-each server instance's folder and entrypoint as Gym does, but starts no process. RolloutCollectionHelper.run_examples
+each server instance's folder and entrypoint as Gym does, but starts no process; for a server that starts vLLM on
+GPUs of its own (Gym's local_vllm_model and the genrm_model judge built on it) it reserves them in Ray as that
+server does, with Gym's own LocalVLLMModel._select_vllm_server_head_node (the placement group of its first
+data-parallel rank), and keeps them for the run. RolloutCollectionHelper.run_examples
 answers each row as the agent server would: the policy's answer (the prompt under the policy tokenizer's chat
 template, then the stand-in engine's tokens) with a reward from the judge drawn per rollout.
 """
 
 from __future__ import annotations
 
+import ast
+from argparse import Namespace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from nemo_rl_standin_vllm import draw_answer, seed_of
@@ -44,6 +50,8 @@ def gym_stand_ins() -> tuple[type, type]:
                 if not (folder / inner.entrypoint).is_file():
                     raise FileNotFoundError(f"NeMo-Gym server {name}: no {inner.entrypoint} in {folder}")
                 servers.append(name)
+                if "vllm_serve_kwargs" in inner and not inner.get("base_url"):
+                    reserve_vllm_server_gpus(name, OmegaConf.to_container(inner, resolve=True))
             _GYM.update(config=OmegaConf.to_container(config, resolve=True), servers=servers)
 
         def shutdown(self) -> None:
@@ -76,3 +84,33 @@ def gym_stand_ins() -> tuple[type, type]:
             return [run(row, n) for n, row in enumerate(examples)]
 
     return RunHelper, RolloutCollectionHelper
+
+
+LOCAL_VLLM_SERVER = ("responses_api_models/local_vllm_model/app.py", "LocalVLLMModel")
+
+
+def gym_method(relative_path: str, class_name: str, method_name: str, scope: dict[str, Any]):
+    """A method of a NeMo-Gym class compiled from Gym's own source alone, over the names in `scope` (the server's
+    module imports Gym's Anthropic converter, whose types need the anthropic package, not installed here)."""
+    import upstream
+
+    path = upstream.unpacked("nemo_gym") / relative_path
+    tree = ast.parse(path.read_text())
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name)
+    method = next(node for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == method_name)
+    namespace = dict(scope)
+    exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace[method_name]
+
+
+def reserve_vllm_server_gpus(name: str, server: dict[str, Any]):
+    """The placement group Gym's vLLM server `name` reserves for its first data-parallel rank, made by Gym's own
+    code from the server's vllm_serve_kwargs and vllm_serve_env_vars (as its _configure_vllm_serve passes them)."""
+    import ray
+    from ray.util.placement_group import PlacementGroup
+
+    names = {"ray": ray, "Namespace": Namespace, "Dict": dict, "PlacementGroup": PlacementGroup}
+    select = gym_method(*LOCAL_VLLM_SERVER, "_select_vllm_server_head_node", names)
+    env_vars = {"HF_HUB_ENABLE_HF_TRANSFER": "1", **server["vllm_serve_env_vars"]}
+    server_args = Namespace(**server["vllm_serve_kwargs"])
+    return select(SimpleNamespace(config=SimpleNamespace(name=name)), server_args, env_vars)

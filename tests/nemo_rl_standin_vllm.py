@@ -133,14 +133,12 @@ VLLM = {  # vLLM's names NeMo-RL's workers call, with what stands in for them; t
 }
 
 
-def generation_workers() -> dict[str, type]:
-    """NeMo-RL's vLLM workers, as they are but for the OpenAI server vLLM would serve NeMo-Gym from."""
-    from nemo_rl.models.generation.vllm.vllm_worker import VllmGenerationWorkerImpl
-    from nemo_rl.models.generation.vllm.vllm_worker_async import VllmAsyncGenerationWorkerImpl
+def async_generation_worker(implementation: type) -> type:
+    """NeMo-RL's async vLLM worker as it is but for the OpenAI server vLLM would serve NeMo-Gym from."""
 
-    class VllmAsyncGenerationWorker(VllmAsyncGenerationWorkerImpl):
+    class VllmAsyncGenerationWorker(implementation):
         def _setup_vllm_server(self):  # NeMo-Gym's stand-in answers the requests this server would get
             port = getattr(self, "_reserved_port", None) or standin_ray.free_port()
             return None, f"http://127.0.0.1:{port}/v1", None
 
-    return {"VllmGenerationWorker": VllmGenerationWorkerImpl, "VllmAsyncGenerationWorker": VllmAsyncGenerationWorker}
+    return VllmAsyncGenerationWorker

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 import queue
 import socket
 import sys
@@ -249,7 +250,15 @@ def get_runtime_context() -> _RuntimeContext:
     return _RuntimeContext()
 
 
+def in_process() -> bool:
+    """Whether `ray` is this in-process one (else a real Ray's worker process runs the stand-ins: tests/nemo_rl_run.py
+    with real Ray)."""
+    return isinstance(sys.modules.get("ray"), _StrictModule)
+
+
 def get_gpu_ids() -> list[int]:
+    if not in_process():
+        return [int(i) for i in sys.modules["ray"].get_gpu_ids()]
     actor = getattr(_CURRENT, "actor", None)
     if actor is None or actor._placement is None:
         return []
@@ -257,7 +266,10 @@ def get_gpu_ids() -> list[int]:
 
 
 def current_env() -> dict[str, str]:
-    """The environment variables Ray would give the current actor's process (its runtime_env)."""
+    """The environment variables Ray would give the current actor's process (its runtime_env); in a real Ray worker
+    process, its own."""
+    if not in_process():
+        return dict(os.environ)
     actor = getattr(_CURRENT, "actor", None)
     if actor is None:
         return {}

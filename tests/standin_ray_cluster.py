@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-CLUSTER: dict[str, Any] = {"nodes": [], "groups": []}
+CLUSTER: dict[str, Any] = {"nodes": [], "groups": [], "removed": []}  # groups: those that hold their bundles
 
 
 class Unschedulable(RuntimeError):
@@ -39,7 +39,9 @@ class Bundle:
 def reset(node_count: int, gpus_per_node: int, cpus_per_node: int) -> None:
     """A fresh cluster of `node_count` nodes, each with its GPUs and CPUs free (Ray's node ids are 56 hex digits)."""
     CLUSTER.update(
-        nodes=[Node(f"node{i:02d}" + "0" * 52, gpus_per_node, cpus_per_node) for i in range(node_count)], groups=[]
+        nodes=[Node(f"node{i:02d}" + "0" * 52, gpus_per_node, cpus_per_node) for i in range(node_count)],
+        groups=[],
+        removed=[],
     )
 
 
@@ -49,6 +51,7 @@ class PlacementGroup:
     def __init__(self, bundles: list[Bundle], specs: list[dict], strategy: str, name: str) -> None:
         self.bundles, self.bundle_specs, self.strategy, self.name = bundles, specs, strategy, name
         self.id = f"pg-{next(self._ids)}"
+        self.state = "CREATED"
 
     @property
     def bundle_count(self) -> int:
@@ -129,22 +132,32 @@ def placement_group(bundles: list[dict], strategy: str = "PACK", name: str = "",
 
 
 def remove_placement_group(group: PlacementGroup) -> None:
+    """Its bundles freed; Ray's table keeps it, REMOVED, with the GPUs it held."""
     for bundle in group.bundles:
         bundle.node.free_gpus += bundle.gpus
         bundle.node.free_cpus += bundle.cpus
-    group.bundles = []
+    group.state = "REMOVED"
     CLUSTER["groups"].remove(group)
+    CLUSTER["removed"].append(group)
 
 
-def placement_group_table(group: PlacementGroup) -> dict[str, Any]:
+def placement_group_table(group: PlacementGroup | None = None) -> dict[str, Any]:
+    """Ray's table entry of `group`; with no group, every group's by id (as ray.util.placement_group_table)."""
+    if group is None:
+        return {g.id: placement_group_table(g) for g in CLUSTER["removed"] + CLUSTER["groups"]}
     return {
         "placement_group_id": group.id,
         "name": group.name,
         "strategy": group.strategy,
-        "state": "CREATED",
+        "state": group.state,
         "bundles": dict(enumerate(group.bundle_specs)),
         "bundles_to_node_id": {i: b.node.node_id for i, b in enumerate(group.bundles)},
     }
+
+
+def gpu_ids(group: PlacementGroup) -> list[list[int]]:
+    """The GPU ids of each bundle of `group` on its node (Ray's table does not say them)."""
+    return [list(bundle.gpu_ids) for bundle in group.bundles]
 
 
 def bundle_for(options: dict[str, Any]) -> Bundle | None:
@@ -153,7 +166,7 @@ def bundle_for(options: dict[str, Any]) -> Bundle | None:
     if not isinstance(strategy, PlacementGroupSchedulingStrategy):
         return None
     group, index = strategy.placement_group, strategy.placement_group_bundle_index
-    if not group.bundles:
+    if group.state == "REMOVED":
         raise Unschedulable(f"placement group {group.name!r} was removed")
     bundle = group.bundles[max(index, 0)]
     wanted = float(options.get("num_gpus") or 0)

@@ -2,7 +2,9 @@
 grpo.setup (cluster and placement arithmetic, the dtype and other checks, tokenizer and data over real prompt rows)
 and a GRPO step's data path (batching, advantages, shard_by_batch_size, the loss function's inputs, the checkpoint
 manager, the logger), with only the GPU work stood in (tests/nemo_rl_run.py). What NeMo-RL would stop on is
-refused when the job compiles, with NeMo-RL's arithmetic and a fix; the fix, applied, runs."""
+refused when the job compiles, with NeMo-RL's arithmetic and a fix; the fix, applied, runs. One case runs on a real
+Ray cluster (NeMo-RL's actors its processes; the others on the in-process Ray, tests/nemo_rl_run.py says why), and
+every case with a judge shows where NeMo-Gym's own code places it: on GPUs none of NeMo-RL's cluster holds."""
 
 import json
 import shutil
@@ -47,6 +49,7 @@ GPU_PROFILES = {
         "cluster_paths": ["/lustre"],
     },  # fmt: skip
     "two_nodes": {"extends": "one_node", "nodes": 2},
+    "a_node_of_two": {"extends": "one_node", "gpus_per_node": 2},
     "four_nodes": {"extends": "one_node", "nodes": 4},
 }
 CASES = {  # name: (step, config, batch profile, overrides): what users compile, each run by NeMo-RL's own code
@@ -91,10 +94,21 @@ CASES = {  # name: (step, config, batch profile, overrides): what users compile,
         "policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false",
         "policy.megatron_cfg.context_parallel_size=2", "policy.dynamic_batching.enabled=true",
         "policy.sequence_packing.enabled=false")),
+    "rl/reinforce on a node of 2 GPUs, real Ray": ("rl/reinforce", "default", "a_node_of_two", REINFORCE_INPUTS),
+    "rl/rlhf on a node of 2 GPUs, real Ray": ("rl/rlhf", "default", "a_node_of_two", RLHF_INPUTS),
 }  # fmt: skip
+# run on a real Ray cluster, where NeMo-RL's actors are processes of their own (tests/nemo_rl_run.py says why the others
+# run on the in-process Ray; the real-Ray cases, about a minute each, run beside them)
+REAL_RAY = {"rl/reinforce on a node of 2 GPUs, real Ray", "rl/rlhf on a node of 2 GPUs, real Ray"}
 # past the first step, one case a driver and policy backend: a second rollout after a refit, and (where the case has
 # validation prompts) a validation at step 2
-TWO_STEPS = {"tiny on two nodes": True, "rl/rlhf, megatron": True, "rl/reinforce on one node": False}
+TWO_STEPS = {
+    "tiny on two nodes": True,
+    "rl/rlhf, megatron": True,
+    "rl/reinforce on one node": False,
+    "rl/reinforce on a node of 2 GPUs, real Ray": False,
+    "rl/rlhf on a node of 2 GPUs, real Ray": True,
+}
 ORACLE_DRIVER = {"examples/nemo_gym/run_grpo_nemo_gym.py": "nemo_gym", "examples/run_grpo.py": "grpo"}
 
 
@@ -103,7 +117,7 @@ def compile_case(step: str, config: str, profile: str, overrides: tuple[str, ...
     return compile_request(load_catalog(), request)
 
 
-def runnable(compiled, tiny_world, folder: Path, steps: int = 1) -> dict:
+def runnable(compiled, tiny_world, folder: Path, steps: int = 1, ray: str = "in-process") -> dict:
     """The compiled job's master config, moved under `folder` with the files the job's prepare stage would write
     there (the tiny world's policy and prompts, as NeMo-RL's rows) and the reward model at the tiny world's."""
     text = compiled.plan.files[MASTER_CONFIG_FILE]
@@ -129,6 +143,7 @@ def runnable(compiled, tiny_world, folder: Path, steps: int = 1) -> dict:
         "nodes": settings["nodes"],
         "gpus_per_node": settings["gpus_per_node"],
         "steps": steps,
+        "ray": ray,
     }
 
 
@@ -161,13 +176,8 @@ def outcomes(project, tiny_world):
             runs.append((f"{name}, fixed", compile_case(step, config, profile, fixed)))
         else:
             runs.append((name, compiled))
-    cases = [
-        {
-            "name": name,
-            **runnable(c, tiny_world, project / f"run{n}", 2 if name.removesuffix(", fixed") in TWO_STEPS else 1),
-        }
-        for n, (name, c) in enumerate(runs)
-    ]
+    cases = [{"name": name, **runnable(c, tiny_world, project / f"run{n}", *how_to_run(name))}
+             for n, (name, c) in enumerate(runs)]  # fmt: skip
     cases.append(control(cases[0], project / "control", CONTROL, _batch_of_512))
     by_name = {case["name"]: case for case in cases}
     lora = by_name["rl/reinforce, LoRA"]
@@ -176,10 +186,17 @@ def outcomes(project, tiny_world):
     dtensor_cp, megatron_cp = (by_name.get(f"{name}, fixed") or by_name[name] for name in CONTEXT_PARALLEL)
     cases.append(control(dtensor_cp, project / "control_cp", CP_PACKED, _packed))
     cases.append(control(megatron_cp, project / "control_mcore_cp", CP_UNPACKED, _batched_dynamically))
+    cases.append(control(by_name[JUDGED], project / "control_judge", JUDGE_CROWDED, _the_policy_on_every_gpu))
     results = upstream.run_nemo_rl(cases, project)
     yield refused, results
     for n in range(len(runs)):
         shutil.rmtree(project / f"run{n}", ignore_errors=True)
+
+
+def how_to_run(name: str) -> tuple[int, str]:
+    """A case's steps and its Ray."""
+    case = name.removesuffix(", fixed")
+    return 2 if case in TWO_STEPS else 1, "real" if case in REAL_RAY else "in-process"
 
 
 CONTROL = "control: 256 rows a step, a global batch of 512"
@@ -190,6 +207,14 @@ LORA_KEY = "control: a lora_cfg key NeMo-RL does not declare"
 CONTEXT_PARALLEL = ("seed page, context parallel 2", "seed page, megatron, context parallel 2, dynamic batching")
 CP_PACKED = "control: context parallel 2 on DTensor, packed"
 CP_UNPACKED = "control: context parallel 2 on Megatron, batched dynamically"
+
+
+JUDGED = "rl/rlhf on a node of 2 GPUs, real Ray"
+JUDGE_CROWDED = "control: the policy on every GPU of the judge's node"
+
+
+def _the_policy_on_every_gpu(master: dict) -> None:
+    master["cluster"]["gpus_per_node"] += 1  # the judge's GPU, which rlsteps leaves out of NeMo-RL's cluster
 
 
 def _packed(master: dict) -> None:
@@ -221,7 +246,7 @@ def control(case: dict, folder: Path, name: str, change) -> dict:
     folder.mkdir()
     (folder / "master.yaml").write_text(yaml.safe_dump(master).replace(str(Path(case["config"]).parent), str(folder)))
     shutil.copytree(Path(case["config"]).parent / "nemo_rl", folder / "nemo_rl", symlinks=True)
-    return {**case, "name": name, "config": str(folder / "master.yaml")}
+    return {**case, "name": name, "config": str(folder / "master.yaml"), "ray": "in-process"}
 
 
 def test_the_run_check_fails_where_nemo_rl_fails(outcomes):
@@ -269,6 +294,8 @@ def test_nemo_rl_runs_a_step_of_what_rlsteps_compiles_or_rlsteps_refuses_it_with
     assert result["steps"] == (2 if case in TWO_STEPS else 1) and Path(result["checkpoint"]).is_dir()
     if TWO_STEPS.get(case):
         assert "Starting validation at step 2" in result["log"], result["log"][-3000:]
+    if case in REAL_RAY:  # the policy's workers were processes of real Ray's
+        assert result["driver_pid"] not in result["actors"]["DTensorPolicyWorkerV2"], result["actors"]
     if case in refused:
         error = refused[case]
         assert EXPECTED_REFUSALS[case] in error.message, error.message
@@ -314,3 +341,47 @@ def test_nemo_rl_clips_and_scales_the_rewards_as_the_embedded_engine_does(outcom
     assert (raw < CLIP[0]).any() or (raw > CLIP[1]).any(), raw  # the clip moves them
     expected = RewardTerm("reward_model", 1.0, source=None, clip=CLIP, scale=SCALE).shape(raw)
     torch.testing.assert_close(scaled, expected)
+
+
+JUDGE_GROUP = "genrm_model_dp_rank_0"  # NeMo-Gym names a vLLM server's placement groups <server>_dp_rank_<n>
+
+
+def gpus_of(group: dict) -> float:
+    return sum(bundle.get("GPU", 0) for bundle in group["bundles"])
+
+
+def test_nemo_gym_reserves_the_judge_gpus_of_its_own_beside_the_policy_on_real_ray(outcomes):
+    """rl/rlhf on one node: rlsteps gives NeMo-RL's cluster the GPUs the judge does not take, and NeMo-Gym's own
+    placement of its judge (LocalVLLMModel's head-node group, in NeMo-RL's NemoGym actor, a process of real Ray's)
+    gets the rest: both hold their GPUs on the one node at once, so neither shares one."""
+    result = outcomes[1][JUDGED]
+    assert result["ok"], describe(result)
+    actors = result["actors"]  # NeMo-RL's actors, each a process of real Ray's
+    pids = [pid for name in ("DTensorPolicyWorkerV2", "VllmAsyncGenerationWorker", "NemoGym") for pid in actors[name]]
+    assert len(set(pids)) == 3 and result["driver_pid"] not in pids, actors
+    groups = {group["name"]: group for group in result["placements"]}
+    judge = groups.pop(JUDGE_GROUP)
+    assert judge["strategy"] == "STRICT_PACK" and judge["state"] == "CREATED", judge
+    assert judge["bundles"] == [{"GPU": 1.0}, {"CPU": 1.0}]  # tensor x pipeline parallel GPUs, and the server's CPU
+    assert gpus_of(judge) + sum(gpus_of(group) for group in groups.values()) == 2  # the node's, each held once
+    assert {node for group in result["placements"] for node in group["nodes"]} == {judge["nodes"][0]}
+    assert "Starting validation at step 2" in result["log"]
+
+
+def test_the_judge_never_gets_a_gpu_of_the_policy_or_generation(outcomes):
+    """Every case with a judge on the in-process Ray, one node or several: the GPUs of Gym's judge group are none of
+    those NeMo-RL's cluster holds (node and GPU id); with the judge's GPU given to NeMo-RL's cluster too, Gym's own
+    placement of the judge cannot be held, and the run stops there."""
+    judged = {name: result for name, result in outcomes[1].items() if result.get("ok") and
+              any(group["name"] == JUDGE_GROUP for group in result["placements"]) and "gpu_ids" in
+              result["placements"][0]}  # fmt: skip
+    assert len(judged) >= 10, sorted(judged)
+    for name, result in judged.items():
+        held = {(group["name"] == JUDGE_GROUP, node, gpu) for group in result["placements"]
+                for node, ids in zip(group["nodes"], group["gpu_ids"]) for gpu in ids}  # fmt: skip
+        judge = {(node, gpu) for is_judge, node, gpu in held if is_judge}
+        assert judge and not judge & {(node, gpu) for is_judge, node, gpu in held if not is_judge}, name
+    crowded = outcomes[1][JUDGE_CROWDED]
+    no_room = "Unschedulable: no node can hold all 2 bundles [{'GPU': 1.0}, {'CPU': 1.0}] (STRICT_PACK)"
+    assert not crowded["ok"] and crowded["error"].endswith(no_room), describe(crowded)
+    assert "in _select_vllm_server_head_node" in crowded["traceback"], crowded["traceback"]

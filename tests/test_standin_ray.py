@@ -45,5 +45,7 @@ def test_an_actor_takes_its_gpus_from_its_bundle_and_a_removed_group_frees_them(
         cluster.bundle_for({"scheduling_strategy": place, "num_gpus": 0.5})
     cluster.remove_placement_group(group)
     assert cluster.available_resources()["GPU"] == 16
+    (entry,) = cluster.placement_group_table().values()  # Ray's table keeps it, with the GPUs it held
+    assert entry["state"] == "REMOVED" and cluster.gpu_ids(group)[3] == [3]
     with pytest.raises(cluster.Unschedulable, match="was removed"):
         cluster.bundle_for({"scheduling_strategy": place, "num_gpus": 1})
