@@ -184,8 +184,9 @@ def test_a_checkpoint_resumes_in_place_in_either_layout(tmp_path, layout):
         manager.save(2, model, tokenizer, {**state, "optimizer": optimizer.state_dict()}, info)
     fresh, fresh_optimizer, fresh_scheduler = _trained_model_and_optimizer(0)
     said = []
-    counters = _resume(manager, fresh, fresh_optimizer, fresh_scheduler, SINGLE, said.append)
+    counters, in_flight = _resume(manager, fresh, fresh_optimizer, fresh_scheduler, SINGLE, said.append)
     assert counters.step == 2 and counters.optimizer_steps == 2 and "resuming from" in said[0]
+    assert in_flight == {}  # no rollouts drawn beside training: none kept
     assert_same_weights(model.state_dict(), fresh.state_dict(), tolerance=0.0)
     for saved, read in zip(optimizer.state.values(), fresh_optimizer.state.values()):
         assert torch.equal(saved["exp_avg"], read["exp_avg"]) and torch.equal(saved["exp_avg_sq"], read["exp_avg_sq"])

@@ -94,19 +94,18 @@ CASES = {  # name: (step, config, batch profile, overrides): what users compile,
         "policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false",
         "policy.megatron_cfg.context_parallel_size=2", "policy.dynamic_batching.enabled=true",
         "policy.sequence_packing.enabled=false")),
-    "rl/reinforce on a node of 2 GPUs, real Ray": ("rl/reinforce", "default", "a_node_of_two", REINFORCE_INPUTS),
     "rl/rlhf on a node of 2 GPUs, real Ray": ("rl/rlhf", "default", "a_node_of_two", RLHF_INPUTS),
 }  # fmt: skip
 # run on a real Ray cluster, where NeMo-RL's actors are processes of their own (tests/nemo_rl_run.py says why the others
-# run on the in-process Ray; the real-Ray cases, about a minute each, run beside them)
-REAL_RAY = {"rl/reinforce on a node of 2 GPUs, real Ray", "rl/rlhf on a node of 2 GPUs, real Ray"}
+# run on the in-process Ray; the real-Ray case, about a minute, runs beside them). One: each more costs CI about 50 s,
+# and rl/reinforce's driver takes two steps on the in-process Ray ("rl/reinforce on one node")
+REAL_RAY = {"rl/rlhf on a node of 2 GPUs, real Ray"}
 # past the first step, one case a driver and policy backend: a second rollout after a refit, and (where the case has
 # validation prompts) a validation at step 2
 TWO_STEPS = {
     "tiny on two nodes": True,
     "rl/rlhf, megatron": True,
     "rl/reinforce on one node": False,
-    "rl/reinforce on a node of 2 GPUs, real Ray": False,
     "rl/rlhf on a node of 2 GPUs, real Ray": True,
 }
 ORACLE_DRIVER = {"examples/nemo_gym/run_grpo_nemo_gym.py": "nemo_gym", "examples/run_grpo.py": "grpo"}
