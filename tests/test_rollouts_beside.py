@@ -12,7 +12,13 @@ import torch
 from rlsteps.contract.config import RolloutConfig
 from rlsteps.contract.prompts import Prompt
 from rlsteps.engine.generation.backend import SamplingParams
-from rlsteps.engine.generation.beside import BESIDE_STATE, BesideSampler, GenerationProcess, in_flight_from_state
+from rlsteps.engine.generation.beside import (
+    BESIDE_STATE,
+    BesideSampler,
+    GenerationProcess,
+    GenerationProcessDied,
+    in_flight_from_state,
+)
 from rlsteps.engine.generation.builtin import BuiltinBackend
 from rlsteps.engine.generation.rollouts import Sampler, rollout_seeds, step_seed, tokenize_prompts
 from test_nemo_rl_runs import compile_case
@@ -106,6 +112,18 @@ def test_the_rollouts_in_flight_at_a_checkpoint_restored_into_a_new_process_are_
     assert sorted(kept) == [stop_at, stop_at + 1]  # drawn by versions 0 and 1: not in the checkpoint's weights
     second, _ = run_steps(versions, policy[1], K, range(stop_at, STEPS), in_flight_from_state(kept))
     assert {**first, **second} == straight
+
+
+@pytest.mark.slow
+def test_a_rollout_process_that_dies_stops_the_step_in_one_line_not_a_hang(policy, versions):
+    sampler = beside(versions[0], policy[1], K)
+    try:
+        sampler.process._process.kill()
+        with pytest.raises(GenerationProcessDied) as died:
+            sampler.rollouts(versions[0], PROMPTS, PER_PROMPT, (SEED, 0))
+    finally:
+        sampler.close()
+    assert str(died.value).startswith("the rollout process ended (exit -9) before answering: killed, or out of memory")
 
 
 @pytest.mark.parametrize(

@@ -118,7 +118,8 @@ class GenerationProcess:
         except queue.Empty:
             if not self._process.is_alive():
                 raise GenerationProcessDied(
-                    f"the rollout process ended (exit {self._process.exitcode}) before answering"
+                    f"the rollout process ended (exit {self._process.exitcode}) before answering: killed, or out of "
+                    "memory (rollout.max_age_steps=0 samples in the training process instead)"
                 ) from None
             return
         if kind == "loaded":
@@ -126,7 +127,7 @@ class GenerationProcess:
         elif kind == "generated":
             self._ready[key] = value
         else:
-            raise GenerationProcessDied(f"the rollout process failed on step {key + 1}'s rollouts:\n{value}")
+            raise GenerationProcessDied(f"the rollout process failed ({key}):\n{value}")
 
 
 def serve(requests, answers, config, tokenizer, batch_rows: int, threads: int, device: str, dtype) -> None:
@@ -162,7 +163,9 @@ def serve(requests, answers, config, tokenizer, batch_rows: int, threads: int, d
                 generation = backend.generate(model, prompt_token_ids, params, seeds)
                 answers.put(("generated", step, (generation, time.perf_counter() - started)))
         except Exception:  # the trainer raises it, with this traceback
-            answers.put(("failed", message[1], traceback.format_exc()))
+            loading = message[0] == "weights"
+            doing = f"loading the weights of version {message[1]}" if loading else f"drawing step {message[1] + 1}"
+            answers.put(("failed", doing, traceback.format_exc()))
             return
 
 
