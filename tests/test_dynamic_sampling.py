@@ -123,12 +123,13 @@ def test_a_tiny_run_refills_its_steps_counts_the_prompts_drawn_and_resumes_exact
     the data order goes on after the last batch drawn and a run killed after step 2 resumes to the same weights."""
     from run_helpers import FAST, series, straight_and_resumed, weights
 
-    overrides = [*REFILLED, "train.max_steps=4", "checkpoint.interval=2", *FAST]
+    # 8 steps: a step takes a fraction of a second, and the kill may land after a later checkpoint than step 2's
+    overrides = [*REFILLED, "train.max_steps=8", "checkpoint.interval=2", *FAST]
     straight, resumed = straight_and_resumed("rl/rlhf", "rl_rlhf", overrides, tmp_path)
     batches = series(straight, "train/dynamic_sampling_gen_batches")
     consumed = series(straight, "train/consumed_samples")
-    assert len(batches) == 4 and max(batches) > 1, batches
-    assert consumed == [4 * sum(batches[: i + 1]) for i in range(4)]
+    assert len(batches) == 8 and max(batches) > 1, batches
+    assert consumed == [4 * sum(batches[: i + 1]) for i in range(8)]
     assert series(resumed, "train/consumed_samples")[-2:] == consumed[-2:]
     assert series(resumed, "train/dynamic_sampling_gen_batches")[-2:] == batches[-2:]
     a, b = weights(straight / "policy"), weights(resumed / "policy")
