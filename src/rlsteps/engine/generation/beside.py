@@ -38,9 +38,9 @@ from rlsteps.engine.generation.backend import Generation, SamplingParams
 from rlsteps.engine.generation.rollouts import (
     Sampler,
     build_rollout_batch,
+    rollout_rows,
     rollout_seeds,
     step_seed,
-    tokenize_prompts,
 )
 
 log = logging.getLogger(__name__)
@@ -235,8 +235,8 @@ class BesideSampler(Sampler):
         self.process.send_weights(model, step)
         self._ask(step + self.max_age, step)
         drawn = self._restored.pop(step, None) or self._answer(step)
-        token_ids = [ids for ids in tokenize_prompts(prompts, self.tokenizer) for _ in range(n)]
-        batch = build_rollout_batch([p for p in prompts for _ in range(n)], token_ids, drawn.generation, self.tokenizer)
+        rows, token_ids = rollout_rows(prompts, self.tokenizer, n)
+        batch = build_rollout_batch(rows, token_ids, drawn.generation, self.tokenizer)
         self._figures = {"rollout/age": float(step - drawn.version)}
         if drawn.seconds:
             tokens = float(batch.response_lengths.sum())
@@ -262,10 +262,9 @@ class BesideSampler(Sampler):
 
     def _ask(self, step: int, version: int) -> None:
         prompts, n = self.prompts_of(step), self.rollout.num_rollouts_per_prompt
-        s = self.rollout.sampling
-        params = SamplingParams(s.max_new_tokens, s.temperature, s.top_p, s.top_k)
-        token_ids = [ids for ids in tokenize_prompts(prompts, self.tokenizer) for _ in range(n)]
-        self.process.ask(step, token_ids, params, rollout_seeds(step_seed(self.seed, step), range(len(prompts)), n))
+        _, token_ids = rollout_rows(prompts, self.tokenizer, n)
+        seeds = rollout_seeds(step_seed(self.seed, step), range(len(prompts)), n)
+        self.process.ask(step, token_ids, self.sampling_params(), seeds)
         self._versions[step] = version
 
     def _answer(self, step: int) -> InFlight:

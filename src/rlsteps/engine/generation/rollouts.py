@@ -86,11 +86,12 @@ class Sampler:
         0, 1, ...): a data-parallel process passes those of its share and draws exactly the rows
         that one process generating the whole list would.
         """
+        return self._sample(model, prompts, n, self.sampling_params(), step_seed(*seed), prompt_positions)
+
+    def sampling_params(self) -> SamplingParams:
+        """The training rollouts' sampling settings (rollout.sampling)."""
         s = self.rollout.sampling
-        params = SamplingParams(
-            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
-        )
-        return self._sample(model, prompts, n, params, step_seed(*seed), prompt_positions)
+        return SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
 
     def validation_rollouts(
         self,
@@ -128,8 +129,7 @@ class Sampler:
     ) -> RolloutBatch:
         positions = range(len(prompts)) if prompt_positions is None else prompt_positions
         check_prompt_positions(positions, len(prompts))
-        repeated = [p for p in prompts for _ in range(n)]  # rows of one prompt are adjacent; groups are by id
-        token_ids = [ids for ids in tokenize_prompts(prompts, self.tokenizer) for _ in range(n)]
+        repeated, token_ids = rollout_rows(prompts, self.tokenizer, n)
         counting = {"on_answered": on_answered} if on_answered is not None else {}
         generation = self.backend.generate(model, token_ids, params, rollout_seeds(seed, positions, n), **counting)
         return build_rollout_batch(repeated, token_ids, generation, self.tokenizer)
@@ -145,6 +145,12 @@ def check_prompt_positions(positions: Sequence[int], count: int) -> None:
     if len(set(positions)) != count:
         repeated = next(j for j in positions if list(positions).count(j) > 1)
         raise ValueError(f"prompt position {repeated} appears twice; each prompt's rows need their own seeds")
+
+
+def rollout_rows(prompts: list[Prompt], tokenizer: Any, n: int) -> tuple[list[Prompt], list[list[int]]]:
+    """n adjacent rows per prompt (groups are by id): the prompts repeated, and their token ids."""
+    token_ids = [ids for ids in tokenize_prompts(prompts, tokenizer) for _ in range(n)]
+    return [p for p in prompts for _ in range(n)], token_ids
 
 
 def tokenize_prompts(prompts: list[Prompt], tokenizer: Any) -> list[list[int]]:
