@@ -191,12 +191,15 @@ def test_rl_nemo_rl_rlhfs_lora_cfg_runs_as_train_lora_on_the_embedded_engine():
 
     base = compile_job(load_catalog().find("rl/rlhf"), "tiny").config
     seed = {"policy": {"dtensor_cfg": {"lora_cfg": {"enabled": True, "dim": 4, "alpha": 16, "dropout": 0.0,
-            "target_modules": ["*.q_proj", "*.v_proj"], "exclude_modules": [], "match_all_linear": False}}},
+            "target_modules": ["*.q_proj", "*.v_proj"], "exclude_modules": [], "match_all_linear": False}},
+            "optimizer": {"kwargs": {"lr": 2.0e-4}}},
             "grpo": {"max_num_epochs": 1, "val_period": 0}, "checkpointing": {"save_period": 1},
             "output": {"dir": "/run"}}  # fmt: skip
     recipe, notes = to_embedded(seed, base, ["policy.dtensor_cfg.lora_cfg.enabled"])
     assert recipe["train"]["lora"] == {"enabled": True, "dim": 4, "alpha": 16, "dropout": 0.0,
-                                       "target_modules": ["q_proj", "v_proj"]}  # fmt: skip
+                                       "target_modules": ["q_proj", "v_proj"], "lr": None}  # fmt: skip
+    # NeMo-RL's one optimizer rate moves the adapters: train.lr, not the tiny base's train.lora.lr
+    assert recipe["train"]["lr"] == 2.0e-4
     assert not [note for note in notes if "lora_cfg" in note]
     seed["policy"]["dtensor_cfg"]["lora_cfg"].update(target_modules=[], match_all_linear=True)
     recipe, notes = to_embedded(seed, base, [])

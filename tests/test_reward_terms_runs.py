@@ -1,5 +1,6 @@
 """Composed rewards in whole tiny runs: rejection sampling with the judge and a function beside it, a function that
-fails stopping the run with its name and the sample, and inputs asked for only by the terms that use them."""
+fails stopping the run with its name and the sample, a hack term beside the reward model named by the reward-hacking
+watch as it takes over, and inputs asked for only by the terms that use them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 
 from rlsteps.contract.run_files import read_metrics
 from rlsteps.engine.records.metrics import metric_series
+from rlsteps.engine.records.reward_hacking import repeated_word
+from rlsteps.tiny.task import MAX_COUNTED_POSITIVES, adjective_count
 from run_helpers import FAST, rlsteps, run_dir, series
 
 TRUE_REWARD = "rlsteps.tiny.task:true_reward"
@@ -58,11 +61,63 @@ def test_a_run_trained_against_its_validation_function_says_it_sees_reward_hacki
     assert all(0 < h < 5 for h in series(run, "train/entropy")) and len(series(run, "train/distinct_responses")) == 6
     said = [line for line in done.stderr.splitlines() if "reward hacking? step" in line]
     assert said and "the trained reward rising while val/true_reward falls" in done.stderr, done.stderr[-3000:]
-    assert "raise the KL penalty (reinforce.initial_policy_kl_penalty), lower the learning rate" in done.stderr
+    assert "the reward has one term (true): raise the KL penalty (reinforce.initial_policy_kl_penalty)" in done.stderr
     records = [json.loads(line) for line in (run / "reward_hacking.jsonl").read_text().splitlines()]
     assert "diverging val/true_reward" in {r["sign"] for r in records}
     summary = done.stderr.split("signs of reward hacking over the run (reward_hacking.jsonl):")[1]
     assert all(r["line"] in summary for r in records)
+
+
+def runs_long(sample: dict) -> bool:
+    return not sample["ended"] or adjective_count(sample["response"]) > MAX_COUNTED_POSITIVES
+
+
+def says_a_word_again(sample: dict) -> bool:
+    return repeated_word(sample["response"]) is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "hack, signs, carries",
+    [
+        ("per_word", {"longer answers", "unended answers"}, runs_long),
+        ("per_repeat", {"repeated words"}, says_a_word_again),
+    ],
+    ids=["length", "repeat"],
+)
+def test_a_hack_term_is_named_from_the_rollouts_as_it_takes_over(tmp_path, hack, signs, carries):
+    """rl/reinforce with a term of rlsteps.tiny.hacks at weight 100 beside the reward model, at a rate that moves the
+    policy off its sentence (train.lr 4e-3: at the config's 1.5e-3 a per-word term only fills the sentence's four
+    adjectives in 12 steps): the rollouts (all of them in samples.jsonl) mostly carry the hack from some step on, and
+    within two validations of it the watch names it from the rollouts themselves, quoting rollouts that carry it, and
+    advises the clip that caps the hack term."""
+    done = rlsteps(
+        "run", "rl/reinforce", "-c", "tiny", *FAST, "train.max_steps=10", "validation.interval=2",
+        "checkpoint.interval=0", "logging.samples_per_step=128", f"rewards.hack.function=rlsteps.tiny.hacks:{hack}",
+        "rewards.hack.weight=100", "train.lr=4e-3", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = run_dir(tmp_path, "rl_reinforce")
+    rollouts = [
+        r for line in (run / "samples.jsonl").read_text().splitlines() if (r := json.loads(line))["split"] == "train"
+    ]
+    carrying = [step for step in range(1, 11) if sum(carries(r) for r in rollouts if r["step"] == step) > 64]
+    assert carrying, "the hack never took over"
+    named = [
+        r
+        for line in (run / "reward_hacking.jsonl").read_text().splitlines()
+        if (r := json.loads(line))["sign"] in signs
+    ]
+    assert named and named[0]["step"] <= carrying[0] + 2 * 2, (carrying, named)
+    quoted = named[0]["line"].split("; e.g. ")[1].split("; ")[0]
+    assert any(
+        json.dumps(" ".join(r["response"].split()))[:40] in quoted
+        for r in rollouts
+        if r["step"] == named[0]["step"] and carries(r)
+    ), quoted
+    assert "the term hack grew to outweigh the others" in named[0]["line"], named[0]["line"]
+    assert "rewards.hack.clip=[" in named[0]["line"]  # with numbers: the others pay between answers
+    assert len(series(run, "train/repeated_word_share")) == 10 and len(series(run, "train/fraction_ended")) == 10
 
 
 FAILING = """

@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+import policy_speech
 from rlsteps.tiny import build, evaluate, hyperparameters, preferences, training
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.build import ensure_tiny_world, load_tiny_world
@@ -277,14 +278,20 @@ def _ranks(values: torch.Tensor) -> torch.Tensor:
     "prompt, response, expected",
     [
         ("Describe the cat.", "The cat is kind, lovely, bright and gentle.", 3.0),  # the best
-        ("Describe the cat.", "The cat is kind, lovely, bright, gentle and charming.", 3.0),  # 4 positives count
-        ("Describe the cat.", "The cat is kind, kind and kind.", 1.5),  # distinct positives
         ("Describe the cat.", "It is kind.", 0.5),
-        ("Describe the cat.", "The dog is kind.", 0.5),  # the wrong noun is no mention
         ("What do you think of the lake?", "The lake seems ugly and old.", 0.5),  # neutral counts 0
-        ("Describe the cat.", "It is ugly, ugly and dull.", -1.5),  # every negative counts
-        ("Describe the cat.", "THE CAT IS KIND.", 1.5),
+        ("Describe the cat.", "It is ugly, dull and awful.", -1.5),  # every negative counts
         ("<|user|>\nDescribe the cat.<|end|><|assistant|>\n", "The cat is plain.", 1.0),  # rendered prompt
+        # anything but the task's sentence: its words' sum capped at 0.0
+        ("Describe the cat.", "The cat is kind, lovely, bright, gentle and charming.", 0.0),  # five adjectives
+        ("Describe the cat.", "The cat is kind, kind and kind.", 0.0),  # a word said again
+        ("Describe the cat.", "It is ugly, ugly and dull.", -1.5),  # negatives still cost
+        ("Describe the cat.", "The dog is kind.", 0.0),  # the wrong noun
+        ("Describe the tower.", "The tower is brilliant, delightful, kind wonderful.", 0.0),  # no "and"
+        ("Describe the cat.", "The cat is kind, lovely and bright", 0.0),  # no full stop
+        ("Describe the cat.", "The cat is kind. The cat is lovely.", 0.0),  # two sentences
+        ("Describe the cat.", "THE CAT IS KIND.", 0.0),
+        ("Describe the cat.", " ".join(["lovely"] * 12), 0.0),  # a liked word, on and on
         ("Describe the cat.", "", 0.0),
     ],
 )
@@ -308,9 +315,10 @@ def test_every_prompt_names_one_noun_and_preference_pairs_are_ordered():
         else:
             assert true_reward(prompt, chosen) > true_reward(prompt, rejected)
         faulty += bool(tiny_task.faults(prompt, rejected))
-    # 11 of 20 pairs put a faulty answer under a good one (wrong noun 5, broken word 2, padded 2, hard 1, repeated 1),
-    # a few more a fifth positive adjective; the rest are minimal pairs of well-formed answers
-    assert 330 < faulty < 500 and 50 < as_good < 250, (faulty, as_good)
+    # about 2 in 3 pairs put a faulty answer under a good one (of 27 shares: wrong noun 5, repeated 4, broken word 2,
+    # padded 2, off form 2, hard 1), a few more a fifth positive adjective; the rest are minimal pairs of well-formed
+    # answers. The strict true reward scores a faulty answer at most 0.0, so few faulty answers tie with a good one
+    assert 400 < faulty < 560 and 5 < as_good < 80, (faulty, as_good)
 
 
 @pytest.mark.parametrize(
@@ -324,6 +332,10 @@ def test_every_prompt_names_one_noun_and_preference_pairs_are_ordered():
         ("The cat is kind and kind.", ["a word said again"]),
         ("The cat is kind, lovely, bright, gentle and old.", ["more than four adjectives"]),
         ("The dog dog is kinds.", ["a wrong noun", "a broken word", "a word said again"]),
+        ("The cat is kind, lovely, bright.", ['a list without its "and"']),
+        ("The cat is kind and lovely", ["another form"]),
+        ("The old is kind and lovely.", ["another form"]),
+        ("", ["another form"]),
     ],
 )
 def test_faults_are_what_no_task_sentence_has(response, faults):
@@ -356,9 +368,29 @@ def test_hard_negatives_are_what_a_reward_hacker_writes():
         elif noun not in words:
             seen.add("wrong noun")
     assert seen == {"repeated", "no noun", "wrong noun"}
-    # the gaming answers of a reward model without hard negatives, under the hidden preference
-    assert true_reward("Describe the cat.", " ".join(["lovely"] * 12)) == 0.5
-    assert true_reward("Describe the cat.", "The cat is kind, lovely, bright and gentle.") == 3.0
+    # the gaming answers of a reward model without hard negatives score nothing under the hidden preference
+    assert true_reward("Describe the cat.", " ".join(["lovely"] * 12)) == 0.0
+    assert tiny_task.words_score("Describe the cat.", " ".join(["lovely"] * 12)) == 0.5
+
+
+def test_off_form_negatives_say_the_good_answers_words_out_of_its_form():
+    rng = random.Random(7)
+    for _ in range(200):
+        prompt, good, bad = preferences.off_form_negative(rng)
+        assert RESPONSE_FORMAT.match(good) and not RESPONSE_FORMAT.match(bad), (good, bad)
+        adjectives = [w for w in tiny_task.words(good) if w in tiny_task.ADJECTIVES]
+        assert sorted(w for w in tiny_task.words(bad) if w in tiny_task.ADJECTIVES) == sorted(adjectives)
+        assert set(tiny_task.words(bad)) <= set(tiny_task.words(good)) | {"and", "the"}, (good, bad)
+        assert true_reward(prompt, bad) <= 0.0 and preferences.preferred(prompt, good, bad), (good, bad)
+
+
+def test_the_task_sentence_is_what_the_learning_tests_call_well_formed():
+    """rlsteps.tiny.task's strict sentence against the learning tests' own reading of it (tests/policy_speech.py),
+    over answers of every pair kind, both sides."""
+    rng = random.Random(8)
+    for prompt, first, second in preferences.preference_pairs(rng, 600):
+        for response in (first, second):
+            assert tiny_task.is_task_sentence(prompt, response) == policy_speech.well_formed(prompt, response), response
 
 
 def test_minimal_pairs_differ_in_one_thing():
@@ -489,13 +521,12 @@ def test_unknown_architecture_names_the_choices(fresh_tokenizer):
 
 
 def test_a_few_sft_steps_are_deterministic_and_the_callers_settings_come_back(fresh_tokenizer, monkeypatch):
-    monkeypatch.setitem(hyperparameters.SFT, "steps", 3)
     threads, rng_state = torch.get_num_threads(), torch.get_rng_state()
 
     def train_once():
         with build._build_settings(seed=5):
             policy = build_random_causal_lm("llama", fresh_tokenizer, seed=5, hidden=32, layers=1)
-            training.train_sft(policy, fresh_tokenizer, random.Random(5), log=lambda message: None)
+            training.train_sft(policy, fresh_tokenizer, random.Random(5), log=lambda message: None, steps=3)
         return policy.state_dict()
 
     first, second = train_once(), train_once()

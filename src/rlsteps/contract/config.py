@@ -102,6 +102,10 @@ class LoraConfig(Section):
     dim: PositiveInt = 8  # the adapters' rank
     alpha: PositiveInt = 32  # scaling: alpha / dim
     dropout: Probability = 0.0  # on the adapters' input
+    # the adapters' learning rate, in place of train.lr (only they train); None: train.lr. Adapters learn at a larger
+    # rate than a whole policy: the tiny configs give 3e-3 where full fine-tuning takes 1.2e-3 to 1.5e-3, whose rate
+    # held a LoRA run at val/true_reward 1.56 of 3.0
+    lr: PositiveFloat | None = None
     # module names as peft matches them (a module whose dotted name is or ends with one, e.g. q_proj); empty: every
     # linear layer but the output layer
     target_modules: list[str] = []
@@ -178,6 +182,11 @@ class TrainConfig(Section):
             )
         return self
 
+    @property
+    def optimizer_lr(self) -> float:
+        """The optimizer's peak rate: train.lora.lr where the adapters train and it is set, else train.lr."""
+        return self.lora.lr if self.lora.enabled and self.lora.lr is not None else self.lr
+
 
 class ValidationConfig(Section):
     interval: NonNegativeInt = 10
@@ -212,11 +221,24 @@ class RewardHackingConfig(Section):
     """Where a run says it sees reward hacking (rlsteps.engine.records.reward_hacking), in one line and at its end."""
 
     enabled: bool = True
+    # entropy collapse and identical answers are said only once a validation function (validation.reward_functions)
+    # stands below its best by more than max_validation_fall: a run that converged on what they reward is not hacking
     min_entropy_share: Probability = 0.2  # train/entropy below this share of the first step's: collapsing
     max_identical_groups: Probability = 0.5  # share of a step's prompts whose rollouts are one answer, word for word
     # val/<function> below its best by this share of its rise to that best (or of the best itself), while the
     # trained reward's val/reward_mean is higher than there
     max_validation_fall: NonNegativeFloat = 0.1
+    # ... at this many validations in a row: one low validation is a dip that a learning run climbs out of (the tiny
+    # world's rl/reinforce at seed 2 says a repeated word for one validation, then learns the task)
+    validations_fallen: PositiveInt = 2
+    first_steps: PositiveInt = 2  # the steps the figures below are measured against (their mean), and the recent ones
+    # train/fraction_ended below this share of the first steps': rollouts run on to max_new_tokens (a length hack)
+    min_ended_share: Probability = 0.5
+    # train/response_length above this multiple of the first steps': answers growing (a length hack; the tiny
+    # world's healthy runs grow theirs by up to about 1.5x as they learn to list more adjectives)
+    max_length_growth: PositiveFloat = 2.0
+    # train/repeated_word_share (rollouts saying a word again) above the first steps' by this much: a repeat hack
+    max_repeated_word_rise: Probability = 0.3
 
 
 class LoggingConfig(Section):

@@ -57,7 +57,9 @@ def to_embedded(cfg: dict[str, Any], base: dict[str, Any], set_keys: list[str]) 
     if cfg.get("tiny_world") is not None:
         recipe["tiny_world"] = copy.deepcopy(cfg["tiny_world"])
     _epochs_and_validation(cfg, recipe)
-    recipe["train"].setdefault("lora", {})["target_modules"], lora_notes = embedded_targets(cfg)
+    lora = recipe["train"].setdefault("lora", {})
+    lora["target_modules"], lora_notes = embedded_targets(cfg)
+    lora["lr"] = None  # NeMo-RL's one optimizer rate (train.lr here) moves the adapters, not a base config's own rate
     notes = _judge(cfg, recipe) + _schedule(cfg, recipe) + lora_notes
     unhonoured = [key for key in set_keys if _is_nemo_rl_key(key) and not _handled(key)]
     if unhonoured:

@@ -40,6 +40,15 @@ def compile_lora(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"policy": {"dtensor_cfg": {"_v2": True, "lora_cfg": lora_cfg}}}
 
 
+def with_adapter_rate(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config with train.lr the optimizer's rate: train.lora.lr where the adapters train and it is set. NeMo-RL
+    has one optimizer rate, which with lora_cfg moves the adapters alone, as train.lora.lr does here."""
+    lora = cfg["train"]["lora"]
+    if not lora["enabled"] or lora.get("lr") is None:
+        return cfg
+    return {**cfg, "train": {**cfg["train"], "lr": lora["lr"]}}
+
+
 def check_lora(master: dict[str, Any]) -> list[str]:
     """What NeMo-RL's LoRA needs of the finished master config, set or refused; the notes."""
     dtensor = master["policy"]["dtensor_cfg"]

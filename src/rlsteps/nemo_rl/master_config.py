@@ -30,7 +30,7 @@ from rlsteps.nemo_rl.environments import (
 )
 from rlsteps.nemo_rl.judge_context import check_judge_context
 from rlsteps.nemo_rl.key_map import INPUTS, JUDGE, PAIRINGS, RLSTEPS_KEYS, pairs
-from rlsteps.nemo_rl.lora import check_lora, compile_lora, lora_notes
+from rlsteps.nemo_rl.lora import check_lora, compile_lora, lora_notes, with_adapter_rate
 from rlsteps.nemo_rl.memory import check_memory
 from rlsteps.nemo_rl.model_shapes import check_shapes
 from rlsteps.nemo_rl.placement import Cluster, place
@@ -63,6 +63,7 @@ def compile_master_config(cfg: dict[str, Any], cluster: Cluster, run_dir: PurePo
         if cfg.get("run"):
             notes.append("run.* (the embedded engine's device and dtype) does not apply: policy.precision is NeMo-RL's")
     else:
+        cfg = with_adapter_rate(cfg)
         master = from_recipe(cfg)
         notes = differences(cfg) + schedule_notes(cfg) + lora_notes(cfg) + asynchronous_notes(cfg)
     passed = cfg.get("nemo_rl") or {}

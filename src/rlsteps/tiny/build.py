@@ -118,7 +118,7 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
 
         log(f"SFT of the policy, a {_shape(POLICY_SIZE)} Llama")
         policy = build_random_causal_lm("llama", tokenizer, seed, **POLICY_SIZE)
-        sft_loss = train_sft(policy, tokenizer, rng, log)
+        sft_loss = train_sft(policy, tokenizer, rng, log, SFT["policy_steps"])
         policy.save_pretrained(root / "policy")
         shutil.copytree(root / "tokenizer", root / "policy", dirs_exist_ok=True)
         log("writing the policy as a Megatron-Core distributed checkpoint too")
@@ -129,7 +129,7 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
 
         log(f"SFT of the reward model's backbone, a {_shape(REWARD_BACKBONE_SIZE)} Llama")
         backbone = build_random_causal_lm("llama", tokenizer, seed + 1, **REWARD_BACKBONE_SIZE)
-        train_sft(backbone, tokenizer, rng, log)
+        train_sft(backbone, tokenizer, rng, log, SFT["backbone_steps"])
         log("Bradley-Terry training of the reward model")
         reward_model = reward_model_from_policy(backbone)
         rm_loss = train_reward_model(reward_model, tokenizer, rng, log)
@@ -146,8 +146,9 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         "version": TINY_WORLD_VERSION,
         "seed": seed,
         "task": " ".join(tiny_task.__doc__.split("\n\n")[1].split()),
-        "preference": "rlsteps.tiny.task.true_reward: +1 for naming the prompt's noun, +0.5 per distinct "
-        f"positive adjective (at most 4), -0.5 per negative adjective; best {tiny_task.BEST_TRUE_REWARD}",
+        "preference": "rlsteps.tiny.task.true_reward: the task's sentence scores +1 for naming the prompt's noun, "
+        f"+0.5 per positive adjective, -0.5 per negative adjective (best {tiny_task.BEST_TRUE_REWARD}); any other "
+        "answer that sum capped at 0.0",
         "reward_model_pairs": " ".join(preferences.__doc__.split("\n\n")[0].split()),
         "sizes": {
             "vocab": len(tokenizer),

@@ -13,20 +13,27 @@ POLICY_SIZE = {"hidden": 128, "layers": 1, "heads": 4}
 # the reward model is grown from an SFT model of its own, two layers of 64: one layer does not learn to count the
 # positive adjectives or to see a word said twice (one more positive scored higher in 34-70% of probes)
 REWARD_BACKBONE_SIZE = {"hidden": 64, "layers": 2, "heads": 2}
-SFT = {"steps": 250, "batch": 32, "lr": 3e-3}
+# 750 steps, not 250: the SFT data says its adjectives in alphabetical order, and the longer the policy learns that
+# rule the less RL's push towards positive adjectives breaks it. After 250, every recipe's sampled answers at world
+# seed 0 came to say a word again 2-6 times as often as the SFT policy's (up to 44% of them, rl/rs greedy answers too:
+# "The tree is cheerful, friendly, friendly and wonderful."); after 750, rl/reinforce's no more often
+SFT = {"policy_steps": 750, "backbone_steps": 750, "batch": 32, "lr": 3e-3}
 # the reward model: its first steps on wrong-noun pairs alone (rlsteps.tiny.preferences.NOUN_FIRST), then 64 pairs a
-# step, 8 of them ties (rlsteps.tiny.preferences.neutral_tie); a pair's margin is margin_per_reward times its true
-# reward's gap, plus fault_worth where only the rejected answer has a fault (rlsteps.tiny.training.reward_gap). With the
-# margins, 700 steps left one more positive adjective scoring higher in only 75-82% of probes on world seed 0.
+# step, 8 of them ties (rlsteps.tiny.preferences.neutral_tie); a pair's margin is margin_per_reward times the gap of
+# its answers' words (rlsteps.tiny.task.words_score), plus fault_worth where only the rejected answer has a fault
+# (rlsteps.tiny.training.reward_gap). A fault is worth three positive adjectives: at one, the reward model scored an
+# answer that says a positive adjective again above a sentence with one positive fewer, and rejection sampling, which
+# keeps the best-scored answer, taught the policy to repeat. 1500 steps: at 900, with the faults' larger margins, one
+# more positive adjective scored higher in only 78-91% of probes on world seed 0 (99-100% at 1500)
 RM = {
-    "steps": 900,
+    "steps": 1500,
     "batch": 64,
     "lr": 3e-3,
     "heldout_pairs": 512,
     "noun_first_steps": 100,
     "tie_pairs": 8,
     "margin_per_reward": 2.0,
-    "fault_worth": 1.0,
+    "fault_worth": 3.0,
 }
 EVAL = {"samples": 128, "max_new_tokens": 32}
 INIT_STD = 0.1  # larger than the usual 0.02: tiny widths then learn to copy the noun within a few hundred steps

@@ -19,6 +19,8 @@ The kinds, and their shares of the pairs (PAIR_KINDS):
     hard             a liked word repeated, the noun left out or another named (`hard_negative`)
     padded           repeated, neutral or more than four adjectives (`padded_negative`)
     repeated         an adjective said twice in a row, or again in place of the next (`repeated_negative`)
+    off form         the same words out of the sentence's form: no "and", "and" between each, no commas, no full
+                     stop (`off_form_negative`)
 
 Beside them, each step holds RM["tie_pairs"] ties (`neutral_tie`): answers equal in true reward, one with a neutral
 adjective more or another in its place, which the reward model learns to score alike.
@@ -42,9 +44,11 @@ from rlsteps.tiny.task import (
     draw_response,
     faults,
     has_a_broken_word,
+    join_adjectives,
     render_response,
     sample_prompt,
     true_reward,
+    words_score,
 )
 
 Pair = tuple[str, str, str]  # (prompt, one answer, another) or, ordered, (prompt, chosen, rejected)
@@ -64,11 +68,15 @@ def preference_pairs(rng: random.Random, count: int, kinds: dict[str, PairKind] 
 
 
 def draw_pair(kind: PairKind, rng: random.Random) -> Pair | None:
-    """A pair of the kind, ordered; None where neither answer is better, or a degenerate answer is not worse (a
-    sentence padded with positive adjectives may beat a short one: such a pair would teach padding)."""
+    """A pair of the kind, ordered; None where neither answer is better, or a degenerate answer's words are worth more
+    than the good one's (`words_score`: a list padded with positive adjectives against a short sentence). The strict
+    true reward prefers the sentence there too, but a reward model taught so learnt that more positive adjectives
+    score lower (one more scored higher in 77-88% of probes, against 99.6% without such pairs); the fault itself is
+    taught by the pairs that keep the words (off form, repeated, four positives and a fifth)."""
     prompt, first, second = kind.make(rng)
     if kind.degenerate_second:
-        return (prompt, first, second) if preferred(prompt, first, second) else None
+        keep = preferred(prompt, first, second) and words_score(prompt, first) >= words_score(prompt, second)
+        return (prompt, first, second) if keep else None
     return ordered(prompt, first, second)
 
 
@@ -235,6 +243,27 @@ def repeated_negative(rng: random.Random) -> Pair:
     return prompt, render_response(subject, verb, adjectives), render_response(subject, verb, repeated)
 
 
+def off_form_negative(rng: random.Random) -> Pair:
+    """(prompt, good answer, the same words out of the task sentence's form): its list without the "and" ("bright,
+    kind, lovely."), with "and" between each adjective, without commas, without the full stop, or its subject without
+    the noun ("The looks kind and lovely.") or left out. A policy paid for its adjectives alone drops what joins them,
+    and one judged against "It" drops the noun; the true reward gives such an answer nothing."""
+    prompt, noun = sample_prompt(rng)
+    subject, verb, adjectives = draw_response(rng, noun, p_positive=0.5 + rng.random() / 2, p_mention=rng.random())
+    if len(adjectives) == 1:
+        adjectives = sorted(adjectives + rng.sample([a for a in POSITIVE if a not in adjectives], 1))
+    good = render_response(subject, verb, adjectives)
+    lists = {  # with two adjectives the last two are the sentence itself
+        ", ".join(adjectives),
+        " and ".join(adjectives),
+        f"{' '.join(adjectives[:-1])} and {adjectives[-1]}",
+    }
+    off_form = sorted(f"{subject} {verb} {words}." for words in lists) + [good.removesuffix(".")]
+    said = join_adjectives(adjectives)
+    off_form += [f"The {verb} {said}.", f"{verb.capitalize()} {said}."]  # the subject's noun, or the subject, left out
+    return prompt, good, rng.choice([bad for bad in off_form if bad != good])
+
+
 def neutral_tie(rng: random.Random) -> Pair:
     """(prompt, answer, the same answer with one neutral adjective more, or one swapped for another neutral): equal
     in true reward and both free of faults, a pair the reward model learns to score alike. Bradley-Terry pairs alone
@@ -275,6 +304,7 @@ PAIR_KINDS = {
     "hard": PairKind(hard_negative, 1, degenerate_second=True),
     "padded": PairKind(padded_negative, 2, degenerate_second=True),
     "repeated": PairKind(repeated_negative, 4, degenerate_second=True),
+    "off form": PairKind(off_form_negative, 2, degenerate_second=True),
 }
 # What the reward model learns first (hyperparameters.RM["noun_first_steps"]): the check of the answer's noun
 # against the prompt's, while nothing else has shaped its features. Learnt beside everything else from the start, it

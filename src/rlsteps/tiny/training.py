@@ -51,17 +51,19 @@ def sft_batch(tokenizer: PreTrainedTokenizerFast, examples: list[tuple[str, str]
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def train_sft(policy: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rng: random.Random, log: Log) -> float:
-    """Masked next-token NLL on fresh SFT examples each step; returns the last loss."""
-    optimizer, schedule = _optimizer(policy, SFT["lr"], SFT["steps"])
+def train_sft(
+    policy: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rng: random.Random, log: Log, steps: int
+) -> float:
+    """Masked next-token NLL on fresh SFT examples each of `steps` steps; returns the last loss."""
+    optimizer, schedule = _optimizer(policy, SFT["lr"], steps)
     policy.train()
-    for step in range(1, SFT["steps"] + 1):
+    for step in range(1, steps + 1):
         batch = sft_batch(tokenizer, tiny_task.sft_examples(rng, SFT["batch"]))
         logits = policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, T, V]
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), ignore_index=-100)
         _step(loss, policy, optimizer, schedule)
-        if step % 100 == 0 or step == SFT["steps"]:
-            log(f"SFT step {step}/{SFT['steps']}  loss {loss.item():.3f}")
+        if step % 100 == 0 or step == steps:
+            log(f"SFT step {step}/{steps}  loss {loss.item():.3f}")
     policy.eval()
     return round(loss.item(), 4)
 
@@ -109,10 +111,14 @@ def pair_losses(differences: torch.Tensor, margins: torch.Tensor) -> torch.Tenso
 
 
 def reward_gap(prompt: str, chosen: str, rejected: str) -> float:
-    """The true reward's gap, and RM["fault_worth"] more where only the rejected answer has a fault: a wrong noun, a
-    broken or repeated word costs more than a positive adjective gains, or a policy keeps a fault that came with one."""
+    """What the two answers' words are worth apart (never below 0), and RM["fault_worth"] more where only the rejected
+    answer has a fault: a wrong noun, a broken or repeated word, a list without its "and" costs more than a positive
+    adjective gains, or a policy keeps a fault that came with one. Not the strict true reward's gap: it gives a faulty
+    answer nothing, so a fault's margin would be the whole worth of the good answer (up to 3.0), and those pairs
+    crowded out the rest (one more positive adjective scored higher in only 82% of probes, against 99.6% here)."""
     faulty = bool(tiny_task.faults(prompt, rejected)) and not tiny_task.faults(prompt, chosen)
-    return tiny_task.true_reward(prompt, chosen) - tiny_task.true_reward(prompt, rejected) + RM["fault_worth"] * faulty
+    words_gap = tiny_task.words_score(prompt, chosen) - tiny_task.words_score(prompt, rejected)
+    return max(words_gap, 0.0) + RM["fault_worth"] * faulty
 
 
 def _step(loss: torch.Tensor, model: PreTrainedModel, optimizer: torch.optim.Optimizer, schedule: LambdaLR) -> None:

@@ -325,8 +325,9 @@ def _main_outputs(stack, cfg: RecipeConfig, run_dir: Path, run: StepRun, total_s
 def _hacking_watch(cfg: RecipeConfig, recipe: Recipe, run_dir: Path) -> HackingWatch:
     """The run's watch for reward hacking, knowing the figures of the steps it resumes after."""
     history = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).is_file() else []
-    remedies = Remedies(recipe.kl_penalty_key, list(cfg.reward_terms))
-    return HackingWatch(cfg.logging.reward_hacking, remedies, run_dir / RECORD_FILE, history)
+    remedies = Remedies(recipe.kl_penalty_key, cfg.reward_terms)
+    functions = [f"val/{name}" for name in cfg.validation.reward_functions]
+    return HackingWatch(cfg.logging.reward_hacking, remedies, run_dir / RECORD_FILE, history, functions)
 
 
 class _Nowhere:
@@ -377,7 +378,7 @@ def _step_line(metrics: dict[str, float]) -> str:
 def _optimizer_and_schedule(cfg: RecipeConfig, recipe: Recipe, model: torch.nn.Module, total_steps: int):
     """AdamW and a schedule over every optimizer step of the run (several per RL step when batches are split)."""
     per_rl_step = math.ceil(recipe.train_rows_per_step() / cfg.train.global_batch_size)
-    optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, tuple(cfg.train.betas))
+    optimizer = build_optimizer(model, cfg.train.optimizer_lr, cfg.train.weight_decay, tuple(cfg.train.betas))
     scheduler = build_scheduler(
         optimizer,
         warmup_steps=cfg.train.warmup_steps,

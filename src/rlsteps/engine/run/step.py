@@ -285,10 +285,10 @@ class StepRun:
         outcome, beside_result = run_beside(lambda: None if whole is None else self._score_on_main(whole), beside)
         if isinstance(outcome, Scores):
             self._write_samples(step, "train", whole, outcome)
-            signs = rollout_signs(whole)
+            stats = {**rollout_stats(whole, outcome), **rollout_signs(whole)}
             if self.watch is not None:
-                self.watch.rollouts(step, whole, signs)
-            outcome = Scored(outcome, {**rollout_stats(whole, outcome), **signs})
+                self.watch.rollouts(step, whole, {**stats, **outcome.metrics})
+            outcome = Scored(outcome, stats)
         outcome = from_main(self.world, outcome)
         if isinstance(outcome, str):
             self._stop_without_rewards(f"at step {self.counters.step + 1}", outcome)
