@@ -91,7 +91,7 @@ def user_text(sample: dict) -> str:
 
 
 def task_sentence(sample: dict) -> bool:
-    return tiny_task.is_task_sentence(user_text(sample), sample["response"])
+    return not faults_of(sample)
 
 
 def mean_true_reward(samples: list[dict]) -> float:
@@ -99,7 +99,14 @@ def mean_true_reward(samples: list[dict]) -> float:
 
 
 def share(samples: list[dict], fault: str) -> float:
-    return share_of(samples, lambda s: fault in tiny_task.faults(user_text(s), s["response"]))
+    return share_of(samples, lambda s: fault in faults_of(s))
+
+
+def faults_of(sample: dict) -> list[str]:
+    """tiny_task.faults of a sample, read once (each fault's share asks again)."""
+    if "faults" not in sample:
+        sample["faults"] = tiny_task.faults(user_text(sample), sample["response"])
+    return sample["faults"]
 
 
 def share_of(samples: list[dict], has) -> float:

@@ -33,6 +33,7 @@ import string
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -247,11 +248,11 @@ class HackingWatch:
         """A step's rollouts and their figures: rollout_signs, train/fraction_ended, train/response_length and each
         term's reward/<term> and reward/<term>/spread."""
         self.history.append({"step": step, **figures})
-        self._sign(step, "unended answers", self._fewer_ended(), _unended(batch))
-        self._sign(step, "longer answers", self._longer(), _longest(batch))
-        self._sign(step, "repeated words", self._more_repeating(), _repeating(batch))
+        self._sign(step, "unended answers", self._fewer_ended(), partial(_unended, batch))
+        self._sign(step, "longer answers", self._longer(), partial(_longest, batch))
+        self._sign(step, "repeated words", self._more_repeating(), partial(_repeating, batch))
         converged = self._functions_stand()
-        quotes = _repeated_answers(batch)
+        quotes = partial(_repeated_answers, batch)
         self._sign(step, "entropy", None if converged else self._entropy_collapse(), quotes)
         identical, most = figures["train/identical_groups"], self.thresholds.max_identical_groups
         groups = (
@@ -264,7 +265,7 @@ class HackingWatch:
         """A validation's figures and samples (records with "response", "reward" and each val/<fn>)."""
         self.history.append({"step": step, **figures})
         for key in functions:
-            self._sign(step, f"diverging {key}", self._diverging(key), _most_apart(samples, key))
+            self._sign(step, f"diverging {key}", self._diverging(key), partial(_most_apart, samples, key))
 
     def _crossed(self, key: str, crossed: Callable[[float, float], bool]) -> tuple[float, float] | None:
         """The mean of `key` over the run's first steps (logging.reward_hacking.first_steps) and its latest value,
@@ -350,15 +351,16 @@ class HackingWatch:
             f"(logging.reward_hacking.max_validation_fall {most:g})"
         )
 
-    def _sign(self, step: int, sign: str, cause: str | None, quotes: list[str]) -> None:
-        """Say and record a sign that appears (cause: why it is present; None: absent), once while it stays."""
+    def _sign(self, step: int, sign: str, cause: str | None, quotes: Callable[[], list[str]]) -> None:
+        """Say and record a sign that appears (cause: why it is present; None: absent), once while it stays; quotes:
+        the samples that show it, drawn only where it is said (most steps say nothing)."""
         if cause is None:
             self.active.discard(sign)
             return
         if sign in self.active:
             return
         self.active.add(sign)
-        quoted = " / ".join(quotes[:2]) or "no sample"
+        quoted = " / ".join(quotes()[:2]) or "no sample"
         remedy = self.remedies.advice(self.history, self.thresholds.first_steps)
         line = f"reward hacking? step {step}: {cause}; e.g. {quoted}; {remedy}"
         log.warning("%s", line)
