@@ -172,6 +172,18 @@ def test_train_lora_compiles_into_nemo_rls_lora_cfg_on_its_dtensor_v2_worker():
     assert off["enabled"] is False and off["match_all_linear"] is True  # the shipped template's, untouched
 
 
+def test_the_adapters_own_rate_is_nemo_rls_one_optimizer_rate_and_its_schedules():
+    """train.lora.lr, where LoRA trains, is the rate NeMo-RL's optimizer and its schedule's floor take; without LoRA,
+    or unset, train.lr is."""
+    rate = ("train.lr=2e-6", "train.lora.lr=7e-4", "train.schedule=cosine", "train.min_lr_ratio=0.1")
+    adapted = master("rl/reinforce", *REINFORCE_INPUTS, *rate, "train.lora.enabled=true").config["policy"]
+    assert adapted["optimizer"]["kwargs"]["lr"] == 7e-4
+    decay = next(s for s in adapted["scheduler"] if s.get("name", "").endswith("CosineAnnealingLR"))
+    assert decay["kwargs"]["eta_min"] == pytest.approx(7e-5)
+    whole = master("rl/reinforce", *REINFORCE_INPUTS, *rate).config["policy"]  # LoRA off: the adapters' rate unused
+    assert whole["optimizer"]["kwargs"]["lr"] == 2e-6
+
+
 def test_what_nemo_rls_lora_cannot_run_is_refused_or_set_with_a_note():
     with pytest.raises(NemoRlConfigError, match="DTensor policy, not its Megatron one") as refused:
         master("rl/rlhf", *RLHF_INPUTS, "train.lora.enabled=true", "nemo_rl_job.policy_backend=megatron")
