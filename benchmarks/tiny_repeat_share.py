@@ -30,7 +30,7 @@ PLACES = 300  # places in positive lists, each after 1-3 positive adjectives alr
 def repeat_shares(policy_dir: Path, places: int = PLACES, seed: int = 0) -> list[float]:
     policy = AutoModelForCausalLM.from_pretrained(policy_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
-    token = {word: tokenizer.convert_tokens_to_ids(tokenizer.tokenize(f" {word}"))[0] for word in task.POSITIVE}
+    token = {word: one_token(tokenizer, word) for word in task.POSITIVE}
     rng, positives, shares = random.Random(seed), sorted(task.POSITIVE), []
     for _ in range(places):
         prompt, noun = task.sample_prompt(rng)
@@ -44,6 +44,14 @@ def repeat_shares(policy_dir: Path, places: int = PLACES, seed: int = 0) -> list
         fresh = sum(p[token[word]].item() for word in positives if word not in said)
         shares.append(again / (again + fresh))
     return shares
+
+
+def one_token(tokenizer, word: str) -> int:
+    """The id of " word", which the tiny tokenizer keeps whole (a word split in pieces would be read by its first)."""
+    pieces = tokenizer.tokenize(f" {word}")
+    if len(pieces) != 1:
+        raise SystemExit(f"{word!r} is {len(pieces)} tokens in this tokenizer ({pieces}); r reads one token per word")
+    return tokenizer.convert_tokens_to_ids(pieces[0])
 
 
 def main() -> None:
