@@ -11,15 +11,21 @@ Settings: greedy (temperature 0), sampling (temperature 1, no filter: the rollou
 
     tiny  the tiny world's shape: Llama 64 x 2 layers, 2 heads of 32, vocab 580; 128 prompts of 8-24 tokens, 32 new
     100m  Llama 768 x 12 layers, 12 heads of 64, MLP 2048, vocab 32000 tied (110M); 16 prompts of 16-64, 64 new
+    135m  SmolLM2-135M's shape (576 x 30 layers, 9 heads of 64, 3 KV heads, MLP 1536, vocab 49152 tied) and the
+          verifiable example's rollouts: 16 prompts of 40-50 tokens, each drawn 4 times (--group), 8 new
 
     python benchmarks/bench_generate.py --preset tiny --threads 1
     python benchmarks/bench_generate.py --preset 100m --threads 2 --repeats 3
+    python benchmarks/bench_generate.py --preset 135m --settings sampling --repeats 3
     .venv-vllm/bin/python benchmarks/bench_generate.py --preset tiny --vllm     # rlsteps installed there too
     python benchmarks/bench_generate.py --device cuda --preset 100m --batch 64 --dtype bfloat16
 
 vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) from the same model written with save_pretrained to
 a temporary folder, enforce_eager, one request per prompt with its own seed. Its CPU attention needs heads of
 32, 64, ... dimensions (not 16). --compile adds the built-in sampler with its decode step compiled (DecodeOptions).
+--group N lays each prompt out N times in a row, as a group's rollouts are (batch / N distinct prompts), and adds
+the built-in sampler prefilling every copy (DecodeOptions(share_prefill=False)), against its default of one prefill
+per distinct prompt.
 """
 
 from __future__ import annotations
@@ -44,13 +50,19 @@ PRESETS = {
     "100m": dict(
         hidden=768, layers=12, heads=12, intermediate=2048, vocab=32000, batch=16, min_prompt=16, max_prompt=64, new=64
     ),
-}
+    "135m": dict(
+        hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, batch=64, min_prompt=40,
+        max_prompt=50, new=8, group=4,
+    ),
+}  # fmt: skip
+DEFAULTS = dict(kv_heads=None, group=1)  # where a preset does not say: as many KV heads as heads, distinct prompts
 SETTINGS = {
     "greedy": dict(temperature=0.0),
     "sampling": dict(temperature=1.0),
     "filtered": dict(temperature=1.0, top_k=50, top_p=0.95),
 }
 Engine = Callable[[SamplingParams], list[list[int]]]
+EACH_COPY = "builtin-prefill-each"  # the built-in sampler prefilling every copy of a prompt
 
 
 def parse_args() -> argparse.Namespace:
@@ -63,13 +75,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--vllm", action="store_true", help="also time vLLM (needs `import vllm` to work)")
     parser.add_argument("--compile", action="store_true", help="also time the built-in sampler compiled")
-    for name in PRESETS["tiny"]:
+    for name in PRESETS["135m"]:
         flag = "--max-new-tokens" if name == "new" else "--" + name.replace("_", "-")
         parser.add_argument(flag, dest=name, type=int, help="overrides the preset")
     args = parser.parse_args()
-    for name, value in PRESETS[args.preset].items():
+    for name, value in {**DEFAULTS, **PRESETS[args.preset]}.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.batch % args.group:
+        parser.error(f"--batch {args.batch} is not a whole number of groups of {args.group}")
     return args
 
 
@@ -81,6 +95,7 @@ def build_model(args: argparse.Namespace) -> LlamaForCausalLM:
         intermediate_size=args.intermediate,
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads or args.heads,
         max_position_embeddings=args.max_prompt + args.new,
         tie_word_embeddings=True,
         pad_token_id=0,
@@ -91,9 +106,11 @@ def build_model(args: argparse.Namespace) -> LlamaForCausalLM:
 
 
 def random_prompts(args: argparse.Namespace) -> list[list[int]]:
+    """batch / group distinct prompts, each `group` times in a row."""
     g = torch.Generator().manual_seed(1)
-    lengths = torch.randint(args.min_prompt, args.max_prompt + 1, (args.batch,), generator=g)
-    return [torch.randint(1, args.vocab, (int(n),), generator=g).tolist() for n in lengths]
+    lengths = torch.randint(args.min_prompt, args.max_prompt + 1, (args.batch // args.group,), generator=g)
+    distinct = [torch.randint(1, args.vocab, (int(n),), generator=g).tolist() for n in lengths]
+    return [prompt for prompt in distinct for _ in range(args.group)]
 
 
 def builtin_engine(model: LlamaForCausalLM, prompts: list[list[int]], decode: DecodeOptions) -> Engine:
@@ -194,6 +211,8 @@ def report(setting: str, results: dict[str, tuple], tokens: int) -> str:
     timings = "  ".join(f"{name} {s:.3f}s ({tokens / s:.0f} tok/s)" for name, (s, _) in results.items())
     ratios = "  ".join(f"{name}/hf={hf_seconds / s:.2f}" for name, (s, _) in results.items() if name != "hf.generate")
     line = f"{setting:9s} {timings}  {ratios}"
+    if EACH_COPY in results:
+        line += f"  one prefill per prompt: {results[EACH_COPY][0] / results['builtin'][0]:.2f}x as fast"
     if setting == "greedy":
         same = {name: _share_equal(rows, hf_tokens) for name, (_, rows) in results.items() if name != "hf.generate"}
         line += "  greedy tokens as hf: " + " ".join(f"{name} {share:.0%}" for name, share in same.items())
@@ -217,9 +236,12 @@ def main() -> None:
     print(
         f"preset={args.preset} device={args.device} dtype={args.dtype} threads={args.threads} model=llama "
         f"h{args.hidden} L{args.layers} heads{args.heads} V{args.vocab} ({millions:.1f}M) batch={args.batch} "
-        f"prompt={args.min_prompt}-{args.max_prompt} new={args.new} repeats={args.repeats} (medians); {_load()}"
+        f"prompt={args.min_prompt}-{args.max_prompt} group={args.group} new={args.new} repeats={args.repeats} "
+        f"(medians); {_load()}"
     )
     engines = {"builtin": builtin_engine(model, prompts, DecodeOptions())}
+    if args.group > 1:
+        engines[EACH_COPY] = builtin_engine(model, prompts, DecodeOptions(share_prefill=False))
     if args.compile:
         engines["builtin+compile"] = builtin_engine(model, prompts, DecodeOptions(compile=True))
     engines["hf.generate"] = hf_engine(model, prompts)

@@ -437,6 +437,48 @@ def test_the_static_cache_gives_the_tokens_of_the_dynamic_one(tokenizer, family)
         _assert_same_generation(sample(DecodeOptions(static_cache=True)), sample(DecodeOptions()))
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mistral-sliding"])
+def test_a_prompt_sampled_n_times_is_prefilled_once_and_each_row_samples_as_if_prefilled_alone(tokenizer, family):
+    """A group's rows share their prompt: the prefill runs on the batch's distinct prompts only (interleaved copies
+    here, and a sliding-window cache shorter than the prompts), and every row samples the tokens it samples when
+    each copy is prefilled. A static cache, whose buffers are sized for the batch, prefills every copy."""
+    if family == "mistral-sliding":
+        model = MistralForCausalLM(MistralConfig(vocab_size=len(tokenizer), sliding_window=4, **decoder_shape()))
+    else:
+        model = tiny_model(family, tokenizer)
+    distinct = prompt_ids(tokenizer)
+    ids = [distinct[i] for i in (0, 2, 0, 3, 2, 0, 3, 2)]  # three prompts, copies apart and of different lengths
+    prefill_rows = []  # the rows of each forward that reads more than one token
+
+    def count_prefill(_, args, kwargs):
+        if kwargs["input_ids"].shape[1] > 1:
+            prefill_rows.append(kwargs["input_ids"].shape[0])
+
+    hook = model.register_forward_pre_hook(count_prefill, with_kwargs=True)
+    params = SamplingParams(12, temperature=0.9, top_k=40)
+
+    def sample(decode: DecodeOptions) -> Generation:
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        seeds = [row_seed(7, i) for i in range(len(ids))]
+        return generate(
+            model, ids, params, eos_token_id=eos, pad_token_id=pad, seeds=seeds, batch_size=8, decode=decode
+        )
+
+    try:
+        shared = sample(DecodeOptions())
+        assert prefill_rows == [3]  # one prefill, of the three distinct prompts
+        each = sample(DecodeOptions(share_prefill=False))
+        assert prefill_rows[1:] == [8]
+        prefill_rows.clear()
+        static = sample(DecodeOptions(static_cache=True))
+        assert prefill_rows == [8]
+    finally:
+        hook.remove()
+    _assert_same_generation(shared, each)
+    _assert_same_generation(static, each)
+    assert len({tuple(r) for r in shared.response_ids}) > 3  # the copies of a prompt drew different answers
+
+
 def test_the_cache_preallocates_plain_layers_and_keeps_sliding_ones(tokenizer):
     """The default cache writes a step's keys and values in place; a sliding-window layer keeps transformers' own."""
     llama = preallocated_cache(tiny_model("llama", tokenizer).config, 40)

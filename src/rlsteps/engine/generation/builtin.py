@@ -1,7 +1,8 @@
 """The built-in sampler: batched sampling from a Hugging Face causal LM with its KV cache, in process.
 
 One batch: left-pad the prompts, run the prompt through the model once (prefill), then feed
-one token per step with the cache. Positions come from the attention mask so padding never
+one token per step with the cache. Copies of one prompt in a batch (a group's rollouts) are prefilled once and
+their cache rows copied (DecodeOptions.share_prefill). Positions come from the attention mask so padding never
 shifts them; a row that has ended keeps receiving pad tokens until the whole batch is done.
 
 Sampling draws no random state: the token of row i at response position t is the inverse-CDF sample of the
@@ -44,6 +45,9 @@ class DecodeOptions:
     compile_backend: str = "inductor"  # torch.compile's backend ("eager" checks the traced step without inductor)
     static_cache: bool | None = None  # transformers' StaticCache, not a preallocated dynamic one; None: if compiled
     end_check_interval: int | None = None  # steps between looks at whether every row ended; None: 1 on CPU, else 8
+    # a batch's copies of one prompt (a group's rollouts) prefilled once, its cache then copied to each; a model
+    # whose cache layers cannot be copied by row (a static cache's) prefills every copy
+    share_prefill: bool = True
 
     def for_device(self, device: torch.device) -> DecodeOptions:
         """These options with every None decided for `device`; a ValueError for a combination that cannot work."""
@@ -54,7 +58,7 @@ class DecodeOptions:
             raise ValueError("a compiled decode step needs the static cache (static_cache=True): its shapes stay fixed")
         if interval < 1:
             raise ValueError(f"end_check_interval must be at least 1, got {interval}")
-        return DecodeOptions(compiled, self.compile_backend, static, interval)
+        return DecodeOptions(compiled, self.compile_backend, static, interval, self.share_prefill)
 
 
 class BuiltinBackend:
@@ -192,7 +196,7 @@ def _generate_batch(
     device = next(model.parameters()).device
     batch = _Batch.build(prompts, seeds, pad_id, params.max_new_tokens, options.static_cache, device)
     cache = _kv_cache(model, len(prompts), batch.attention_mask.shape[1], options.static_cache, caches)
-    logits, cache = _prefill(model, batch.input_ids, batch.prompt_mask, cache)  # [B, V]
+    logits, cache = _prefill_distinct(model, prompts, batch, cache, options.share_prefill)  # [B, V]
     first = choose_token(logits, params, batch.uniforms[:, 0])
     is_eos = _eos_table(eos_ids, logits.shape[-1], device)
     return _decode(model, cache, batch, first, params, is_eos, pad_id, options, on_ended)
@@ -293,6 +297,42 @@ def _prefill(
     return out.logits[:, -1].float(), out[keyword]
 
 
+def _prefill_distinct(
+    model: nn.Module, prompts: list[list[int]], batch: _Batch, cache: Cache | None, share: bool
+) -> tuple[torch.Tensor, Cache]:
+    """_prefill of each distinct prompt of the batch once, its logits and cache rows then copied to each row that
+    holds it: [B, V] and a cache of B rows, as the prefill of every row gives them (up to the float rounding of a
+    smaller batch). A group's rollouts share their prompt, so a prompt sampled n times costs one prefill, not n."""
+    firsts, copies = distinct_rows(prompts)
+    if not share or len(firsts) == len(prompts) or not _selects_rows(cache):
+        return _prefill(model, batch.input_ids, batch.prompt_mask, cache)
+    index = torch.tensor(firsts, device=batch.input_ids.device)
+    logits, cache = _prefill(model, batch.input_ids[index], batch.prompt_mask[index], cache)
+    copy_index = torch.tensor(copies, device=logits.device)
+    cache.batch_select_indices(copy_index)
+    return logits[copy_index], cache
+
+
+def distinct_rows(prompts: list[list[int]]) -> tuple[list[int], list[int]]:
+    """The first row of each distinct prompt, and for each row the position of its prompt among those firsts."""
+    position_of: dict[tuple[int, ...], int] = {}
+    firsts, copies = [], []
+    for row, prompt in enumerate(prompts):
+        key = tuple(prompt)
+        if key not in position_of:
+            position_of[key] = len(firsts)
+            firsts.append(row)
+        copies.append(position_of[key])
+    return firsts, copies
+
+
+def _selects_rows(cache: Cache | None) -> bool:
+    """Whether every layer of `cache` can keep a selection of its rows (transformers' dynamic layers and
+    PreallocatedLayer can; a static cache's buffers are sized for the batch)."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(callable(getattr(layer, "batch_select_indices", None)) for layer in layers)
+
+
 def _decode_function(options: DecodeOptions, device: torch.device) -> Callable[..., tuple[torch.Tensor, ...]]:
     if not options.compile:
         return decode_step
@@ -379,6 +419,19 @@ class PreallocatedLayer(DynamicLayer):
         self._value_buffer[:, :, start:end] = value_states
         self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
         return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows `indices` (repeats allowed) of the buffers, and the views of their filled part with them."""
+        if self.is_initialized:
+            end = self.keys.shape[-2]
+            self._key_buffer, self._value_buffer = self._key_buffer[indices], self._value_buffer[indices]
+            self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each row `repeats` times in a row, as DynamicLayer does, in the buffers and their views."""
+        if self.is_initialized:
+            rows = torch.arange(self._key_buffer.shape[0], device=self._key_buffer.device)
+            self.batch_select_indices(rows.repeat_interleave(repeats))
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
