@@ -22,13 +22,13 @@ VLLM_SIGNS = ("vllm_python(", "vllm_judge(", "vllm_reward_server(", ".venv-vllm"
 CLUSTER_SIGNS = ("needs_cluster", "slurm_cluster")  # a decorator `@needs_cluster` or a `slurm_cluster` argument
 
 # The groups that take longest, longest first (measured in CI). Each worker takes the next group when it is nearly
-# done, so the short files fill the end instead of one long group holding the run up. README's command leaves the
-# learning test out (marked long); with it (`-m long`, or no -m) it goes first, to one worker. The vLLM group and the
-# Slurm group, which mostly waits for the cluster while the other worker computes, start the two workers.
+# done, so the short files fill the end instead of one long group holding the run up. The pretrained model's learning
+# test, the longest (one core for minutes), and the Slurm group, which mostly waits for the cluster, start the two
+# workers; the vLLM group, whose engines take every core they find, follows.
 LONGEST_FIRST = (
     "test_verifiable_learning",
-    "vllm",
     "slurm",
+    "vllm",
     "test_runs",
     "test_nemo_rl_runs",
     "test_records_on_resume",

@@ -15,9 +15,9 @@ import pytest
 from run_helpers import FAST, rlsteps, series
 from vllm_judge import smollm2_hf
 
-# a pretrained model's RL run: about 14 minutes beside another worker on 2 cores, a third of README's whole test
-# command, which leaves it out (-m "not long") to stay within CI's time; `pytest -m long` runs it
-pytestmark = [pytest.mark.slow, pytest.mark.long]
+# a pretrained model's RL run: about 7 minutes alone on one core, the longest test in README's command (it goes
+# first, to a worker of its own: tests/resource_groups.py)
+pytestmark = pytest.mark.slow
 
 
 def latin(text: str) -> bool:
