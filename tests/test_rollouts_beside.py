@@ -57,7 +57,7 @@ def here(model, tokenizer, step: int) -> list[list[int]]:
 
 
 def beside(model, tokenizer, k: int, start: int = 0, restored=None) -> BesideSampler:
-    process = GenerationProcess(model, tokenizer, batch_rows=8, threads=1, device="cpu")
+    process = GenerationProcess.builtin(model, tokenizer, batch_rows=8, threads=1, device="cpu")
     sampler = BesideSampler(Sampler(tokenizer, ROLLOUT), process, k, SEED, lambda step: PROMPTS)
     sampler.start(model, start, restored)
     return sampler
@@ -126,13 +126,31 @@ def test_a_rollout_process_that_dies_stops_the_step_in_one_line_not_a_hang(polic
     assert str(died.value).startswith("the rollout process ended (exit -9) before answering: killed, or out of memory")
 
 
+def sampler_that_cannot_start():
+    """A rollout process's sampler whose start fails, as vLLM's does when its KV cache cannot hold a rollout."""
+    raise ValueError("vLLM cannot start for rollouts of up to 96 tokens: no room (fix: rollout.vllm.kv_cache_gb)")
+
+
+@pytest.mark.slow
+def test_a_sampler_that_fails_to_start_in_the_rollout_process_stops_the_run_with_its_own_error():
+    process = GenerationProcess(sampler_that_cannot_start, threads=1)
+    try:
+        with pytest.raises(GenerationProcessDied) as died:
+            process.answer(0)
+    finally:
+        process.close()
+    said = str(died.value)
+    assert said.startswith("the rollout process failed (starting its sampler):"), said
+    assert (
+        "ValueError: vLLM cannot start for rollouts of up to 96 tokens: no room (fix: rollout.vllm.kv_cache_gb)" in said
+    )
+
+
 @pytest.mark.parametrize(
     ("step", "overrides", "said"),
     [
         ("rl/rs", (), "rejection sampling keeps the best rollouts of the policy now (fix: rollout.max_age_steps=0)"),
         ("rl/reinforce", (), "the importance weights correct for (fix: train.truncated_importance_sampling=true)"),
-        ("rl/reinforce", ("train.truncated_importance_sampling=true", "rollout.backend=vllm"),
-         "(fix: rollout.backend=builtin, or engine=nemo_rl (NeMo-RL's asynchronous GRPO on vLLM))"),
         ("rl/rlhf", ("train.truncated_importance_sampling=true", "grpo.dynamic_sampling=true"),
          "(fix: grpo.dynamic_sampling=false)"),
     ],

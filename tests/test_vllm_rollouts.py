@@ -1,4 +1,5 @@
-"""Rollouts from a real vLLM (its CPU build) in the training process: rollout.backend=vllm.
+"""Rollouts from a real vLLM (its CPU build) in the training process, and in a process of its own beside training:
+rollout.backend=vllm.
 
 vLLM lives in its own environment, .venv-vllm (tests/make_vllm_env.sh), with rlsteps' engine installed beside it;
 these tests run there. Without it they skip, unless RLSTEPS_REQUIRE_VLLM=1 (CI) makes that a failure.
@@ -55,6 +56,27 @@ def test_reinforce_with_truncated_importance_sampling_runs_on_vllm_rollouts(tiny
     run = run_dir(tmp_path, "rl_reinforce")
     assert series(run, "train/steps_without_update") == [0, 0, 0, 0]
     assert all(1.0 <= x < 1.001 for x in series(run, "train/token_mult_prob_error"))
+
+
+def test_vllm_beside_training_draws_each_step_with_the_weights_a_step_old_and_the_trainer_weighs_them(
+    tiny_world, tmp_path
+):
+    """rollout.max_age_steps=1 on vLLM: the engine runs in the rollout process, sent the weights after each update;
+    step 1's rollouts come from the weights that train on them (vLLM's log-probs are the trainer's), every later
+    step's from the weights a step older (the two differ, and the truncated importance weights take the gap)."""
+    options = ["rollout.max_age_steps=1", "train.truncated_importance_sampling=true", "train.max_steps=4"]
+    options += ["validation.interval=0"]
+    done = rlsteps("run", "rl/reinforce", "-c", "tiny", *VLLM_ROLLOUTS, *options, cwd=tmp_path, python=vllm_python())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "drawn beside training up to 1 step(s) ahead, by vLLM in a process of its own (1 thread(s))" in done.stderr
+    assert "rollouts: vLLM in process" not in done.stderr  # no second engine in the trainer
+    run = run_dir(tmp_path, "rl_reinforce")
+    assert series(run, "rollout/age") == [0, 1, 1, 1]
+    agreement = series(run, "train/token_mult_prob_error")
+    assert 1.0 <= agreement[0] < 1.001 and all(1.001 < x < 2.0 for x in agreement[1:]), agreement
+    assert series(run, "train/steps_without_update") == [0, 0, 0, 0]
+    assert len(series(run, "timers/generation")) == 4  # the rollout process's own time, each step
+    assert not list(run.glob(".rollout-model-*"))
 
 
 def test_a_lora_run_sends_vllm_the_merged_weights_every_step_and_the_sampler_agrees_with_the_trainer(

@@ -277,11 +277,6 @@ def _beside_training_problem(cfg: RecipeConfig) -> str | None:
             "rollout.max_age_steps=0",
         ),
         (
-            cfg.rollout.backend == "vllm",
-            "the embedded engine draws them with the built-in sampler, in a process of its own",
-            "rollout.backend=builtin, or engine=nemo_rl (NeMo-RL's asynchronous GRPO on vLLM)",
-        ),
-        (
             not cfg.train.truncated_importance_sampling,
             "a policy up to that many steps older drew them, which the importance weights correct for",
             "train.truncated_importance_sampling=true",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -18,7 +19,7 @@ from rlsteps.engine.distributed import World, barrier, from_main
 from rlsteps.engine.generation.backend import GenerationBackend, eos_token_ids
 from rlsteps.engine.generation.builtin import BuiltinBackend
 from rlsteps.engine.generation.sizing import auto_generation_batch_size, rollout_shape
-from rlsteps.engine.generation.vllm_backend import VllmBackend, vllm_installed
+from rlsteps.engine.generation.vllm_backend import VllmBackend, check_vllm_runs, vllm_installed
 
 ENGINE_MODEL_PREFIX = ".rollout-model-"  # a Megatron policy in Hugging Face form, for vLLM to start from
 
@@ -76,9 +77,10 @@ def build_backend(
     engine_dir: Path | None,
     say: Callable[[str], None],
     cleanup: contextlib.ExitStack,
+    role: str = "rollouts",
 ) -> GenerationBackend:
-    """The run's backend, holding the policy's current weights; says which and how it is sized. What it must
-    give back before the run ends goes on `cleanup`."""
+    """The run's backend, holding the policy's current weights; says which and how it is sized, as what samples
+    `role`. What it must give back before the run ends goes on `cleanup`."""
     shape = rollout_shape(cfg)
     if name == "builtin":
         rows = cfg.rollout.generation_batch_size or auto_generation_batch_size(
@@ -87,21 +89,38 @@ def build_backend(
         builtin = BuiltinBackend(tokenizer, rows)
         compiled = builtin.decode.for_device(device).compile
         said = f", its decode step compiled at the first rollouts (cached in {compile_cache()})" if compiled else ""
-        say(f"rollouts: the built-in sampler, {rows} rows per batch{said}")
+        say(f"{role}: the built-in sampler, {rows} rows per batch{said}")
         return builtin
-    backend = VllmBackend(
-        engine_dir,
-        cfg.rollout.vllm,
-        max_model_len=shape.tokens,
-        dtype=compute_dtype,
-        device=device,
-        eos_token_ids=eos_token_ids(model, tokenizer),
-        seed=cfg.seed,
-    )
+    backend = vllm_start(cfg, model, tokenizer, compute_dtype, engine_dir, device)(device=device)
     cleanup.callback(backend.close)
     backend.load_weights(model)  # a resumed run's weights, not the checkpoint vLLM started from
     say(f"rollouts: vLLM in process ({str(compute_dtype).removeprefix('torch.')}, up to {shape.tokens} tokens a row)")
     return backend
+
+
+def vllm_start(
+    cfg: Any,
+    model: nn.Module,
+    tokenizer: Any,
+    compute_dtype: torch.dtype,
+    engine_dir: Path,
+    device: torch.device,
+    beside: bool = False,
+) -> functools.partial:
+    """VllmBackend with the run's arguments but the device (picklable: a process of its own can start it), once
+    vLLM is known to run the policy on a device of `device`'s kind. beside: for a process that samples while the
+    policy trains, which never sleeps."""
+    check_vllm_runs(engine_dir, device)
+    settings = cfg.rollout.vllm.model_copy(update={"sleep": False}) if beside else cfg.rollout.vllm
+    return functools.partial(
+        VllmBackend,
+        engine_dir,
+        settings,
+        max_model_len=rollout_shape(cfg).tokens,
+        dtype=compute_dtype,
+        eos_token_ids=eos_token_ids(model, tokenizer),
+        seed=cfg.seed,
+    )
 
 
 def _free_bytes(device: torch.device) -> int | None:

@@ -1,5 +1,6 @@
-"""Rollouts beside training (rollout.max_age_steps = k > 0): the built-in sampler in a process of its own draws step
-s's rollouts with the policy as it was after step s - k, while the trainer trains the steps between.
+"""Rollouts beside training (rollout.max_age_steps = k > 0): a sampler in a process of its own (the built-in sampler,
+or a vLLM engine with rollout.backend=vllm) draws step s's rollouts with the policy as it was after step s - k, while
+the trainer trains the steps between.
 
 The lag is fixed. After step n the trainer sends its weights (version n + 1: the RL steps they have seen) and asks
 for step n + 1 + k's rollouts; the process answers requests and takes weights in the order they were sent, so
@@ -19,8 +20,10 @@ when the trainer closes it or its pipe closes (the trainer died).
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
+import os
 import queue
 import signal
 import time
@@ -64,28 +67,32 @@ class InFlight:
 
 
 class GenerationProcess:
-    """The built-in sampler in a spawned process: weights and requests in, generations out, all in order.
+    """A sampler in a spawned process: weights and requests in, generations out, all in order.
 
-    Weights go over a torch.multiprocessing queue as shared-memory tensors; each version is kept alive here until
-    the process says it has loaded it.
+    `drawer` builds the process's sampler there (BuiltinDrawer, VllmDrawer: picklable, so a functools.partial of
+    one). Weights go over a torch.multiprocessing queue as shared-memory tensors; each version is kept alive here
+    until the process says it has loaded it.
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any, batch_rows: int, threads: int, device: str) -> None:
+    def __init__(self, drawer: Callable[[], Any], threads: int) -> None:
         import torch.multiprocessing as mp
 
         context = mp.get_context("spawn")
         self._requests, self._answers = context.Queue(), context.Queue()
-        config = _underlying_config(model)
-        dtype = next(model.parameters()).dtype
         self._process = context.Process(
-            target=serve,
-            args=(self._requests, self._answers, config, tokenizer, batch_rows, threads, device, dtype),
-            name="rlsteps-rollouts",
-            daemon=True,
+            target=serve, args=(self._requests, self._answers, drawer, threads), name="rlsteps-rollouts", daemon=True
         )
         self._process.start()
         self._unloaded: dict[int, dict[str, torch.Tensor]] = {}  # versions sent, not yet loaded: kept alive
         self._ready: dict[int, tuple[Generation, float]] = {}
+
+    @classmethod
+    def builtin(cls, model: nn.Module, tokenizer: Any, batch_rows: int, threads: int, device: str) -> GenerationProcess:
+        """The built-in sampler on `device`, with a model of the policy's config and dtype."""
+        dtype = next(model.parameters()).dtype
+        return cls(
+            functools.partial(BuiltinDrawer, _underlying_config(model), tokenizer, batch_rows, device, dtype), threads
+        )
 
     def send_weights(self, model: nn.Module, version: int) -> None:
         weights = {
@@ -130,18 +137,17 @@ class GenerationProcess:
             raise GenerationProcessDied(f"the rollout process failed ({key}):\n{value}")
 
 
-def serve(requests, answers, config, tokenizer, batch_rows: int, threads: int, device: str, dtype) -> None:
-    """The rollout process: a model of the policy's config, the built-in sampler, requests answered in order."""
-    from transformers import AutoModelForCausalLM
-
-    from rlsteps.engine.generation.builtin import BuiltinBackend
-
+def serve(requests, answers, drawer: Callable[[], Any], threads: int) -> None:
+    """The rollout process: its sampler built, then requests answered in order."""
     for name in IGNORED_SIGNALS:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
-    backend = BuiltinBackend(tokenizer, batch_rows)
+    try:
+        sampler = drawer()
+    except Exception:  # the trainer raises it, with this traceback
+        answers.put(("failed", "starting its sampler", traceback.format_exc()))
+        return
     trainer = multiprocessing.parent_process()
     while True:
         try:
@@ -155,18 +161,57 @@ def serve(requests, answers, config, tokenizer, batch_rows: int, threads: int, d
         try:
             if message[0] == "weights":
                 _, version, weights = message
-                load_sampled_weights(model, weights)
+                sampler.load(weights)
                 answers.put(("loaded", version, None))
             else:
                 _, step, prompt_token_ids, params, seeds = message
                 started = time.perf_counter()
-                generation = backend.generate(model, prompt_token_ids, params, seeds)
+                generation = sampler.generate(prompt_token_ids, params, seeds)
                 answers.put(("generated", step, (generation, time.perf_counter() - started)))
         except Exception:  # the trainer raises it, with this traceback
             loading = message[0] == "weights"
             doing = f"loading the weights of version {message[1]}" if loading else f"drawing step {message[1] + 1}"
             answers.put(("failed", doing, traceback.format_exc()))
             return
+
+
+class BuiltinDrawer:
+    """The rollout process's built-in sampler, on a model of the policy's config whose weights it is sent."""
+
+    def __init__(self, config: Any, tokenizer: Any, batch_rows: int, device: str, dtype: torch.dtype) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from rlsteps.engine.generation.builtin import BuiltinBackend
+
+        self.model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
+        self.backend = BuiltinBackend(tokenizer, batch_rows)
+
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        load_sampled_weights(self.model, weights)
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams, seeds: list[int]) -> Generation:
+        return self.backend.generate(self.model, prompt_token_ids, params, seeds)
+
+
+class VllmDrawer:
+    """The rollout process's vLLM engine (generation.vllm_backend.VllmBackend), started there by `start` (which takes
+    the device) and sent each version's weights as the colocated engine is. vLLM's in-process engine takes the first
+    GPU it sees, so on `cuda:N` the process sees that GPU alone (CUDA_VISIBLE_DEVICES, set before CUDA starts)."""
+
+    def __init__(self, start: Callable[..., Any], device: str) -> None:
+        where = torch.device(device)
+        if where.type == "cuda" and where.index:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            ids = visible.split(",") if visible else [str(i) for i in range(where.index + 1)]
+            os.environ["CUDA_VISIBLE_DEVICES"] = ids[where.index]
+            where = torch.device("cuda", 0)
+        self.backend = start(device=where)
+
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        self.backend.load_named_weights(weights.items())
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams, seeds: list[int]) -> Generation:
+        return self.backend.generate(None, prompt_token_ids, params, seeds)
 
 
 def sampled_weights(model: nn.Module):
@@ -303,10 +348,12 @@ def rollouts_beside(
     next_step: int,
     device: torch.device,
     restored: dict[int, InFlight],
+    vllm_start: Callable[..., Any] | None = None,
 ) -> BesideSampler:
     """The loop's sampler for a run at `next_step` with rollouts beside training (its in-flight rollouts `restored`
     from the checkpoint): the rollout process started with the policy's weights. On a CPU the cores are split
-    between the two processes; on a GPU it takes the second device where there is one."""
+    between the two processes; on a GPU it takes the second device where there is one. vllm_start: the process
+    samples with vLLM, started by it (VllmBackend's arguments but the device); None: the built-in sampler."""
     from rlsteps.engine.generation.sizing import CPU_BATCH
     from rlsteps.engine.inputs.data import prompt_indices
 
@@ -317,17 +364,19 @@ def rollouts_beside(
         return [prompts[i] for i in indices]
 
     threads, where = generation_resources(device)
-    process = GenerationProcess(
-        model, sampler.tokenizer, cfg.rollout.generation_batch_size or CPU_BATCH, threads, where
-    )
+    if vllm_start is None:
+        batch_rows = cfg.rollout.generation_batch_size or CPU_BATCH
+        process = GenerationProcess.builtin(model, sampler.tokenizer, batch_rows, threads, where)
+    else:
+        process = GenerationProcess(functools.partial(VllmDrawer, vllm_start, where), threads)
     beside = BesideSampler(sampler, process, cfg.rollout.max_age_steps, cfg.seed, prompts_of)
     beside.start(model, next_step, restored)
-    on = f"{threads} thread(s)" if where == "cpu" else where
     log.info(
-        "rollouts: drawn beside training up to %d step(s) ahead, by the built-in sampler in a process of its own (%s);"
-        " validation samples here",
+        "rollouts: drawn beside training up to %d step(s) ahead, by %s in a process of its own (%s); validation "
+        "samples here, with the built-in sampler",
         cfg.rollout.max_age_steps,
-        on,
+        "the built-in sampler" if vllm_start is None else "vLLM",
+        f"{threads} thread(s)" if where == "cpu" else where,
     )
     return beside
 

@@ -28,7 +28,7 @@ import importlib.util
 import logging
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +99,14 @@ class VllmBackend:
 
     def load_weights(self, model: nn.Module) -> None:
         """Send the policy's current weights to the engine, one gathered parameter at a time."""
+        self.load_named_weights(policy_weights(model))
+
+    def load_named_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load (name, tensor) pairs in the policy's names (policy_weights: LoRA merged) into the engine."""
         self._wake(tags=["weights"])
         with expected_reload_warnings_hidden(self.layers_without_weights):
             self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": policy_weights(model), "is_checkpoint_format": True}
+                "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
             )
         self.llm.apply_model(refresh_tied_output_layer)
         if self.device.type == "cpu":
@@ -286,6 +290,16 @@ def _head_size(config: Any) -> int | None:
     return hidden // heads if hidden and heads else None
 
 
+def check_vllm_runs(model_dir: Path, device: torch.device) -> None:
+    """An ImportError where vLLM is not installed, a UsageError where it cannot run the model in `model_dir` on a
+    device of `device`'s kind (refusal); nothing where it can."""
+    if not vllm_installed():
+        raise ImportError(f"rollout.backend=vllm needs vLLM in this Python ({INSTALL_HINT})")
+    refused = refusal(_model_config(model_dir), device)
+    if refused is not None:
+        raise UsageError(refused, fix="rollout.backend=builtin (the built-in sampler runs every family)")
+
+
 def _model_config(model_dir: Path) -> Any:
     from transformers import AutoConfig
 
@@ -301,11 +315,7 @@ def _start_engine(
     seed: int,
     sleeps: bool,
 ) -> Any:
-    if not vllm_installed():
-        raise ImportError(f"rollout.backend=vllm needs vLLM in this Python ({INSTALL_HINT})")
-    refused = refusal(_model_config(model_dir), device)
-    if refused is not None:
-        raise UsageError(refused, fix="rollout.backend=builtin (the built-in sampler runs every family)")
+    check_vllm_runs(model_dir, device)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: weights by reference
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its start-up chatter would bury the run's own log
     if device.type == "cpu":

@@ -38,6 +38,7 @@ from rlsteps.engine.generation.backend_choice import (
     build_backend,
     engine_checkpoint,
     processes_on_this_node,
+    vllm_start,
 )
 from rlsteps.engine.generation.beside import BESIDE_STATE, InFlight, in_flight_from_state, rollouts_beside
 from rlsteps.engine.generation.rollouts import Sampler
@@ -168,15 +169,25 @@ def _train(
     counters, in_flight = _resume(checkpoints, model, optimizer, scheduler, world, say)
     # the records of what came after the checkpoint (a stopped run's later steps) go: they are made again
     rewind_records(run_dir, counters.step if checkpoints.latest() else None, records=world.is_main)
-    backend = build_backend(sampler_name, cfg, model, tokenizer, device, precision.compute, engine_dir, say, cleanup)
+    beside = bool(cfg.rollout.max_age_steps)  # rollouts drawn k steps ahead, in a process of their own
+    backend = (  # beside training, the process draws the rollouts and the built-in sampler here the validation's
+        build_backend("builtin", cfg, model, tokenizer, device, precision.compute, None, say, cleanup, "validation")
+        if beside
+        else build_backend(sampler_name, cfg, model, tokenizer, device, precision.compute, engine_dir, say, cleanup)
+    )
     if cfg.train.compile:
         say(
             "train.compile: the policy's forward compiles at the first update and once more when its shapes first "
             f"change, tens of seconds each (cached in {compile_cache()} for later runs)"
         )
     sampler = Sampler(tokenizer, cfg.rollout, backend)
-    if cfg.rollout.max_age_steps:  # each step's rollouts drawn k steps ahead, in a process of their own
-        sampler = rollouts_beside(cfg, sampler, model, prompts, counters.step, device, in_flight)
+    if beside:
+        start = (
+            vllm_start(cfg, model, tokenizer, precision.compute, engine_dir, device, beside=True)
+            if sampler_name == "vllm"
+            else None
+        )
+        sampler = rollouts_beside(cfg, sampler, model, prompts, counters.step, device, in_flight, start)
         cleanup.callback(sampler.close)
     run = StepRun(
         cfg,
