@@ -58,7 +58,8 @@ class SamplingConfig(Section):
 
 
 class VllmConfig(Section):
-    """vLLM in the training process (rollout.backend=vllm): its memory and how it shares the device."""
+    """vLLM's engine (rollout.backend=vllm), in the training process or in the rollout process beside training
+    (rollout.max_age_steps > 0, where it never sleeps): its memory and how it shares the device."""
 
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.3  # of the GPU, weights and KV cache; the
     # rest stays for training
