@@ -29,11 +29,11 @@ def rlsteps(
     )
 
 
-def start_rlsteps(*argv: str, cwd: Path, log: Path) -> subprocess.Popen:
+def start_rlsteps(*argv: str, cwd: Path, log: Path, python: Path | str = sys.executable) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "rlsteps.cli", *argv],
+            [str(python), "-m", "rlsteps.cli", *argv],
             cwd=cwd,
             env=env,
             stdout=out,
@@ -95,18 +95,22 @@ def wait_for(path: Path, timeout: float, process: subprocess.Popen | None = None
         time.sleep(0.2)
 
 
-def straight_and_resumed(step: str, slug: str, overrides: list[str], tmp_path: Path) -> tuple[Path, Path]:
+def straight_and_resumed(
+    step: str, slug: str, overrides: list[str], tmp_path: Path, python: Path | str = sys.executable
+) -> tuple[Path, Path]:
     """The same tiny run twice: once straight through, once SIGKILLed once its step-2 checkpoint is written and rerun,
     which must resume mid-run: from step 2, or from a later checkpoint a fast run wrote before the kill landed (never
-    from its last). Returns the two runs' directories (straight, resumed)."""
+    from its last). Returns the two runs' directories (straight, resumed). python: the environment's interpreter."""
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     straight.mkdir(), interrupted.mkdir()
-    assert rlsteps("run", step, "-c", "tiny", *overrides, cwd=straight).returncode == 0
+    first = rlsteps("run", step, "-c", "tiny", *overrides, cwd=straight, python=python)
+    assert first.returncode == 0, first.stderr[-3000:]
 
-    process = start_rlsteps("run", step, "-c", "tiny", *overrides, cwd=interrupted, log=tmp_path / "first.log")
+    log = tmp_path / "first.log"
+    process = start_rlsteps("run", step, "-c", "tiny", *overrides, cwd=interrupted, log=log, python=python)
     wait_for(run_dir(interrupted, slug) / "checkpoints" / "step_2" / "COMPLETE", 300, process)
     kill_group(process)
-    resumed = rlsteps("run", step, "-c", "tiny", *overrides, cwd=interrupted)
+    resumed = rlsteps("run", step, "-c", "tiny", *overrides, cwd=interrupted, python=python)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     resumed_from = re.search(r"resuming from \S+ \(step (\d+)", resumed.stderr)
     assert resumed_from and "already done" not in resumed.stderr, resumed.stderr[-3000:]

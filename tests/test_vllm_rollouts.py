@@ -10,8 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
-from run_helpers import FAST, rlsteps, run_dir, series
+from run_helpers import FAST, rlsteps, run_dir, series, straight_and_resumed, weights
 from vllm_judge import vllm_python
 
 pytestmark = pytest.mark.slow
@@ -58,25 +59,31 @@ def test_reinforce_with_truncated_importance_sampling_runs_on_vllm_rollouts(tiny
     assert all(1.0 <= x < 1.001 for x in series(run, "train/token_mult_prob_error"))
 
 
-def test_vllm_beside_training_draws_each_step_with_the_weights_a_step_old_and_the_trainer_weighs_them(
+def test_vllm_beside_training_draws_each_step_a_step_old_and_a_killed_run_resumes_to_the_same_bits(
     tiny_world, tmp_path
 ):
     """rollout.max_age_steps=1 on vLLM: the engine runs in the rollout process, sent the weights after each update;
     step 1's rollouts come from the weights that train on them (vLLM's log-probs are the trainer's), every later
-    step's from the weights a step older (the two differ, and the truncated importance weights take the gap)."""
+    step's from the weights a step older (the two differ, and the truncated importance weights take the gap). A run
+    SIGKILLed after its step-2 checkpoint resumes, a new engine drawing what the old one would have, to the bits of
+    the run never stopped."""
     options = ["rollout.max_age_steps=1", "train.truncated_importance_sampling=true", "train.max_steps=4"]
-    options += ["validation.interval=0"]
-    done = rlsteps("run", "rl/reinforce", "-c", "tiny", *VLLM_ROLLOUTS, *options, cwd=tmp_path, python=vllm_python())
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "drawn beside training up to 1 step(s) ahead, by vLLM in a process of its own (1 thread(s))" in done.stderr
-    assert "rollouts: vLLM in process" not in done.stderr  # no second engine in the trainer
-    run = run_dir(tmp_path, "rl_reinforce")
-    assert series(run, "rollout/age") == [0, 1, 1, 1]
-    agreement = series(run, "train/token_mult_prob_error")
+    options += ["checkpoint.interval=2", "validation.interval=0", *VLLM_ROLLOUTS]
+    straight, resumed = straight_and_resumed("rl/reinforce", "rl_reinforce", options, tmp_path, python=vllm_python())
+    said = (tmp_path / "first.log").read_text()  # the run that was killed: what it said at its start
+    assert "drawn beside training up to 1 step(s) ahead, by vLLM in a process of its own (1 thread(s))" in said
+    assert "rollouts: vLLM in process" not in said  # no second engine in the trainer
+    assert series(straight, "rollout/age") == series(resumed, "rollout/age") == [0, 1, 1, 1]
+    agreement = series(straight, "train/token_mult_prob_error")
     assert 1.0 <= agreement[0] < 1.001 and all(1.001 < x < 2.0 for x in agreement[1:]), agreement
-    assert series(run, "train/steps_without_update") == [0, 0, 0, 0]
-    assert len(series(run, "timers/generation")) == 4  # the rollout process's own time, each step
-    assert not list(run.glob(".rollout-model-*"))
+    assert series(straight, "train/steps_without_update") == [0, 0, 0, 0]
+    assert len(series(straight, "timers/generation")) == 4  # the rollout process's own time, each step
+    assert series(straight, "train/reward") == series(resumed, "train/reward")
+    a, b = weights(straight / "policy"), weights(resumed / "policy")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), [
+        k for k in a if not torch.equal(a[k], b[k])
+    ]
+    assert not list(straight.glob(".rollout-model-*")) and not list(resumed.glob(".rollout-model-*"))
 
 
 def test_a_lora_run_sends_vllm_the_merged_weights_every_step_and_the_sampler_agrees_with_the_trainer(

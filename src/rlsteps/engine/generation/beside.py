@@ -69,18 +69,21 @@ class InFlight:
 class GenerationProcess:
     """A sampler in a spawned process: weights and requests in, generations out, all in order.
 
-    `drawer` builds the process's sampler there (BuiltinDrawer, VllmDrawer: picklable, so a functools.partial of
-    one). Weights go over a torch.multiprocessing queue as shared-memory tensors; each version is kept alive here
-    until the process says it has loaded it.
+    `make_sampler` builds the process's sampler there (BuiltinProcessSampler, VllmProcessSampler; picklable: a
+    functools.partial of one). Weights go over a torch.multiprocessing queue as shared-memory tensors; each version
+    is kept alive here until the process says it has loaded it.
     """
 
-    def __init__(self, drawer: Callable[[], Any], threads: int) -> None:
+    def __init__(self, make_sampler: Callable[[], Any], threads: int) -> None:
         import torch.multiprocessing as mp
 
         context = mp.get_context("spawn")
         self._requests, self._answers = context.Queue(), context.Queue()
         self._process = context.Process(
-            target=serve, args=(self._requests, self._answers, drawer, threads), name="rlsteps-rollouts", daemon=True
+            target=serve,
+            args=(self._requests, self._answers, make_sampler, threads),
+            name="rlsteps-rollouts",
+            daemon=True,
         )
         self._process.start()
         self._unloaded: dict[int, dict[str, torch.Tensor]] = {}  # versions sent, not yet loaded: kept alive
@@ -91,7 +94,8 @@ class GenerationProcess:
         """The built-in sampler on `device`, with a model of the policy's config and dtype."""
         dtype = next(model.parameters()).dtype
         return cls(
-            functools.partial(BuiltinDrawer, _underlying_config(model), tokenizer, batch_rows, device, dtype), threads
+            functools.partial(BuiltinProcessSampler, _underlying_config(model), tokenizer, batch_rows, device, dtype),
+            threads,
         )
 
     def send_weights(self, model: nn.Module, version: int) -> None:
@@ -137,14 +141,14 @@ class GenerationProcess:
             raise GenerationProcessDied(f"the rollout process failed ({key}):\n{value}")
 
 
-def serve(requests, answers, drawer: Callable[[], Any], threads: int) -> None:
+def serve(requests, answers, make_sampler: Callable[[], Any], threads: int) -> None:
     """The rollout process: its sampler built, then requests answered in order."""
     for name in IGNORED_SIGNALS:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
     torch.set_num_threads(threads)
     try:
-        sampler = drawer()
+        sampler = make_sampler()
     except Exception:  # the trainer raises it, with this traceback
         answers.put(("failed", "starting its sampler", traceback.format_exc()))
         return
@@ -175,7 +179,7 @@ def serve(requests, answers, drawer: Callable[[], Any], threads: int) -> None:
             return
 
 
-class BuiltinDrawer:
+class BuiltinProcessSampler:
     """The rollout process's built-in sampler, on a model of the policy's config whose weights it is sent."""
 
     def __init__(self, config: Any, tokenizer: Any, batch_rows: int, device: str, dtype: torch.dtype) -> None:
@@ -193,7 +197,7 @@ class BuiltinDrawer:
         return self.backend.generate(self.model, prompt_token_ids, params, seeds)
 
 
-class VllmDrawer:
+class VllmProcessSampler:
     """The rollout process's vLLM engine (generation.vllm_backend.VllmBackend), started there by `start` (which takes
     the device) and sent each version's weights as the colocated engine is. vLLM's in-process engine takes the first
     GPU it sees, so on `cuda:N` the process sees that GPU alone (CUDA_VISIBLE_DEVICES, set before CUDA starts)."""
@@ -368,7 +372,7 @@ def rollouts_beside(
         batch_rows = cfg.rollout.generation_batch_size or CPU_BATCH
         process = GenerationProcess.builtin(model, sampler.tokenizer, batch_rows, threads, where)
     else:
-        process = GenerationProcess(functools.partial(VllmDrawer, vllm_start, where), threads)
+        process = GenerationProcess(functools.partial(VllmProcessSampler, vllm_start, where), threads)
     beside = BesideSampler(sampler, process, cfg.rollout.max_age_steps, cfg.seed, prompts_of)
     beside.start(model, next_step, restored)
     log.info(
