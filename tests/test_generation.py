@@ -487,6 +487,11 @@ def test_the_cache_preallocates_plain_layers_and_keeps_sliding_ones(tokenizer):
     step_keys, _ = llama.update(torch.full((2, 2, 1, 16), 2.0), torch.full((2, 2, 1, 16), 2.0), 0)
     assert step_keys.shape == (2, 2, 31, 16) and step_keys.data_ptr() == keys.data_ptr()  # same buffer, no copy
     assert step_keys[:, :, -1].eq(2).all() and step_keys[:, :, :30].eq(1).all() and llama.get_seq_length() == 31
+    llama.layers[0].batch_select_indices(torch.tensor([1, 1, 0]))  # rows kept (a repeat too): still one buffer
+    llama.layers[0].batch_repeat_interleave(2)
+    kept, _ = llama.update(torch.full((6, 2, 1, 16), 3.0), torch.full((6, 2, 1, 16), 3.0), 0)
+    assert kept.shape == (6, 2, 32, 16) and kept.data_ptr() == llama.layers[0]._key_buffer.data_ptr()
+    assert kept[:, :, 30].eq(2).all() and kept[:, :, 31].eq(3).all()
     mistral = MistralForCausalLM(MistralConfig(vocab_size=len(tokenizer), sliding_window=8, **decoder_shape()))
     assert not any(isinstance(layer, PreallocatedLayer) for layer in preallocated_cache(mistral.config, 40).layers)
 
