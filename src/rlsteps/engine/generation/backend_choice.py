@@ -107,10 +107,11 @@ def vllm_start(
     device: torch.device,
     beside: bool = False,
 ) -> functools.partial:
-    """VllmBackend with the run's arguments but the device (picklable: a process of its own can start it), once
-    vLLM is known to run the policy on a device of `device`'s kind. beside: for a process that samples while the
-    policy trains, which never sleeps."""
-    check_vllm_runs(engine_dir, device)
+    """VllmBackend with the run's arguments but the device (picklable: a process of its own can start it). beside:
+    for a process that samples while the policy trains, which never sleeps; whether vLLM runs the policy on a device
+    of `device`'s kind is checked here first, where a refusal is one line (the engine's start checks it itself)."""
+    if beside:
+        check_vllm_runs(engine_dir, device)
     settings = cfg.rollout.vllm.model_copy(update={"sleep": False}) if beside else cfg.rollout.vllm
     return functools.partial(
         VllmBackend,
