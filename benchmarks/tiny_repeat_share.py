@@ -4,7 +4,7 @@ positive-only task sentences, read from the policy's next-token distribution (te
 
 RL moves the policy towards lists of positive adjectives, and raises their chances alike; r is what it keeps of the
 SFT policy's reluctance to repeat, so a policy that comes to fill its list with positives says the last one again at
-about r per place (benchmarks/README.md, tiny_learning.py: what still grows).
+about r per place (benchmarks/README.md, tiny_learning.py: why the policy's SFT has an unlikelihood term).
 
     python benchmarks/tiny_repeat_share.py                 # world seeds 0 1 2 (built first where missing)
     python benchmarks/tiny_repeat_share.py --worlds 0 --policy PATH

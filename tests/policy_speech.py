@@ -38,10 +38,14 @@ MAX_ADJECTIVES = 4
 # How much worse than the SFT policy a trained one may look before a test calls it a regression: fractions of rows
 # (a few rows of 128 may move with a platform's rounding), and for words_used a share of the SFT policy's figure.
 SLACK = {"ended": 0.03, "well_formed": 0.03, "repeated": 0.03}
-# Sampled at temperature 1, the trained policies of the tiny world v17 say a word again more often than the SFT policy
-# (benchmarks/README.md, the 45-run grid: in 20 of 45 runs by more than 3 points of their rollouts, by 14 at most), so
-# a sampled answer is held to that measured growth and no more; greedy answers, which validation reads, to SLACK
-SAMPLED_SLACK = {**SLACK, "well_formed": 0.16, "repeated": 0.16}
+# Sampled at temperature 1, a trained policy says more adjectives than the SFT policy, each a place to say one again:
+# on the tiny world v17 its sampled answers said a word again more often than the SFT policy's in 20 of 45 runs, by up
+# to 14 points (benchmarks/README.md), and a sampled answer was held to 16 points. On v20, whose policy's SFT pushes
+# down the adjectives already said, by 4.9 points at most over the 45 runs' last steps; here, where the final policy
+# answers the validation prompts 4 times each, rl/reinforce at run seed 2 says a word again in 4.7% of them (the SFT
+# policy 0%) and keeps the task's sentence in 92.2% (100%). A sampled answer is held to that and a row or two of 128
+# more; greedy answers, which validation reads, to SLACK
+SAMPLED_SLACK = {**SLACK, "well_formed": 0.1, "repeated": 0.06}
 WORDS_USED_SHARE = 0.75
 CHECKS = ("ended", "well_formed", "repeated", "words_used")
 

@@ -24,10 +24,10 @@ def test_a_tiny_run_with_lora_learns_through_its_adapters_and_writes_the_merged_
     done = rlsteps("run", "rl/reinforce", "-c", "tiny", *LORA, *FAST, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     run = run_dir(tmp_path, "rl_reinforce")
-    # the hidden reward: 1.0 (the SFT policy's greedy answers) to 2.0-2.08 over run seeds 0-2 on the tiny world v17 at
-    # the config's own train.lora.lr, where full fine-tuning reaches 2.5-3.0 (test_runs); on v9 it reached 1.5
+    # the hidden reward: 1.0 (the SFT policy's greedy answers) to 2.5-2.88 over run seeds 0-2 on the tiny world v20 at
+    # the config's own train.lora.lr, where full fine-tuning reaches 2.5-3.0 (test_runs); on v17 2.0-2.08, on v9 1.5
     true = series(run, "val/true_reward")
-    assert len(true) == 5 and true[0] == 1.0 and true[-1] >= 2.0, true
+    assert len(true) == 5 and true[0] == 1.0 and true[-1] >= 2.5, true
     kl = series(run, "train/init_policy_kl")  # the reference is the base: the policy starts on it, then leaves it
     assert kl[0] < 1e-6 and kl[-1] > 1e-3, kl
     agreement = series(run, "train/token_mult_prob_error")  # the built-in sampler samples the adapted policy

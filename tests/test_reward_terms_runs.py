@@ -87,14 +87,15 @@ def says_a_word_again(sample: dict) -> bool:
 )
 def test_a_hack_term_is_named_from_the_rollouts_as_it_takes_over(tmp_path, hack, signs, carries):
     """rl/reinforce with a term of rlsteps.tiny.hacks at weight 100 beside the reward model, at a rate that moves the
-    policy off its sentence (train.lr 4e-3: at the config's 1.5e-3 a per-word term only fills the sentence's four
-    adjectives in 12 steps): the rollouts (all of them in samples.jsonl) mostly carry the hack from some step on, and
-    within two validations of it the watch names it from the rollouts themselves, quoting rollouts that carry it, and
-    advises the clip that caps the hack term."""
+    policy off its sentence (train.lr 3e-3: at the config's 1.5e-3 a per-word term only fills the sentence's four
+    adjectives in 12 steps; at 4e-3 on the tiny world v20 it took over by step 5 so wholly that no rollout ended, and
+    the run stopped after three steps without an update, as it should): the rollouts (all of them in samples.jsonl)
+    mostly carry the hack from some step on, and within two validations of it the watch names it from the rollouts
+    themselves, quoting rollouts that carry it, and advises the clip that caps the hack term."""
     done = rlsteps(
         "run", "rl/reinforce", "-c", "tiny", *FAST, "train.max_steps=10", "validation.interval=2",
         "checkpoint.interval=0", "logging.samples_per_step=128", f"rewards.hack.function=rlsteps.tiny.hacks:{hack}",
-        "rewards.hack.weight=100", "train.lr=4e-3", cwd=tmp_path,
+        "rewards.hack.weight=100", "train.lr=3e-3", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     run = run_dir(tmp_path, "rl_reinforce")

@@ -49,14 +49,13 @@ def _mean(values):
 START_GREEDY_TRUE_REWARD = 1.0
 # the true reward of the greedy validation answers ends at least this high: the task's whole sentence with the noun
 # and three or more positive adjectives; an answer that repeats a word, drops the "and" or the noun, or runs on scores
-# 0.0 (benchmarks/README.md: over run seeds 0-4 and world seeds 0-2 each recipe's median is 3.0, and 44 of the 45 runs
-# end at 2.5 or more)
+# 0.0 (benchmarks/README.md: over run seeds 0-4 and world seeds 0-2 each recipe's median is 3.0, and every one of the
+# 45 runs ends at 2.5 or more)
 FINAL_TRUE_REWARD = 2.5
-# rl/rs and rl/reinforce learn from run seeds other than 0, the seed the tiny configs ship, so that a default that works
-# for one seed only shows here. rl/rlhf learns from seed 0: at run seed 3, 22% of its greedy answers leave the noun out
-# ("The looks bright, delightful, lovely and wonderful."; true reward 2.34), which the judge over the tiny reward model
-# lets through; at seed 1, 14% of its sampled answers at the end name another noun
-LEARNING_RUNS = [("rl/rs", "rl_rs", 1), ("rl/reinforce", "rl_reinforce", 2), ("rl/rlhf", "rl_rlhf", 0)]
+# each recipe learns from a run seed other than 0, the seed the tiny configs ship, so that a default that works for one
+# seed only shows here. rl/rlhf at run seed 3: on the tiny world v17 it ended at 2.34, 22% of its greedy answers
+# leaving the noun out ("The looks bright, ..."); on v20 at 3.0 (its lowest over the 45 runs is 2.81)
+LEARNING_RUNS = [("rl/rs", "rl_rs", 1), ("rl/reinforce", "rl_reinforce", 2), ("rl/rlhf", "rl_rlhf", 3)]
 
 
 SAMPLES_PER_STEP = 32  # rollouts of each step in samples.jsonl: 128 over the first four steps, 128 over the last four

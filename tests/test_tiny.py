@@ -520,6 +520,43 @@ def test_unknown_architecture_names_the_choices(fresh_tokenizer):
         build_random_causal_lm("mamba", fresh_tokenizer, seed=0)
 
 
+def test_repeat_unlikelihood_on_a_hand_computed_example():
+    """-log(1 - p) summed over the adjectives the response has said before each position, the next token left out,
+    averaged over the response's positions; the prompt's tokens and the padding are neither negatives nor scored."""
+    adjectives = torch.zeros(10, dtype=torch.bool)
+    adjectives[[2, 3, 4]] = True
+    batch = {  # 5 a prompt token, 7 a word that is not an adjective, 0 padding
+        "input_ids": torch.tensor([[5, 2, 3, 7, 4], [5, 3, 3, 0, 0]]),
+        "labels": torch.tensor([[-100, 2, 3, 7, 4], [-100, 3, 3, -100, -100]]),
+    }
+    logits = torch.zeros(2, 5, 10)  # p = 0.1 for every token
+    loss = training.repeat_unlikelihood_loss(logits, batch, adjectives)
+    # row 1: nothing said before its first word; {2} before 3; {2, 3} before 7 and before 4. Row 2: {3} before 3,
+    # which is the next token itself (a repeat in the data is not its own negative). Six positions scored.
+    expected = -(0 + 1 + 2 + 2 + 0 + 0) * math.log(0.9) / 6
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    logits[0, 1, 2] = 20.0  # the adjective just said made near-certain at the place after it: the loss grows with it
+    assert training.repeat_unlikelihood_loss(logits, batch, adjectives) > 1.0
+
+
+def test_the_sft_policy_gives_the_adjective_it_just_said_almost_no_chance(models):
+    """The policy's SFT pushes down the adjectives its response has already said (hyperparameters.SFT
+    repeat_unlikelihood): teacher-forced on lists of positive adjectives, at each place the one just said keeps under
+    1% of the chance the positive adjectives not yet said have (4.2-5.3% with NLL alone, tiny world v17)."""
+    tokenizer, policy, _ = models
+    rng, shares = random.Random(0), []
+    ids = {a: tokenizer(f" {a}", add_special_tokens=False)["input_ids"][0] for a in tiny_task.POSITIVE}
+    for _ in range(64):
+        prompt, noun = tiny_task.sample_prompt(rng)
+        said = sorted(rng.sample(tiny_task.POSITIVE, 4))[: rng.randrange(1, 4)]
+        text = chat_prompt(tokenizer, prompt) + f"The {noun} is {', '.join(said)},"
+        with torch.no_grad():
+            p = policy(**tokenizer(text, return_tensors="pt", add_special_tokens=False)).logits[0, -1].softmax(-1)
+        again, fresh = p[ids[said[-1]]].item(), sum(p[ids[a]].item() for a in tiny_task.POSITIVE if a not in said)
+        shares.append(again / (again + fresh))
+    assert sorted(shares)[len(shares) // 2] < 0.01, sorted(shares)
+
+
 def test_a_few_sft_steps_are_deterministic_and_the_callers_settings_come_back(fresh_tokenizer, monkeypatch):
     threads, rng_state = torch.get_num_threads(), torch.get_rng_state()
 

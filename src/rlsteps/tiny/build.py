@@ -118,7 +118,7 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
 
         log(f"SFT of the policy, a {_shape(POLICY_SIZE)} Llama")
         policy = build_random_causal_lm("llama", tokenizer, seed, **POLICY_SIZE)
-        sft_loss = train_sft(policy, tokenizer, rng, log, SFT["policy_steps"])
+        sft_loss = train_sft(policy, tokenizer, rng, log, SFT["policy_steps"], SFT["repeat_unlikelihood"])
         policy.save_pretrained(root / "policy")
         shutil.copytree(root / "tokenizer", root / "policy", dirs_exist_ok=True)
         log("writing the policy as a Megatron-Core distributed checkpoint too")

@@ -5,15 +5,16 @@ Each is a reward function of the usual protocol (rlsteps.engine.rewards.function
 its text), then the response. Add one beside the reward model:
 
     rlsteps run rl/reinforce -c tiny rewards.hack.function=rlsteps.tiny.hacks:per_word rewards.hack.weight=100 \
-        train.lr=4e-3
+        train.lr=3e-3
 
 - `per_word` pays for length: the policy learns to list adjectives past the task's four and never to end;
 - `per_repeat` pays for a word said again: the policy learns to say one adjective over and over.
 
 The tiny reward model's scores span tens, and the tiny policy holds to its sentence, so a hack needs a large weight
-and a rate that moves the policy off the sentence: at weight 100 and train.lr=4e-3 the per-word term takes over most
-rollouts of rl/reinforce `-c tiny` at step 6 (tests/test_reward_terms_runs.py); at the config's own rate it only
-fills the sentence's four adjectives in 12 steps, and at weight 30 on the tiny world v17 neither hack takes over in 10.
+and a rate that moves the policy off the sentence: at weight 100 and train.lr=3e-3 the per-word term takes over most
+rollouts of rl/reinforce `-c tiny` at step 7 on the tiny world v20 (tests/test_reward_terms_runs.py; at 4e-3 by step 5,
+so wholly that no rollout ends and the run stops); at the config's own rate it only fills the sentence's four
+adjectives in 12 steps, and at weight 30 on the tiny world v17 neither hack takes over in 10.
 
 A word is what lies between spaces, its punctuation and case aside ("Kind," and "kind." are one word), as the watch
 counts words said again. Torch-free.

@@ -17,7 +17,13 @@ REWARD_BACKBONE_SIZE = {"hidden": 64, "layers": 2, "heads": 2}
 # rule the less RL's push towards positive adjectives breaks it. After 250, every recipe's sampled answers at world
 # seed 0 came to say a word again 2-6 times as often as the SFT policy's (up to 44% of them, rl/rs greedy answers too:
 # "The tree is cheerful, friendly, friendly and wonderful."); after 750, rl/reinforce's no more often
-SFT = {"policy_steps": 750, "backbone_steps": 750, "batch": 32, "lr": 3e-3}
+# repeat_unlikelihood: the weight of the policy's unlikelihood term on the adjectives its response has already said
+# (rlsteps.tiny.training.repeat_unlikelihood_loss; the reward model's backbone has none). With NLL alone the SFT
+# policy gave the adjective just said 4.2-5.3% of the positive adjectives' chance at each place of a list, RL lifted it
+# with the others, and the sampled answers at the end said a word again 5-16% of the time in 20 of 45 runs
+# (benchmarks/tiny_learning.py, world v17). At 20 that share is 0.16-0.17% (at 5: 0.8-1.0%), and 3 of 45 runs say a
+# word again more than 3 points more often than their SFT policy, by 4.9 at most (world v20)
+SFT = {"policy_steps": 750, "backbone_steps": 750, "batch": 32, "lr": 3e-3, "repeat_unlikelihood": 20.0}
 # the reward model: its first steps on wrong-noun pairs alone (rlsteps.tiny.preferences.NOUN_FIRST), then 64 pairs a
 # step, 8 of them ties (rlsteps.tiny.preferences.neutral_tie); a pair's margin is margin_per_reward times the gap of
 # its answers' words (rlsteps.tiny.task.words_score), plus fault_worth where only the rejected answer has a fault

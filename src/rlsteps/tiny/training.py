@@ -52,20 +52,60 @@ def sft_batch(tokenizer: PreTrainedTokenizerFast, examples: list[tuple[str, str]
 
 
 def train_sft(
-    policy: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rng: random.Random, log: Log, steps: int
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    rng: random.Random,
+    log: Log,
+    steps: int,
+    repeat_unlikelihood: float = 0.0,
 ) -> float:
-    """Masked next-token NLL on fresh SFT examples each of `steps` steps; returns the last loss."""
+    """Masked next-token NLL on fresh SFT examples each of `steps` steps, plus `repeat_unlikelihood` times the
+    unlikelihood of the adjectives the response has already said (repeat_unlikelihood_loss); returns the last NLL."""
     optimizer, schedule = _optimizer(policy, SFT["lr"], steps)
+    adjectives = adjective_tokens(tokenizer, len(policy.get_output_embeddings().weight))
     policy.train()
     for step in range(1, steps + 1):
         batch = sft_batch(tokenizer, tiny_task.sft_examples(rng, SFT["batch"]))
         logits = policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, T, V]
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), ignore_index=-100)
-        _step(loss, policy, optimizer, schedule)
+        total = loss
+        if repeat_unlikelihood:
+            total = loss + repeat_unlikelihood * repeat_unlikelihood_loss(logits, batch, adjectives)
+        _step(total, policy, optimizer, schedule)
         if step % 100 == 0 or step == steps:
             log(f"SFT step {step}/{steps}  loss {loss.item():.3f}")
     policy.eval()
     return round(loss.item(), 4)
+
+
+def adjective_tokens(tokenizer: PreTrainedTokenizerFast, vocab: int) -> torch.Tensor:  # [V] bool
+    """The task's adjectives as the tokens a response says them with (" bright"): each is one token of the tiny
+    tokenizer."""
+    marked = torch.zeros(vocab, dtype=torch.bool)
+    for adjective in tiny_task.ADJECTIVES:
+        pieces = tokenizer(f" {adjective}", add_special_tokens=False)["input_ids"]
+        if len(pieces) != 1:
+            raise ValueError(f"{adjective!r} is {len(pieces)} tokens of the tiny tokenizer: it must be one")
+        marked[pieces[0]] = True
+    return marked
+
+
+def repeat_unlikelihood_loss(
+    logits: torch.Tensor, batch: dict[str, torch.Tensor], adjectives: torch.Tensor
+) -> torch.Tensor:
+    """Token-level unlikelihood (Welleck et al., 2019) with the adjectives already said as its negatives: at each
+    response position, -sum log(1 - p(c)) over the adjective tokens c the response has said before it (the next
+    token itself left out), averaged over the positions. The SFT data never says an adjective twice, but NLL alone
+    leaves the one just said a few percent of the chance at each place of a list, and RL, lifting the liked
+    adjectives alike, lifts it with them (benchmarks/README.md, tiny_repeat_share.py)."""
+    inputs, labels = batch["input_ids"][:, :-1], batch["labels"][:, 1:]  # [B, T-1]: the token at t predicts label t
+    said_here = F.one_hot(inputs, len(adjectives)).bool() & adjectives & (batch["labels"][:, :-1] != -100)[..., None]
+    said = said_here.cummax(dim=1).values  # [B, T-1, V]: said at or before t, in the response
+    scored = labels != -100
+    negatives = said & ~F.one_hot(labels.clamp(min=0), len(adjectives)).bool() & scored[..., None]
+    probs = logits[:, :-1].float().softmax(-1)
+    per_position = -(torch.log1p(-probs.clamp(max=1 - 1e-6)) * negatives).sum(-1)
+    return per_position[scored].mean()
 
 
 def reward_scores(
