@@ -20,38 +20,15 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlsteps.tiny import task
 from rlsteps.tiny.build import ensure_tiny_world
-from rlsteps.tiny.tokenizer import chat_prompt
+from rlsteps.tiny.evaluate import repeat_shares
 
 PLACES = 300  # places in positive lists, each after 1-3 positive adjectives already said
 
 
-def repeat_shares(policy_dir: Path, places: int = PLACES, seed: int = 0) -> list[float]:
+def repeat_shares_of(policy_dir: Path, places: int = PLACES, seed: int = 0) -> list[float]:
     policy = AutoModelForCausalLM.from_pretrained(policy_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
-    token = {word: one_token(tokenizer, word) for word in task.POSITIVE}
-    rng, positives, shares = random.Random(seed), sorted(task.POSITIVE), []
-    for _ in range(places):
-        prompt, noun = task.sample_prompt(rng)
-        said = sorted(rng.sample(positives, 4))[: rng.randrange(1, 4)]
-        joiner = " and" if len(said) == 3 and rng.random() < 0.5 else ","
-        text = chat_prompt(tokenizer, prompt) + f"The {noun} {rng.choice(task.VERBS)} {', '.join(said)}{joiner}"
-        with torch.no_grad():
-            encoded = tokenizer(text, return_tensors="pt", add_special_tokens=False)
-            p = policy(**encoded).logits[0, -1].float().softmax(-1)
-        again = p[token[said[-1]]].item()
-        fresh = sum(p[token[word]].item() for word in positives if word not in said)
-        shares.append(again / (again + fresh))
-    return shares
-
-
-def one_token(tokenizer, word: str) -> int:
-    """The id of " word", which the tiny tokenizer keeps whole (a word split in pieces would be read by its first)."""
-    pieces = tokenizer.tokenize(f" {word}")
-    if len(pieces) != 1:
-        raise SystemExit(f"{word!r} is {len(pieces)} tokens in this tokenizer ({pieces}); r reads one token per word")
-    return tokenizer.convert_tokens_to_ids(pieces[0])
+    return repeat_shares(policy, AutoTokenizer.from_pretrained(policy_dir), random.Random(seed), places)
 
 
 def main() -> None:
@@ -61,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     for world in args.worlds:
-        shares = repeat_shares(args.policy or ensure_tiny_world(world).policy)
+        shares = repeat_shares_of(args.policy or ensure_tiny_world(world).policy)
         print(f"world {world}: r median {statistics.median(shares):.4f}, mean {statistics.mean(shares):.4f}")
 
 

@@ -544,16 +544,7 @@ def test_the_sft_policy_gives_the_adjective_it_just_said_almost_no_chance(models
     repeat_unlikelihood): teacher-forced on lists of positive adjectives, at each place the one just said keeps under
     1% of the chance the positive adjectives not yet said have (4.2-5.3% with NLL alone, tiny world v17)."""
     tokenizer, policy, _ = models
-    rng, shares = random.Random(0), []
-    ids = {a: tokenizer(f" {a}", add_special_tokens=False)["input_ids"][0] for a in tiny_task.POSITIVE}
-    for _ in range(64):
-        prompt, noun = tiny_task.sample_prompt(rng)
-        said = sorted(rng.sample(tiny_task.POSITIVE, 4))[: rng.randrange(1, 4)]
-        text = chat_prompt(tokenizer, prompt) + f"The {noun} is {', '.join(said)},"
-        with torch.no_grad():
-            p = policy(**tokenizer(text, return_tensors="pt", add_special_tokens=False)).logits[0, -1].softmax(-1)
-        again, fresh = p[ids[said[-1]]].item(), sum(p[ids[a]].item() for a in tiny_task.POSITIVE if a not in said)
-        shares.append(again / (again + fresh))
+    shares = evaluate.repeat_shares(policy, tokenizer, random.Random(0), places=64)
     assert sorted(shares)[len(shares) // 2] < 0.01, sorted(shares)
 
 

@@ -11,7 +11,7 @@ from rlsteps.tiny import preferences
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.hyperparameters import EVAL, RM
 from rlsteps.tiny.preferences import Pair
-from rlsteps.tiny.tokenizer import chat_prompt
+from rlsteps.tiny.tokenizer import chat_prompt, word_token
 from rlsteps.tiny.training import reward_scores
 
 
@@ -94,6 +94,28 @@ def ladder_climbs(
     scores = reward_scores(reward_model, tokenizer, prompts, [r for _, rungs in ladders for r in rungs])
     scores = scores.view(len(ladders), -1)  # [ladders, rungs]
     return [round(x, 4) for x in (scores[:, 1:] > scores[:, :-1]).float().mean(0).tolist()]
+
+
+@torch.no_grad()
+def repeat_shares(
+    policy: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rng: random.Random, places: int
+) -> list[float]:
+    """How readily the policy says again the adjective it just said where it is about to say a positive one: at each
+    of `places` places of positive-only task sentences (after 1-3 positive adjectives, in the SFT data's order),
+    teacher-forced, r = p(the adjective just said) / (that + p(a positive adjective not yet said))."""
+    token = {word: word_token(tokenizer, word) for word in tiny_task.POSITIVE}
+    positives, shares = sorted(tiny_task.POSITIVE), []
+    for _ in range(places):
+        prompt, noun = tiny_task.sample_prompt(rng)
+        said = sorted(rng.sample(positives, 4))[: rng.randrange(1, 4)]
+        joiner = " and" if len(said) == 3 and rng.random() < 0.5 else ","
+        text = chat_prompt(tokenizer, prompt) + f"The {noun} {rng.choice(tiny_task.VERBS)} {', '.join(said)}{joiner}"
+        encoded = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+        p = policy(**encoded).logits[0, -1].float().softmax(-1)
+        again = p[token[said[-1]]].item()
+        fresh = sum(p[token[word]].item() for word in positives if word not in said)
+        shares.append(again / (again + fresh))
+    return shares
 
 
 @torch.no_grad()

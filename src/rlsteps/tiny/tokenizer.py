@@ -57,6 +57,15 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
+def word_token(tokenizer: PreTrainedTokenizerFast, word: str) -> int:
+    """The id of " word" as a response says it; the tiny tokenizer keeps every task word whole (a split word is
+    refused: read by its first piece it would be another word)."""
+    pieces = tokenizer(f" {word}", add_special_tokens=False)["input_ids"]
+    if len(pieces) != 1:
+        raise ValueError(f"{word!r} is {len(pieces)} tokens of this tokenizer: a task word must be one")
+    return pieces[0]
+
+
 def chat_prompt(tokenizer: PreTrainedTokenizerFast, user_text: str) -> str:
     """The rendered prompt the policy sees, ending with the assistant header."""
     messages = [{"role": "user", "content": user_text}]

@@ -15,7 +15,7 @@ from rlsteps.engine.rewards.text import reward_input_text
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.hyperparameters import RM, SFT
 from rlsteps.tiny.preferences import NOUN_FIRST, preference_pairs, tie_pairs
-from rlsteps.tiny.tokenizer import chat_prompt
+from rlsteps.tiny.tokenizer import chat_prompt, word_token
 
 Log = Callable[[str], None]
 
@@ -62,7 +62,7 @@ def train_sft(
     """Masked next-token NLL on fresh SFT examples each of `steps` steps, plus `repeat_unlikelihood` times the
     unlikelihood of the adjectives the response has already said (repeat_unlikelihood_loss); returns the last NLL."""
     optimizer, schedule = _optimizer(policy, SFT["lr"], steps)
-    adjectives = adjective_tokens(tokenizer, len(policy.get_output_embeddings().weight))
+    adjectives = adjective_tokens(tokenizer, policy.config.vocab_size)
     policy.train()
     for step in range(1, steps + 1):
         batch = sft_batch(tokenizer, tiny_task.sft_examples(rng, SFT["batch"]))
@@ -79,14 +79,9 @@ def train_sft(
 
 
 def adjective_tokens(tokenizer: PreTrainedTokenizerFast, vocab: int) -> torch.Tensor:  # [V] bool
-    """The task's adjectives as the tokens a response says them with (" bright"): each is one token of the tiny
-    tokenizer."""
+    """The task's adjectives as the tokens a response says them with (" bright")."""
     marked = torch.zeros(vocab, dtype=torch.bool)
-    for adjective in tiny_task.ADJECTIVES:
-        pieces = tokenizer(f" {adjective}", add_special_tokens=False)["input_ids"]
-        if len(pieces) != 1:
-            raise ValueError(f"{adjective!r} is {len(pieces)} tokens of the tiny tokenizer: it must be one")
-        marked[pieces[0]] = True
+    marked[[word_token(tokenizer, adjective) for adjective in tiny_task.ADJECTIVES]] = True
     return marked
 
 
