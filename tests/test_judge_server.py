@@ -7,6 +7,7 @@ import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,6 +16,7 @@ from model_fixtures import save_reward_model, serving
 from rlsteps.engine.rewards.judge.client import JudgeClient
 from rlsteps.engine.rewards.judge.parsing import parse_judgement
 from rlsteps.engine.rewards.judge.protocol import JudgeRequest, comparison_pairs, judge_messages
+from rlsteps.engine.rewards.judge.scale import JUDGE_SCALE_KEY, RewardScale, reward_scale_of
 from rlsteps.engine.rewards.judge.server import JudgeBatcher, create_app, judgement_from_rewards
 from rlsteps.engine.rewards.rm.scorer import RewardScorer
 
@@ -33,11 +35,32 @@ def scorer(tmp_path_factory: pytest.TempPathFactory) -> RewardScorer:
 def test_judgement_from_rewards_hand_values():
     # each score rates its own response: 1 + 4 sigmoid((r - center) / scale); center 0, scale 2
     assert judgement_from_rewards(0.0, 0.0) == {"score_1": 3.0, "score_2": 3.0, "ranking": 3.5}
-    assert judgement_from_rewards(0.7, 0.7, center=0.7, scale=1.0) == {"score_1": 3.0, "score_2": 3.0, "ranking": 3.5}
+    assert judgement_from_rewards(0.7, 0.7, RewardScale(0.7, 1.0)) == {"score_1": 3.0, "score_2": 3.0, "ranking": 3.5}
     # sigmoid(ln 3) = 0.75: score_1 = 1 + 4 * 0.75 = 4; p = 0.75 -> ranking = 1 + 5 * 0.25 = 2.25
     assert judgement_from_rewards(2 * math.log(3), 0.0) == {"score_1": 4.0, "score_2": 3.0, "ranking": 2.25}
     # a difference of ln 3 makes p = 3/4
     assert judgement_from_rewards(-1e6, 1e6) == {"score_1": 1.0, "score_2": 5.0, "ranking": 6.0}
+
+
+def test_a_reward_models_own_scale_is_read_from_its_config(tmp_path: Path):
+    """No entry: center 0, scale 2. An entry: its center scores 3 and a reward `scale` ln 3 above it 4 (sigmoid(ln 3)
+    = 3/4). A malformed entry: a ValueError naming the file and the key."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"architectures": ["LlamaForSequenceClassification"]}))
+    assert reward_scale_of(tmp_path) == RewardScale(0.0, 2.0)
+    config.write_text(json.dumps({JUDGE_SCALE_KEY: {"center": 10.0, "scale": 5.0}}))
+    own = reward_scale_of(tmp_path)
+    assert own == RewardScale(10.0, 5.0) and own.score(10.0) == 3.0
+    assert own.score(10.0 + 5.0 * math.log(3)) == pytest.approx(4.0)
+    assert judgement_from_rewards(10.0 + 5.0 * math.log(3), 10.0, own) == {
+        "score_1": 4.0,
+        "score_2": 3.0,
+        "ranking": 2.25,
+    }
+    for entry in ({"center": 1.0}, {"center": 0.0, "scale": 0.0}, {"center": "x", "scale": 1.0}, [1, 2]):
+        config.write_text(json.dumps({JUDGE_SCALE_KEY: entry}))
+        with pytest.raises(ValueError, match=f"config.json: {JUDGE_SCALE_KEY} must be"):
+            reward_scale_of(tmp_path)
 
 
 def test_the_better_scored_response_wins_through_the_client(scorer: RewardScorer):

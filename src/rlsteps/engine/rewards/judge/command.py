@@ -23,6 +23,12 @@ Model = Annotated[
 ModelName = Annotated[str, typer.Option("--model-name", help="The model name clients send and /v1/models lists.")]
 
 
+def _positive_scale(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"{value:g} is not above 0: the scale divides the rewards")
+    return value
+
+
 def serve_judge(
     model: Model,
     host: Host = "127.0.0.1",
@@ -47,6 +53,17 @@ def serve_judge(
     ] = None,
     threads: Threads = None,
     token_env: TokenEnv = None,
+    center: Annotated[
+        float | None,
+        typer.Option(help="The reward read as score 3 of 5; default: the model's own (config.json), else 0."),
+    ] = None,
+    scale: Annotated[
+        float | None,
+        typer.Option(
+            callback=_positive_scale,
+            help="Rewards this far apart move a score by about one point; default: the model's own, else 2.",
+        ),
+    ] = None,
 ) -> None:
     """Serve an OpenAI-compatible judge: POST /v1/chat/completions answering the judge's JSON protocol."""
     token = server_setup(token_env, threads)
@@ -54,7 +71,8 @@ def serve_judge(
 
     serve(
         model, host, port, model_name, token, device=device, dtype=dtype, max_length=max_length,
-        batch_size=batch_size, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
+        batch_size=batch_size, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, center=center,
+        scale=scale,
     )  # fmt: skip
 
 

@@ -11,6 +11,9 @@ which of the two is better:
     p       = sigmoid((reward_1 - reward_2) / scale)         how likely response 1 is the better one
     ranking = 1 + 5 (1 - p)                                  1 = response 1 much better ... 6 = response 2
 
+center and scale are the reward model's own (judge/scale.py: the spread of its rewards, from its config.json, or
+--center and --scale), so the scores grade the answers a policy gives rather than saying 5 to all above a point.
+
 Its verdict on a pair shown the other way round is the mirror of the first (scores swapped, ranking 7 minus it), so
 its entry in /v1/models says `"rlsteps": {"position_independent": true}` and rlsteps' judge client shows it each pair
 once (judge/client.py). Its numbers are fractional, finer than the whole numbers the structured-output schema holds
@@ -27,6 +30,7 @@ are kept (the reward model does not change while it serves). While `max_queue` c
 new one gets 503 with Retry-After (the client retries it).
 
     rlsteps serve judge --model PATH [--port 8000] [--max-batch 64] [--max-wait-ms 2] [--token-env JUDGE_TOKEN]
+                        [--center C --scale S]
     python -m rlsteps.engine.rewards.judge ...      (the same command)
 """
 
@@ -36,7 +40,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -58,6 +61,7 @@ from rlsteps.engine.rewards.auth import (
     validation_errors,
 )
 from rlsteps.engine.rewards.judge.protocol import JudgeRequest, parse_judge_request
+from rlsteps.engine.rewards.judge.scale import DEFAULT_SCALE, RewardScale, reward_scale_of
 
 log = logging.getLogger("rlsteps.rewards.judge_server")
 MESSAGE_CHARS = 300  # the most of an error's reason an answer carries
@@ -73,19 +77,12 @@ class Scorer(Protocol):
     def score(self, prompts: list[str], responses: list[str]) -> list[float]: ...
 
 
-def _sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-max(min(x, 50.0), -50.0)))
-
-
-def judgement_from_rewards(
-    reward_1: float, reward_2: float, center: float = 0.0, scale: float = 2.0
-) -> dict[str, float]:
+def judgement_from_rewards(reward_1: float, reward_2: float, scale: RewardScale = DEFAULT_SCALE) -> dict[str, float]:
     """The judge's JSON fields for two scalar rewards (see the module docstring)."""
-    p = _sigmoid((reward_1 - reward_2) / scale)
     return {
-        "score_1": round(1 + 4 * _sigmoid((reward_1 - center) / scale), 3),
-        "score_2": round(1 + 4 * _sigmoid((reward_2 - center) / scale), 3),
-        "ranking": round(1 + 5 * (1 - p), 3),
+        "score_1": round(scale.score(reward_1), 3),
+        "score_2": round(scale.score(reward_2), 3),
+        "ranking": round(1 + 5 * (1 - scale.first_better(reward_1, reward_2)), 3),
     }
 
 
@@ -267,11 +264,13 @@ def create_app(
     max_batch: int = 64,
     max_wait_ms: float = 2,
     max_queue: int | None = None,
+    reward_scale: RewardScale = DEFAULT_SCALE,
 ) -> Any:
     """The judge's HTTP app (ASGI) around any object with score(prompts, responses) -> rewards. With a token, every
     request needs it but GET /health, which then says only that the server is up. max_batch: most comparisons scored
     together; max_wait_ms: how long a batch waits to fill after its oldest comparison arrived; max_queue:
-    comparisons waiting before new ones get 503 (None: QUEUE_BATCHES full batches)."""
+    comparisons waiting before new ones get 503 (None: QUEUE_BATCHES full batches); reward_scale: how a reward reads
+    as a score (judge/scale.py)."""
     batcher = JudgeBatcher(scorer, max_batch, max_wait_ms / 1000, max_queue or QUEUE_BATCHES * max_batch)
 
     @contextlib.asynccontextmanager
@@ -309,6 +308,7 @@ def create_app(
             "rejected": batcher.rejected,
             "remembered": len(batcher.rewards),
             "scoring_s": round(batcher.scoring_s, 3),
+            "reward_scale": {"center": reward_scale.center, "scale": reward_scale.scale},
         }
 
     @app.get("/v1/models")
@@ -336,7 +336,7 @@ def create_app(
             log.exception("scoring failed")
             message = f"scoring failed: {type(err).__name__}: {excerpt(str(err), MESSAGE_CHARS)}"
             return _error(500, message, "server_error")
-        content = answer_text(judgement_from_rewards(reward_1, reward_2), structured)
+        content = answer_text(judgement_from_rewards(reward_1, reward_2, reward_scale), structured)
         return JSONResponse(chat_completion(content, model_name))
 
     return TokenGate(ChatCompletions(app, answer), token=token, refuse=unauthorised)
@@ -382,10 +382,13 @@ def serve(
     dtype: str = "auto",
     max_length: int = 512,
     batch_size: int = 128,
+    center: float | None = None,
+    scale: float | None = None,
     **app_kwargs: Any,
 ) -> None:
     """Load the reward model at `model_path` and serve it as a judge until interrupted. batch_size: rows per
-    forward pass (at most two a comparison); app_kwargs: create_app's batching options."""
+    forward pass (at most two a comparison); center, scale: how a reward reads as a score, in place of the model's
+    own (judge/scale.py); app_kwargs: create_app's batching options."""
     import uvicorn
 
     from rlsteps.engine.rewards.rm.scorer import RewardScorer
@@ -393,7 +396,12 @@ def serve(
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
         log.warning("serving on %s without a token: anyone who can reach this port can use the judge", host)
     scorer = RewardScorer(model_path, device=device, dtype=dtype, max_length=max_length, batch_size=batch_size)
-    app = create_app(scorer, model_name, token, **app_kwargs)
+    own = reward_scale_of(model_path)
+    reward_scale = RewardScale(own.center if center is None else center, own.scale if scale is None else scale)
+    app = create_app(scorer, model_name, token, reward_scale=reward_scale, **app_kwargs)
     where = scorer.placement
-    log.info("judge %s (reward model %s on %s) on http://%s:%d/v1", model_name, model_path, where, host, port)
+    log.info(
+        "judge %s (reward model %s on %s, score = 1 + 4 sigmoid((reward - %g) / %g)) on http://%s:%d/v1",
+        model_name, model_path, where, reward_scale.center, reward_scale.scale, host, port,
+    )  # fmt: skip
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
