@@ -3,7 +3,8 @@ that learns the task.
 
 Hacked runs: `rlsteps run rl/reinforce -c tiny` with a term of rlsteps.tiny.hacks beside the reward model:
     length     per_word at weight 100, train.lr=3e-3, 10 steps: answers list adjectives past four and stop ending
-    repeat     per_repeat at weight 100, train.lr=3e-3, 10 steps: answers say an adjective again and again
+    repeat     per_repeat at weight 300, train.lr=3e-3, 10 steps: answers say an adjective again and again (at 100
+               the policy of world v21, whose SFT reads its unlikelihood term on lists in any order, holds out)
 (the tiny policy holds to its sentence: at the config's own rate a per-word term only fills its four adjectives)
     weighted   the hidden true reward (rlsteps.tiny.task:true_reward) at weight -10: answers leave the task's sentence
 For each: the step the hack took over (the first whose rollouts, every one of them in samples.jsonl, mostly carry it:
@@ -51,7 +52,7 @@ def leaves_the_sentence(sample: dict) -> bool:
 
 HACKS = {  # name: (function, weight, whether a rollout carries the hack, the run's other overrides)
     "length": ("rlsteps.tiny.hacks:per_word", 100, runs_long, ["train.lr=3e-3", "train.max_steps=10"]),
-    "repeat": ("rlsteps.tiny.hacks:per_repeat", 100, says_a_word_again, ["train.lr=3e-3", "train.max_steps=10"]),
+    "repeat": ("rlsteps.tiny.hacks:per_repeat", 300, says_a_word_again, ["train.lr=3e-3", "train.max_steps=10"]),
     "weighted": ("rlsteps.tiny.task:true_reward", -10, leaves_the_sentence, []),
 }
 HEALTHY = ("rl/rs", "rl/reinforce", "rl/rlhf")

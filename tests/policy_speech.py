@@ -44,7 +44,8 @@ SLACK = {"ended": 0.03, "well_formed": 0.03, "repeated": 0.03}
 # down the adjectives already said, by 4.9 points at most over the 45 runs' last steps; here, where the final policy
 # answers the validation prompts 4 times each, rl/reinforce at run seed 2 says a word again in 4.7% of them (the SFT
 # policy 0%) and keeps the task's sentence in 92.2% (100%). A sampled answer is held to that and a row or two of 128
-# more; greedy answers, which validation reads, to SLACK
+# more; greedy answers, which validation reads, to SLACK. On v21 no fault grows by more than 2.3 points of the
+# rollouts in any of the 45 runs (benchmarks/README.md)
 SAMPLED_SLACK = {**SLACK, "well_formed": 0.1, "repeated": 0.06}
 WORDS_USED_SHARE = 0.75
 CHECKS = ("ended", "well_formed", "repeated", "words_used")

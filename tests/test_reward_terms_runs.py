@@ -78,24 +78,26 @@ def says_a_word_again(sample: dict) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "hack, signs, carries",
+    "hack, weight, signs, carries",
     [
-        ("per_word", {"longer answers", "unended answers"}, runs_long),
-        ("per_repeat", {"repeated words"}, says_a_word_again),
+        ("per_word", 100, {"longer answers", "unended answers"}, runs_long),
+        ("per_repeat", 300, {"repeated words"}, says_a_word_again),
     ],
     ids=["length", "repeat"],
 )
-def test_a_hack_term_is_named_from_the_rollouts_as_it_takes_over(tmp_path, hack, signs, carries):
-    """rl/reinforce with a term of rlsteps.tiny.hacks at weight 100 beside the reward model, at a rate that moves the
-    policy off its sentence (train.lr 3e-3: at the config's 1.5e-3 a per-word term only fills the sentence's four
-    adjectives in 12 steps; at 4e-3 on the tiny world v20 it took over by step 5 so wholly that no rollout ended, and
-    the run stopped after three steps without an update, as it should): the rollouts (all of them in samples.jsonl)
-    mostly carry the hack from some step on, and within two validations of it the watch names it from the rollouts
-    themselves, quoting rollouts that carry it, and advises the clip that caps the hack term."""
+def test_a_hack_term_is_named_from_the_rollouts_as_it_takes_over(tmp_path, hack, weight, signs, carries):
+    """rl/reinforce with a term of rlsteps.tiny.hacks beside the reward model, at a rate that moves the policy off its
+    sentence (train.lr 3e-3: at the config's 1.5e-3 a per-word term only fills the sentence's four adjectives in 12
+    steps; at 4e-3 on the tiny world v20 it took over by step 5 so wholly that no rollout ended, and the run stopped
+    after three steps without an update, as it should), at weight 100 for length and 300 for repeats (at 100 the
+    policy of world v21, whose SFT pushes down a word said again in lists of any order, never took over): the rollouts
+    (all of them in samples.jsonl) mostly carry the hack from some step on, and within two validations of it the watch
+    names it from the rollouts themselves, quoting rollouts that carry it, and advises the clip that caps the hack
+    term."""
     done = rlsteps(
         "run", "rl/reinforce", "-c", "tiny", *FAST, "train.max_steps=10", "validation.interval=2",
         "checkpoint.interval=0", "logging.samples_per_step=128", f"rewards.hack.function=rlsteps.tiny.hacks:{hack}",
-        "rewards.hack.weight=100", "train.lr=3e-3", cwd=tmp_path,
+        f"rewards.hack.weight={weight}", "train.lr=3e-3", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     run = run_dir(tmp_path, "rl_reinforce")

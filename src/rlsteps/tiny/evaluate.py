@@ -99,22 +99,24 @@ def ladder_climbs(
 @torch.no_grad()
 def repeat_shares(
     policy: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rng: random.Random, places: int
-) -> list[float]:
-    """How readily the policy says again the adjective it just said where it is about to say a positive one: at each
-    of `places` places of positive-only task sentences (after 1-3 positive adjectives, in the SFT data's order),
-    teacher-forced, r = p(the adjective just said) / (that + p(a positive adjective not yet said))."""
+) -> dict[str, list[float]]:
+    """How readily the policy says again the adjective it just said where it is about to say a positive one, for each
+    positive adjective: at `places` places of positive-only task sentences that have just said it (after 0-2 other
+    positive adjectives, in any order: the SFT data's alphabetical order never goes on after "wonderful", a policy
+    moved by RL does), teacher-forced: r = p(the one just said) / (that + p(a positive adjective not yet said))."""
     token = {word: word_token(tokenizer, word) for word in tiny_task.POSITIVE}
-    positives, shares = sorted(tiny_task.POSITIVE), []
-    for _ in range(places):
-        prompt, noun = tiny_task.sample_prompt(rng)
-        said = sorted(rng.sample(positives, 4))[: rng.randrange(1, 4)]
-        joiner = " and" if len(said) == 3 and rng.random() < 0.5 else ","
-        text = chat_prompt(tokenizer, prompt) + f"The {noun} {rng.choice(tiny_task.VERBS)} {', '.join(said)}{joiner}"
-        encoded = tokenizer(text, return_tensors="pt", add_special_tokens=False)
-        p = policy(**encoded).logits[0, -1].float().softmax(-1)
-        again = p[token[said[-1]]].item()
-        fresh = sum(p[token[word]].item() for word in positives if word not in said)
-        shares.append(again / (again + fresh))
+    shares: dict[str, list[float]] = {}
+    for last in sorted(tiny_task.POSITIVE):
+        for _ in range(places):
+            prompt, noun = tiny_task.sample_prompt(rng)
+            said = rng.sample([word for word in tiny_task.POSITIVE if word != last], rng.randrange(3)) + [last]
+            verb = rng.choice(tiny_task.VERBS)
+            text = chat_prompt(tokenizer, prompt) + f"The {noun} {verb} {', '.join(said)},"
+            encoded = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+            p = policy(**encoded).logits[0, -1].float().softmax(-1)
+            again = p[token[last]].item()
+            fresh = sum(p[token[word]].item() for word in tiny_task.POSITIVE if word not in said)
+            shares.setdefault(last, []).append(again / (again + fresh))
     return shares
 
 

@@ -12,9 +12,11 @@ its text), then the response. Add one beside the reward model:
 
 The tiny reward model's scores span tens, and the tiny policy holds to its sentence, so a hack needs a large weight
 and a rate that moves the policy off the sentence: at weight 100 and train.lr=3e-3 the per-word term takes over most
-rollouts of rl/reinforce `-c tiny` at step 7 on the tiny world v20 (tests/test_reward_terms_runs.py; at 4e-3 by step 5,
-so wholly that no rollout ends and the run stops); at the config's own rate it only fills the sentence's four
-adjectives in 12 steps, and at weight 30 on the tiny world v17 neither hack takes over in 10.
+rollouts of rl/reinforce `-c tiny` at step 6 on the tiny world v21 (tests/test_reward_terms_runs.py; at 4e-3 on v20 by
+step 5, so wholly that no rollout ended and the run stopped); at the config's own rate it only fills the sentence's
+four adjectives in 12 steps, and at weight 30 on the tiny world v17 neither hack took over in 10. The per-repeat term
+needs weight 300 on v21, whose policy's SFT pushes down a word said again in lists of any order: at 100 it never took
+over in 10 steps.
 
 A word is what lies between spaces, its punctuation and case aside ("Kind," and "kind." are one word), as the watch
 counts words said again. Torch-free.

@@ -22,8 +22,19 @@ REWARD_BACKBONE_SIZE = {"hidden": 64, "layers": 2, "heads": 2}
 # policy gave the adjective just said 4.2-5.3% of the positive adjectives' chance at each place of a list, RL lifted it
 # with the others, and the sampled answers at the end said a word again 5-16% of the time in 20 of 45 runs
 # (benchmarks/tiny_learning.py, world v17). At 20 that share is 0.16-0.17% (at 5: 0.8-1.0%), and 3 of 45 runs say a
-# word again more than 3 points more often than their SFT policy, by 4.9 at most (world v20)
-SFT = {"policy_steps": 750, "backbone_steps": 750, "batch": 32, "lr": 3e-3, "repeat_unlikelihood": 20.0}
+# word again more than 3 points more often than their SFT policy, by 4.9 at most (world v20).
+# unordered_rows: answers in any order a step, for that term alone (rlsteps.tiny.training.RepeatUnlikelihood). On the
+# SFT data alone the term never sees a list go on after "wonderful" (last in alphabetical order), and there the v20
+# policy said it again 40% of the time (world 0; 12% on world 1), which is the "..., wonderful and wonderful." RL then
+# lifted; with 32 rows the most for any adjective is 1.7% (world 0; 2.3% on world 1), at 16 6.2%; the NLL is unchanged
+SFT = {
+    "policy_steps": 750,
+    "backbone_steps": 750,
+    "batch": 32,
+    "lr": 3e-3,
+    "repeat_unlikelihood": 20.0,
+    "unordered_rows": 32,
+}
 # the reward model: its first steps on wrong-noun pairs alone (rlsteps.tiny.preferences.NOUN_FIRST), then 64 pairs a
 # step, 8 of them ties (rlsteps.tiny.preferences.neutral_tie); a pair's margin is margin_per_reward times the gap of
 # its answers' words (rlsteps.tiny.task.words_score), plus fault_worth where only the rejected answer has a fault
@@ -40,6 +51,7 @@ RM = {
     "tie_pairs": 8,
     "margin_per_reward": 2.0,
     "fault_worth": 3.0,
+    "judge_scale_answers": 512,  # answers whose rewards' spread the judge reads rewards by (training.judge_scale)
 }
 EVAL = {"samples": 128, "max_new_tokens": 32}
 INIT_STD = 0.1  # larger than the usual 0.02: tiny widths then learn to copy the noun within a few hundred steps

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HOME_ENV = "RLSTEPS_HOME"
-TINY_WORLD_VERSION = "v20"  # bump when the tiny world's recipe or its checkpoint format changes: part of the cache key
+TINY_WORLD_VERSION = "v21"  # bump when the tiny world's recipe or its checkpoint format changes: part of the cache key
 
 
 @dataclass(frozen=True)

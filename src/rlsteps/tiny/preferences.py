@@ -20,7 +20,8 @@ The kinds, and their shares of the pairs (PAIR_KINDS):
     padded           repeated, neutral or more than four adjectives (`padded_negative`)
     repeated         an adjective said twice in a row, or again in place of the next (`repeated_negative`)
     off form         the same words out of the sentence's form: no "and", "and" between each, no commas, no full
-                     stop (`off_form_negative`)
+                     stop, the noun or the verb or both left out (`off_form_negative`)
+    restarted        the sentence started again and again, run together (`restarted_negative`)
 
 Beside them, each step holds RM["tie_pairs"] ties (`neutral_tie`): answers equal in true reward, one with a neutral
 adjective more or another in its place, which the reward model learns to score alike.
@@ -41,6 +42,7 @@ from rlsteps.tiny.task import (
     NEUTRAL,
     NOUNS,
     POSITIVE,
+    VERBS,
     draw_response,
     faults,
     has_a_broken_word,
@@ -261,7 +263,25 @@ def off_form_negative(rng: random.Random) -> Pair:
     off_form = sorted(f"{subject} {verb} {words}." for words in lists) + [good.removesuffix(".")]
     said = join_adjectives(adjectives)
     off_form += [f"The {verb} {said}.", f"{verb.capitalize()} {said}."]  # the subject's noun, or the subject, left out
+    off_form += [f"The {said}.", f"{subject} {said}."]  # the noun and the verb, or the verb, left out
     return prompt, good, rng.choice([bad for bad in off_form if bad != good])
+
+
+def restarted_negative(rng: random.Random) -> Pair:
+    """(prompt, good answer, the sentence started again and again, run together): 2-6 beginnings of it ("The church
+    looks bright", "looks bright"), each cut after one or more of its adjectives and joined with or without a space,
+    then the whole sentence, nothing more, or its full stop alone: "The church looks brightThe church looks
+    bright looks brightThe church seems charming, friendly and kind.", which a judge over a reward model that never
+    saw one scored above every task sentence, and GRPO's policy said it in most of its answers within two steps."""
+    prompt, noun = sample_prompt(rng)
+    subject, verb, adjectives = draw_response(rng, noun, p_positive=0.5 + rng.random() / 2, p_mention=rng.random())
+    good = render_response(subject, verb, adjectives)
+    beginnings = []
+    for _ in range(rng.randint(2, 6)):
+        cut = ", ".join(adjectives[: rng.randint(1, len(adjectives))])
+        beginnings.append(rng.choice((f"{subject} {rng.choice(VERBS)} {cut}", f"{rng.choice(VERBS)} {cut}")))
+    joined = "".join(beginning + rng.choice(("", " ")) for beginning in beginnings)
+    return prompt, good, (joined + rng.choice((good, "", "."))).strip().replace(" .", ".")
 
 
 def neutral_tie(rng: random.Random) -> Pair:
@@ -305,6 +325,7 @@ PAIR_KINDS = {
     "padded": PairKind(padded_negative, 2, degenerate_second=True),
     "repeated": PairKind(repeated_negative, 4, degenerate_second=True),
     "off form": PairKind(off_form_negative, 2, degenerate_second=True),
+    "restarted": PairKind(restarted_negative, 1, degenerate_second=True),
 }
 # What the reward model learns first (hyperparameters.RM["noun_first_steps"]): the check of the answer's noun
 # against the prompt's, while nothing else has shaped its features. Learnt beside everything else from the start, it

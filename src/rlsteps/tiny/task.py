@@ -238,6 +238,20 @@ def sft_examples(rng: random.Random, count: int) -> list[tuple[str, str]]:
     return examples
 
 
+def unordered_examples(rng: random.Random, count: int) -> list[tuple[str, str]]:
+    """(prompt, response) pairs whose 2-4 adjectives come in any order, positive ones with a chance drawn per answer:
+    the lists the SFT data never says (it says them in alphabetical order), where a policy moved by RL says them."""
+    examples = []
+    for _ in range(count):
+        prompt, noun = sample_prompt(rng)
+        subject, verb, adjectives = draw_response(rng, noun, p_positive=rng.random(), p_mention=rng.random())
+        while len(adjectives) < 2:
+            adjectives = _draw_adjectives(rng, p_positive=rng.random())
+        rng.shuffle(adjectives)
+        examples.append((prompt, render_response(subject, verb, adjectives)))
+    return examples
+
+
 def prompt_records(seed: int, train_count: int, val_count: int) -> tuple[list[dict], list[dict]]:
     """Disjoint train and validation prompt records: {"id", "messages": [{"role": "user", ...}]}."""
     prompts = all_prompts()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from rlsteps.engine.rewards.text import reward_input_text
 from rlsteps.tiny import task as tiny_task
 from rlsteps.tiny.hyperparameters import RM, SFT
-from rlsteps.tiny.preferences import NOUN_FIRST, preference_pairs, tie_pairs
+from rlsteps.tiny.preferences import NOUN_FIRST, draw_wide, preference_pairs, tie_pairs
 from rlsteps.tiny.tokenizer import chat_prompt, word_token
 
 Log = Callable[[str], None]
@@ -51,31 +52,59 @@ def sft_batch(tokenizer: PreTrainedTokenizerFast, examples: list[tuple[str, str]
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
+@dataclass(frozen=True)
+class RepeatUnlikelihood:
+    """The policy SFT's unlikelihood term on the adjectives a response has already said (repeat_unlikelihood_loss):
+    its weight, and how many rows a step of answers in any order (tiny_task.unordered_examples) it reads beside the
+    SFT data's, drawn from their own rng so the SFT data's draws (and all a build draws after them) stay as they were.
+    Those rows are for this term alone: the SFT data says its adjectives in alphabetical order and no NLL is taken on
+    others, but a policy moved by RL says them in any order, and after an adjective the SFT data never goes on from
+    ("wonderful", last in that order) NLL and the term on the SFT data alone left the policy saying it again 40% of
+    the time (benchmarks/tiny_repeat_share.py)."""
+
+    weight: float
+    unordered_rows: int = 0
+    rng: random.Random | None = None
+
+
 def train_sft(
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerFast,
     rng: random.Random,
     log: Log,
     steps: int,
-    repeat_unlikelihood: float = 0.0,
+    repeat_unlikelihood: RepeatUnlikelihood | None = None,
 ) -> float:
-    """Masked next-token NLL on fresh SFT examples each of `steps` steps, plus `repeat_unlikelihood` times the
-    unlikelihood of the adjectives the response has already said (repeat_unlikelihood_loss); returns the last NLL."""
+    """Masked next-token NLL on fresh SFT examples each of `steps` steps, plus the repeat unlikelihood term where one
+    is given (on those examples and its own unordered rows); returns the last NLL."""
     optimizer, schedule = _optimizer(policy, SFT["lr"], steps)
     adjectives = adjective_tokens(tokenizer, policy.config.vocab_size)
     policy.train()
     for step in range(1, steps + 1):
-        batch = sft_batch(tokenizer, tiny_task.sft_examples(rng, SFT["batch"]))
+        examples = tiny_task.sft_examples(rng, SFT["batch"])
+        extra = _unordered_rows(repeat_unlikelihood)
+        batch = sft_batch(tokenizer, examples + extra)
         logits = policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, T, V]
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), ignore_index=-100)
+        sft_rows = slice(0, len(examples))
+        loss = F.cross_entropy(
+            logits[sft_rows, :-1].flatten(0, 1), batch["labels"][sft_rows, 1:].flatten(), ignore_index=-100
+        )
         total = loss
-        if repeat_unlikelihood:
-            total = loss + repeat_unlikelihood * repeat_unlikelihood_loss(logits, batch, adjectives)
+        if repeat_unlikelihood and repeat_unlikelihood.weight:
+            total = loss + repeat_unlikelihood.weight * repeat_unlikelihood_loss(logits, batch, adjectives)
         _step(total, policy, optimizer, schedule)
         if step % 100 == 0 or step == steps:
             log(f"SFT step {step}/{steps}  loss {loss.item():.3f}")
     policy.eval()
     return round(loss.item(), 4)
+
+
+def _unordered_rows(repeat_unlikelihood: RepeatUnlikelihood | None) -> list[tuple[str, str]]:
+    if repeat_unlikelihood is None or not repeat_unlikelihood.unordered_rows:
+        return []
+    if repeat_unlikelihood.rng is None:
+        raise ValueError("unordered rows need their own rng (RepeatUnlikelihood.rng)")
+    return tiny_task.unordered_examples(repeat_unlikelihood.rng, repeat_unlikelihood.unordered_rows)
 
 
 def adjective_tokens(tokenizer: PreTrainedTokenizerFast, vocab: int) -> torch.Tensor:  # [V] bool
@@ -110,6 +139,22 @@ def reward_scores(
     texts = [reward_input_text(p, r, tokenizer.eos_token) for p, r in zip(prompts, responses, strict=True)]
     encoded = tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt")
     return reward_model(**encoded).logits[:, 0]
+
+
+@torch.no_grad()
+def judge_scale(
+    reward_model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rng: random.Random, count: int
+) -> dict[str, float]:
+    """The spread of the reward model's rewards over `count` answers of the wide distribution (about random prompts,
+    each with its own chances of a positive adjective and of naming the noun): {"center": mean, "scale": std}, how
+    the judge server reads a reward as a score (rlsteps.engine.rewards.judge.scale)."""
+    prompts, responses = [], []
+    for _ in range(count):
+        prompt, noun = tiny_task.sample_prompt(rng)
+        prompts.append(chat_prompt(tokenizer, prompt))
+        responses.append(tiny_task.render_response(*draw_wide(rng, noun)))
+    rewards = reward_scores(reward_model, tokenizer, prompts, responses).double()
+    return {"center": round(rewards.mean().item(), 3), "scale": round(rewards.std().item(), 3)}
 
 
 def train_reward_model(
