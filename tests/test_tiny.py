@@ -574,6 +574,7 @@ def test_the_sft_policy_gives_the_adjective_it_just_said_almost_no_chance(models
     assert statistics.median(sum(shares.values(), [])) < 0.01, medians
 
 
+@pytest.mark.learned_reward_model
 def test_the_judge_reads_the_reward_models_rewards_by_their_spread_and_grades_the_answers_rl_reaches(
     models, tiny_world
 ):
