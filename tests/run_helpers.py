@@ -45,8 +45,8 @@ def start_rlsteps(*argv: str, cwd: Path, log: Path, python: Path | str = sys.exe
 def kill_group(process: subprocess.Popen) -> None:
     """SIGKILL to the run's whole tree: the CLI's process group and the group of each process under it (an attached
     worker runs in a group of its own), as a power loss would end it."""
-    groups = {process.pid}
-    for pid in descendants(process.pid):
+    groups, killed = {process.pid}, list(descendants(process.pid))
+    for pid in killed:
         try:
             groups.add(os.getpgid(pid))
         except ProcessLookupError:
@@ -57,6 +57,9 @@ def kill_group(process: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
     process.wait()
+    deadline = time.monotonic() + 10  # a killed worker outlives its CLI until reaped: a rerun would find it running
+    while any(Path(f"/proc/{pid}").exists() for pid in killed) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def processes() -> dict[int, tuple[int, str]]:
